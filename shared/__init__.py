@@ -1,0 +1,1 @@
+"""The template's Python package: the dedup module and the example order domain."""

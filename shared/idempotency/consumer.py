@@ -1,0 +1,180 @@
+"""The idempotent-consumer flow. Trigger-neutral: a trigger turns its binding into a
+Delivery, calls ``process`` and settles the returned Result (see shared/bindings.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import StrEnum
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
+from . import telemetry
+from .errors import InvalidMessage, StoreUnavailable
+from .fingerprint import fingerprint
+from .keys import DedupKey, KeySource, from_message_id
+from .records import JSON, Entity, utcnow
+from .store import CommitStatus, DeadLetter, DedupStore
+
+log = logging.getLogger("idempotency")
+
+
+class Outcome(StrEnum):
+    PROCESSED = "processed"  # effects committed with the marker, now
+    DUPLICATE = "duplicate"  # same key, same payload: nothing written, acknowledge
+    IN_FLIGHT = "in_flight"  # another delivery holds a live claim: retry later
+    CONFLICT = "conflict"  # same key, different payload: dead-lettered, alert raised
+    INVALID = "invalid"  # can never be processed as sent: dead-lettered with reason
+    TRANSIENT = "transient"  # nothing committed: let the broker redeliver
+    STALE = "stale"  # an older version of state already superseded: acknowledge
+
+
+RETRY_OUTCOMES = frozenset({Outcome.IN_FLIGHT, Outcome.TRANSIENT})
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One delivery of a message, whatever the trigger. Only ``message_id`` (producer
+    assigned) may feed the key; the rest is for logs and operators."""
+
+    body: bytes
+    message_id: str | None = None
+    correlation_id: str | None = None
+    delivery_count: int | None = None
+    properties: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Result:
+    outcome: Outcome
+    key: DedupKey | None = None
+    reason: str | None = None
+    detail: str | None = None
+    result: JSON = None
+    fingerprint: str | None = None
+    stored_fingerprint: str | None = None
+
+    @property
+    def acknowledge(self) -> bool:
+        """False: the trigger must make the broker redeliver (abandon / raise)."""
+        return self.outcome not in RETRY_OUTCOMES
+
+
+@dataclass(frozen=True)
+class Effects:
+    """What a handler decides for one new message: the business entities to commit with
+    the marker (one transaction) and the result to store for replays."""
+
+    entities: list[Entity]
+    result: JSON = None
+
+
+Handler = Callable[[Any, DedupKey], Effects]
+
+
+def parse_json(body: bytes) -> Any:
+    def reject_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        return json.loads(body.decode("utf-8"), parse_constant=reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise InvalidMessage("invalid_json", str(exc)[:500]) from exc
+
+
+class IdempotentConsumer:
+    """Stable key → atomic claim-and-commit → explicit outcome.
+
+    ``name`` is the consumer's identity in the shared store: keep it stable across
+    function renames, and distinct per subscriber.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        store: DedupStore,
+        handler: Handler,
+        *,
+        key_source: KeySource = from_message_id,
+        schema: Mapping[str, Any] | None = None,
+        retention: timedelta = timedelta(days=30),
+        partition_for: Callable[[DedupKey], str] = lambda key: key.id,
+    ) -> None:
+        self.name = name
+        self.store = store
+        self._handler = handler
+        self._key_source = key_source
+        self._validator = Draft202012Validator(schema) if schema is not None else None
+        self._retention = retention
+        self._partition_for = partition_for
+
+    def process(self, delivery: Delivery) -> Result:
+        started = time.perf_counter()
+        result = self._process(delivery)
+        if result.outcome in (Outcome.INVALID, Outcome.CONFLICT):
+            result = self._dead_letter(delivery, result)
+        telemetry.record(self.name, delivery, result, (time.perf_counter() - started) * 1000)
+        return result
+
+    def _process(self, delivery: Delivery) -> Result:
+        key: DedupKey | None = None
+        try:
+            payload = parse_json(delivery.body)
+            key = DedupKey(self.name, self._key_source(delivery.message_id, payload) or "")
+            self._validate(payload)
+            fp = fingerprint(payload)
+            effects = self._handler(payload, key)
+            commit = self.store.commit(
+                key, self._partition_for(key), fp, effects.entities, effects.result, utcnow() + self._retention
+            )
+        except InvalidMessage as exc:
+            return Result(Outcome.INVALID, key, exc.reason, exc.detail)
+        except StoreUnavailable as exc:
+            return Result(Outcome.TRANSIENT, key, "store_unavailable", str(exc)[:500])
+        except Exception as exc:  # a handler or store bug: never acknowledge it
+            log.exception("dedup handler failed for %s", key)
+            return Result(Outcome.TRANSIENT, key, "handler_error", repr(exc)[:500])
+        if commit.status is CommitStatus.NEW:
+            return Result(Outcome.PROCESSED, key, result=effects.result, fingerprint=fp)
+        if commit.status is CommitStatus.DUPLICATE:
+            return Result(Outcome.DUPLICATE, key, fingerprint=fp, stored_fingerprint=commit.stored_fingerprint)
+        return Result(
+            Outcome.CONFLICT, key, "fingerprint_mismatch",
+            "the key was already processed with a different payload",
+            fingerprint=fp, stored_fingerprint=commit.stored_fingerprint,
+        )  # fmt: skip
+
+    def _validate(self, payload: Any) -> None:
+        if self._validator is None:
+            return
+        error = best_match(self._validator.iter_errors(payload))
+        if error is not None:
+            where = "/".join(str(part) for part in error.absolute_path) or "(root)"
+            raise InvalidMessage("schema_violation", f"{where}: {error.message[:400]}")
+
+    def _dead_letter(self, delivery: Delivery, result: Result) -> Result:
+        """Record the refused message durably before it is acknowledged; if that fails,
+        the message must go back to the broker instead."""
+        record = DeadLetter(
+            scope=self.name,
+            reason=result.reason or result.outcome.value,
+            detail=result.detail or "",
+            body=delivery.body,
+            message_id=delivery.message_id,
+            correlation_id=delivery.correlation_id,
+            delivery_count=delivery.delivery_count,
+            key_id=result.key.id if result.key else None,
+            fingerprint=result.fingerprint,
+            stored_fingerprint=result.stored_fingerprint,
+        )
+        try:
+            self.store.dead_letter(record)
+        except Exception as exc:
+            return Result(Outcome.TRANSIENT, result.key, "dead_letter_failed", repr(exc)[:500])
+        return result

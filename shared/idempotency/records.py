@@ -1,0 +1,51 @@
+"""The marker model: what the store keeps per (consumer, message) key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from .keys import DedupKey
+
+JSON = Any  # a value that json.dumps accepts
+
+
+class State(StrEnum):
+    IN_PROGRESS = "in_progress"  # claimed; an external effect may be under way
+    COMPLETED = "completed"  # effects committed; the result can be replayed
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class Entity:
+    """A business record written with a marker. ``name`` is unique within the message's
+    partition (Table RowKey, Cosmos id suffix); the store places it beside the marker."""
+
+    name: str
+    data: dict[str, JSON]
+
+
+@dataclass(frozen=True)
+class Marker:
+    key: DedupKey
+    partition: str
+    state: State
+    fingerprint: str
+    created_at: datetime
+    expires_at: datetime
+    lease_until: datetime | None = None  # only while in progress
+    owner: str | None = None  # the claim's token: tells our own lost write from a rival's
+    result: JSON = None
+    version: str | None = field(default=None, compare=False)  # the store's ETag
+
+    def reclaimable(self, now: datetime) -> bool:
+        """An expired marker, or an in-progress claim whose owner's lease has run out,
+        may be taken over — always with a write fenced by ``version``."""
+        if self.expires_at <= now:
+            return True
+        return self.state is State.IN_PROGRESS and self.lease_until is not None and self.lease_until <= now

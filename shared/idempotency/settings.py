@@ -1,0 +1,54 @@
+"""Configuration from app settings, with the names and defaults the README documents."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import isodate
+from azure.data.tables import TableServiceClient
+
+DEFAULT_RETENTION = "P30D"
+
+
+class ConfigurationError(Exception):
+    pass
+
+
+def setting(name: str, default: str | None = None) -> str:
+    value = os.environ.get(name, default)
+    if value is None or value == "":
+        raise ConfigurationError(f"app setting {name} is required")
+    return value
+
+
+def retention() -> timedelta:
+    """DEDUP_RETENTION (ISO-8601 duration): how long markers outlive their message."""
+    text = setting("DEDUP_RETENTION", DEFAULT_RETENTION)
+    try:
+        value = isodate.parse_duration(text)
+    except isodate.ISO8601Error as exc:
+        raise ConfigurationError(f"DEDUP_RETENTION={text!r} is not an ISO-8601 duration") from exc
+    if not isinstance(value, timedelta) or value <= timedelta(0):
+        raise ConfigurationError(f"DEDUP_RETENTION={text!r} must be a positive duration in days or less")
+    return value
+
+
+# Fail fast so that the broker, not the SDK, does the long waiting: a failed call is
+# retried a few times, then the message is abandoned and redelivered later.
+TRANSPORT: dict[str, Any] = {"retry_total": 3, "connection_timeout": 5, "read_timeout": 30}
+
+
+def table_service() -> TableServiceClient:
+    """DEDUP_STORAGE_CONNECTION (a connection string: Azurite locally) or
+    DEDUP_STORAGE_ENDPOINT (https://<account>.table.core.windows.net, managed identity)."""
+    connection = os.environ.get("DEDUP_STORAGE_CONNECTION")
+    if connection:
+        return TableServiceClient.from_connection_string(connection, **TRANSPORT)
+    endpoint = os.environ.get("DEDUP_STORAGE_ENDPOINT")
+    if endpoint:
+        from azure.identity import DefaultAzureCredential
+
+        return TableServiceClient(endpoint, credential=DefaultAzureCredential(), **TRANSPORT)
+    raise ConfigurationError("set DEDUP_STORAGE_CONNECTION (local) or DEDUP_STORAGE_ENDPOINT (managed identity)")

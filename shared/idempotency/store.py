@@ -1,0 +1,125 @@
+"""The store contract. Every store implements the same primitives and passes the same
+contract test suite against a real server (tests/integration/test_store_contract.py)."""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from .errors import AlreadyClaimed, VersionConflict
+from .keys import DedupKey
+from .records import JSON, Entity, Marker, State
+
+
+class CommitStatus(StrEnum):
+    NEW = "new"  # marker and effects committed together, just now
+    DUPLICATE = "duplicate"  # a marker with the same fingerprint exists: nothing written
+    MISMATCH = "mismatch"  # a marker with another fingerprint exists: nothing written
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    status: CommitStatus
+    stored_fingerprint: str | None = None
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """What operators need to understand and resubmit a message the consumer refused."""
+
+    scope: str
+    reason: str
+    detail: str
+    body: bytes
+    message_id: str | None = None
+    correlation_id: str | None = None
+    delivery_count: int | None = None
+    key_id: str | None = None
+    fingerprint: str | None = None
+    stored_fingerprint: str | None = None
+    recorded_at: datetime | None = None
+
+    @property
+    def record_id(self) -> str:
+        """Deterministic, so that recording the same delivery twice writes one record."""
+        digest = hashlib.sha256()
+        for part in (self.scope, self.message_id or "", self.reason):
+            digest.update(part.encode("utf-8", "surrogatepass") + b"\x00")
+        digest.update(self.body)
+        return digest.hexdigest()
+
+
+class DedupStore(ABC):
+    """Markers keyed by (consumer, message). A marker lives in the partition of the
+    business data it guards, so that it commits with that data in one transaction."""
+
+    # -- the atomic path: one request claims and commits -------------------------------
+
+    @abstractmethod
+    def commit(
+        self,
+        key: DedupKey,
+        partition: str,
+        fingerprint: str,
+        effects: Sequence[Entity],
+        result: JSON,
+        expires_at: datetime,
+    ) -> CommitResult:
+        """Insert a completed marker and the effects in one transaction, or nothing."""
+
+    # -- primitives of the two-phase path ------------------------------------------------
+
+    @abstractmethod
+    def get(self, key: DedupKey, partition: str) -> Marker | None: ...
+
+    @abstractmethod
+    def insert(self, marker: Marker) -> Marker | None:
+        """Conditional insert; None when a marker for the key already exists."""
+
+    @abstractmethod
+    def replace(self, marker: Marker, if_version: str) -> Marker:
+        """Overwrite a marker only at ``if_version``; VersionConflict otherwise."""
+
+    @abstractmethod
+    def complete(self, marker: Marker, result: JSON, effects: Sequence[Entity] = ()) -> Marker:
+        """Mark completed with its result, and write the effects in the same
+        transaction, only if the marker is still at ``marker.version``."""
+
+    @abstractmethod
+    def release(self, marker: Marker) -> None:
+        """Delete the marker only if it is still at ``marker.version``."""
+
+    # -- operators' records --------------------------------------------------------------
+
+    @abstractmethod
+    def dead_letter(self, record: DeadLetter) -> None:
+        """Record a refused message durably (idempotent by ``record.record_id``)."""
+
+    @abstractmethod
+    def dead_letters(self, scope: str) -> list[DeadLetter]: ...
+
+    # -- built on the primitives ---------------------------------------------------------
+
+    def claim(self, marker: Marker, now: datetime) -> Marker:
+        """Claim ``marker.key`` in progress. A live marker raises AlreadyClaimed; an
+        expired one is taken over with a write fenced by its version, so that of two
+        workers racing for the same stale marker exactly one wins."""
+        assert marker.state is State.IN_PROGRESS
+        for _ in range(3):  # the existing marker may vanish between insert and read
+            created = self.insert(marker)
+            if created is not None:
+                return created
+            existing = self.get(marker.key, marker.partition)
+            if existing is None:
+                continue
+            if not existing.reclaimable(now) or existing.version is None:
+                raise AlreadyClaimed(existing)
+            try:
+                return self.replace(marker, existing.version)
+            except VersionConflict:
+                raise AlreadyClaimed(self.get(marker.key, marker.partition) or existing) from None
+        raise AlreadyClaimed(None)

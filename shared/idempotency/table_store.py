@@ -1,0 +1,300 @@
+"""Azure Table Storage store.
+
+Layout: a marker is a sibling entity in the partition of the business entities it
+guards (a Table transaction spans one table and one PartitionKey). Its RowKey is
+``dedup|<scope>|<id>``; the atomic path also writes a *guard* ``<marker>|<fingerprint>``
+first in the same transaction, so that the index of the failing operation tells, in
+one request, "same payload" (the guard exists) from "different payload" (only the
+marker exists).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from azure.core import MatchConditions
+from azure.core.exceptions import (
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
+from azure.data.tables import TableClient, TableServiceClient, TableTransactionError, UpdateMode
+
+from .errors import StoreUnavailable, VersionConflict
+from .keys import DedupKey
+from .records import JSON, Entity, Marker, State, utcnow
+from .store import CommitResult, CommitStatus, DeadLetter, DedupStore
+
+MARKER_KIND = "dedup-marker"
+GUARD_KIND = "dedup-guard"
+MAX_TRANSACTION_OPERATIONS = 100  # Table entity-group transaction limit
+_MAX_ENCODED = 400  # stay well inside the 1 KiB key limit, leaving room for prefixes
+_BODY_CHUNK = 64_000  # bytes per Edm.Binary property (limit 64 KiB)
+_MAX_BODY_CHUNKS = 14  # the whole entity must stay under 1 MiB
+
+T = TypeVar("T")
+
+
+def encode_key(value: str) -> str:
+    """Injective, Table-safe encoding of any string into a PartitionKey/RowKey part.
+
+    Percent-encoding removes ``/ \\ # ?``, control characters and our ``|`` separator;
+    ``~`` is encoded as well so that the ``~``-prefixed hashed form of long values can
+    never equal the encoded form of a short one.
+    """
+    encoded = quote(value.encode("utf-8", "surrogatepass"), safe="").replace("~", "%7E")
+    if len(encoded) <= _MAX_ENCODED:
+        return encoded
+    return "~" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def marker_row(key: DedupKey) -> str:
+    return f"dedup|{encode_key(key.scope)}|{encode_key(key.id)}"
+
+
+def is_transient(exc: HttpResponseError) -> bool:
+    return exc.status_code in (408, 429) or (exc.status_code or 0) >= 500
+
+
+@contextmanager
+def _store_errors() -> Iterator[None]:
+    """Map transport and server failures to StoreUnavailable; let the rest through."""
+    try:
+        yield
+    except (ServiceRequestError, ServiceResponseError) as exc:
+        raise StoreUnavailable(str(exc)) from exc
+    except HttpResponseError as exc:
+        if is_transient(exc):
+            raise StoreUnavailable(str(exc)) from exc
+        raise
+
+
+def _call(fn: Callable[[], T]) -> T:
+    with _store_errors():
+        return fn()
+
+
+class TableStore(DedupStore):
+    def __init__(self, service: TableServiceClient, table: str, dead_letter_table: str = "deadletters") -> None:
+        self._service = service
+        self._table: TableClient = service.get_table_client(table)
+        self._dead: TableClient = service.get_table_client(dead_letter_table)
+
+    @property
+    def table(self) -> TableClient:
+        return self._table
+
+    def create_tables(self) -> None:
+        for client in (self._table, self._dead):
+            _call(lambda c=client: self._service.create_table_if_not_exists(c.table_name))
+
+    # -- atomic path ---------------------------------------------------------------------
+
+    def commit(
+        self,
+        key: DedupKey,
+        partition: str,
+        fingerprint: str,
+        effects: Sequence[Entity],
+        result: JSON,
+        expires_at: datetime,
+    ) -> CommitResult:
+        if len(effects) + 2 > MAX_TRANSACTION_OPERATIONS:
+            raise ValueError(f"a Table transaction holds at most {MAX_TRANSACTION_OPERATIONS - 2} effects")
+        pk = encode_key(partition)
+        row = marker_row(key)
+        now = utcnow()
+        marker = Marker(key, partition, State.COMPLETED, fingerprint, now, expires_at, result=result)
+        guard = {"PartitionKey": pk, "RowKey": f"{row}|{fingerprint}", "Kind": GUARD_KIND, "ExpiresAt": expires_at}
+        operations: list[Any] = [("create", guard), ("create", self._marker_entity(marker))]
+        operations += [("create", self._effect_entity(pk, effect)) for effect in effects]
+        try:
+            with _store_errors():
+                self._table.submit_transaction(operations)
+        except TableTransactionError as exc:
+            if exc.error_code != "EntityAlreadyExists":
+                raise
+            if exc.index == 0:
+                return CommitResult(CommitStatus.DUPLICATE, fingerprint)
+            if exc.index == 1:
+                stored = self.get(key, partition)
+                stored_fp = stored.fingerprint if stored else None
+                status = CommitStatus.DUPLICATE if stored_fp == fingerprint else CommitStatus.MISMATCH
+                return CommitResult(status, stored_fp)
+            # A business entity exists without this key's marker (its marker was cleaned
+            # up after retention): the effect was applied once already.
+            return CommitResult(CommitStatus.DUPLICATE, None)
+        return CommitResult(CommitStatus.NEW, fingerprint)
+
+    # -- two-phase primitives ------------------------------------------------------------
+
+    def get(self, key: DedupKey, partition: str) -> Marker | None:
+        try:
+            entity = _call(lambda: self._table.get_entity(encode_key(partition), marker_row(key)))
+        except ResourceNotFoundError:
+            return None
+        return self._marker_from(entity, partition)
+
+    def insert(self, marker: Marker) -> Marker | None:
+        try:
+            meta = _call(lambda: self._table.create_entity(self._marker_entity(marker)))
+        except ResourceExistsError:
+            return None
+        return _versioned(marker, meta)
+
+    def replace(self, marker: Marker, if_version: str) -> Marker:
+        try:
+            meta = _call(
+                lambda: self._table.update_entity(
+                    self._marker_entity(marker),
+                    mode=UpdateMode.REPLACE,
+                    etag=if_version,
+                    match_condition=MatchConditions.IfNotModified,
+                )
+            )
+        except (ResourceModifiedError, ResourceNotFoundError) as exc:
+            raise VersionConflict(str(exc)) from exc
+        return _versioned(marker, meta)
+
+    def complete(self, marker: Marker, result: JSON, effects: Sequence[Entity] = ()) -> Marker:
+        if marker.version is None:
+            raise VersionConflict("only a stored marker can be completed")
+        if len(effects) + 1 > MAX_TRANSACTION_OPERATIONS:
+            raise ValueError(f"a Table transaction holds at most {MAX_TRANSACTION_OPERATIONS - 1} effects")
+        done = replace(marker, state=State.COMPLETED, lease_until=None, result=result)
+        pk = encode_key(marker.partition)
+        fenced = {"etag": marker.version, "match_condition": MatchConditions.IfNotModified}
+        operations: list[Any] = [("update", self._marker_entity(done), {"mode": UpdateMode.REPLACE, **fenced})]
+        operations += [("create", self._effect_entity(pk, effect)) for effect in effects]
+        try:
+            with _store_errors():
+                replies = self._table.submit_transaction(operations)
+        except (TableTransactionError, ResourceModifiedError, ResourceNotFoundError) as exc:
+            raise VersionConflict(str(exc)) from exc
+        return _versioned(done, replies[0])
+
+    def release(self, marker: Marker) -> None:
+        if marker.version is None:
+            raise VersionConflict("only a stored marker can be released")
+        try:
+            _call(
+                lambda: self._table.delete_entity(
+                    encode_key(marker.partition),
+                    marker_row(marker.key),
+                    etag=marker.version,
+                    match_condition=MatchConditions.IfNotModified,
+                )
+            )
+        except ResourceModifiedError as exc:
+            raise VersionConflict(str(exc)) from exc
+
+    # -- dead letters --------------------------------------------------------------------
+
+    def dead_letter(self, record: DeadLetter) -> None:
+        chunks = [record.body[i : i + _BODY_CHUNK] for i in range(0, len(record.body), _BODY_CHUNK)]
+        if len(chunks) > _MAX_BODY_CHUNKS:
+            # Refuse rather than keep a truncated copy: the broker then keeps the message.
+            raise StoreUnavailable(f"a {len(record.body)}-byte body does not fit one dead-letter entity")
+        entity: dict[str, Any] = {
+            "PartitionKey": encode_key(record.scope),
+            "RowKey": record.record_id,
+            "Reason": record.reason,
+            "Detail": record.detail[:8_000],
+            "BodyChunks": len(chunks),
+            "RecordedAt": record.recorded_at or utcnow(),
+        }
+        entity.update({f"Body{i}": chunk for i, chunk in enumerate(chunks)})
+        optional = {
+            "MessageId": record.message_id,
+            "CorrelationId": record.correlation_id,
+            "DeliveryCount": record.delivery_count,
+            "KeyId": record.key_id,
+            "Fingerprint": record.fingerprint,
+            "StoredFingerprint": record.stored_fingerprint,
+        }
+        entity.update({name: value for name, value in optional.items() if value is not None})
+        _call(lambda: self._dead.upsert_entity(entity, mode=UpdateMode.REPLACE))
+
+    def dead_letters(self, scope: str) -> list[DeadLetter]:
+        query = self._dead.query_entities("PartitionKey eq @pk", parameters={"pk": encode_key(scope)})
+        return [_dead_letter_from(scope, entity) for entity in _call(lambda: list(query))]
+
+    # -- entity mapping ------------------------------------------------------------------
+
+    def _marker_entity(self, marker: Marker) -> dict[str, Any]:
+        entity: dict[str, Any] = {
+            "PartitionKey": encode_key(marker.partition),
+            "RowKey": marker_row(marker.key),
+            "Kind": MARKER_KIND,
+            "Scope": marker.key.scope,
+            "KeyId": marker.key.id,
+            "State": marker.state.value,
+            "Fingerprint": marker.fingerprint,
+            "CreatedAt": marker.created_at,
+            "ExpiresAt": marker.expires_at,
+            "Result": json.dumps(marker.result, separators=(",", ":")),
+        }
+        if marker.lease_until is not None:
+            entity["LeaseUntil"] = marker.lease_until
+        if marker.owner is not None:
+            entity["Owner"] = marker.owner
+        return entity
+
+    @staticmethod
+    def _effect_entity(pk: str, effect: Entity) -> dict[str, Any]:
+        entity: dict[str, Any] = {"PartitionKey": pk, "RowKey": encode_key(effect.name)}
+        for name, value in effect.data.items():
+            # Tables hold scalars only: nested values are stored as JSON text.
+            entity[name] = json.dumps(value, separators=(",", ":")) if isinstance(value, dict | list) else value
+        return entity
+
+    @staticmethod
+    def _marker_from(entity: Any, partition: str) -> Marker:
+        return Marker(
+            key=DedupKey(entity["Scope"], entity["KeyId"]),
+            partition=partition,
+            state=State(entity["State"]),
+            fingerprint=entity["Fingerprint"],
+            created_at=entity["CreatedAt"],
+            expires_at=entity["ExpiresAt"],
+            lease_until=entity.get("LeaseUntil"),
+            result=json.loads(entity.get("Result") or "null"),
+            owner=entity.get("Owner"),
+            version=entity.metadata.get("etag"),
+        )
+
+
+def _versioned(marker: Marker, meta: Any) -> Marker:
+    return replace(marker, version=meta.get("etag"))
+
+
+def _dead_letter_from(scope: str, entity: Any) -> DeadLetter:
+    body = b"".join(_as_bytes(entity[f"Body{i}"]) for i in range(entity.get("BodyChunks", 0)))
+    return DeadLetter(
+        scope=scope,
+        reason=entity["Reason"],
+        detail=entity["Detail"],
+        body=body,
+        message_id=entity.get("MessageId"),
+        correlation_id=entity.get("CorrelationId"),
+        delivery_count=entity.get("DeliveryCount"),
+        key_id=entity.get("KeyId"),
+        fingerprint=entity.get("Fingerprint"),
+        stored_fingerprint=entity.get("StoredFingerprint"),
+        recorded_at=entity.get("RecordedAt"),
+    )
+
+
+def _as_bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else base64.b64decode(value)

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import re
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared.idempotency import DedupKey
+from shared.idempotency.table_store import encode_key, marker_row
+
+HOSTILE = ["a/b", "a#b", "a?b", "a\\b", "a\x00b", "a\x7fb", "a\u0085b", "é", "🙂", "%2F", "~x", "a|b", "'", "x" * 2048]
+FORBIDDEN = re.compile(r"[/\\#?\x00-\x1f\x7f-\x9f]")
+
+
+def test_hostile_keys_encode_to_table_safe_text() -> None:
+    for value in HOSTILE:
+        encoded = encode_key(value)
+        assert not FORBIDDEN.search(encoded), value
+        assert len(encoded.encode("utf-16-le")) <= 1024
+
+
+def test_encoding_is_injective_on_hostile_keys() -> None:
+    encoded = [encode_key(value) for value in HOSTILE]
+    assert len(set(encoded)) == len(HOSTILE)
+
+
+@given(st.text(max_size=600), st.text(max_size=600))
+def test_distinct_values_never_collide(a: str, b: str) -> None:
+    if a != b:
+        assert encode_key(a) != encode_key(b)
+        assert marker_row(DedupKey("s", a or "x")) != marker_row(DedupKey("s", b or "x")) or (a or "x") == (b or "x")
+
+
+def test_scope_and_id_cannot_be_confused() -> None:
+    assert marker_row(DedupKey("a|b", "c")) != marker_row(DedupKey("a", "b|c"))

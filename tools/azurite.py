@@ -1,0 +1,74 @@
+"""Start and stop the real Azurite Table service (from node_modules) on a free port."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ACCOUNT = "devstoreaccount1"
+# Azurite's well-known development key (public, documented by Microsoft; not a secret).
+KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Azurite:
+    """One Azurite Table process. With ``location`` the data survives ``restart()``."""
+
+    def __init__(self, location: Path | None = None, port: int | None = None) -> None:
+        self.location = location
+        self.port = port or free_port()
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def connection_string(self) -> str:
+        return (
+            f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
+            f"TableEndpoint=http://127.0.0.1:{self.port}/{ACCOUNT};"
+        )
+
+    def start(self, timeout: float = 30.0) -> Azurite:
+        binary = ROOT / "node_modules" / ".bin" / "azurite-table"
+        if not binary.exists():
+            raise RuntimeError(f"{binary} is missing: run `npm ci` (make install does)")
+        storage = ["--location", str(self.location)] if self.location else ["--inMemoryPersistence"]
+        self._process = subprocess.Popen(
+            [str(binary), "--tableHost", "127.0.0.1", "--tablePort", str(self.port),
+             *storage, "--disableTelemetry", "--silent"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"azurite-table exited with {self._process.returncode}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"azurite-table did not listen on port {self.port} within {timeout}s")
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()  # a crash, not a clean shutdown: that is what we test
+            self._process.wait()
+        self._process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> Azurite:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
