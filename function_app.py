@@ -7,11 +7,11 @@ import functools
 
 import azure.functions as func
 
-from shared.orders import SCHEMA, order_effects
 from shared.bindings import servicebus_delivery, settle_servicebus
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.settings import retention, setting, table_service
 from shared.idempotency.table_store import TableStore
+from shared.orders import SCHEMA, order_effects
 
 app = func.FunctionApp()
 

@@ -175,6 +175,6 @@ class IdempotentConsumer:
         )
         try:
             self.store.dead_letter(record)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever failed, the broker keeps the message
             return Result(Outcome.TRANSIENT, result.key, "dead_letter_failed", repr(exc)[:500])
         return result

@@ -14,7 +14,6 @@ from typing import Any
 
 from .errors import InvalidMessage
 
-
 MAX_KEY_LENGTH = 16_384  # stores keep the full key beside its encoded form
 
 

@@ -96,8 +96,9 @@ class TableStore(DedupStore):
         return self._table
 
     def create_tables(self) -> None:
-        for client in (self._table, self._dead):
-            _call(lambda c=client: self._service.create_table_if_not_exists(c.table_name))
+        with _store_errors():
+            for client in (self._table, self._dead):
+                self._service.create_table_if_not_exists(client.table_name)
 
     # -- atomic path ---------------------------------------------------------------------
 
@@ -123,18 +124,17 @@ class TableStore(DedupStore):
             with _store_errors():
                 self._table.submit_transaction(operations)
         except TableTransactionError as exc:
-            if exc.error_code != "EntityAlreadyExists":
+            if getattr(exc, "error_code", None) != "EntityAlreadyExists":
                 raise
-            if exc.index == 0:
+            if _failed_operation(exc) == 0:  # the guard (key, fingerprint) exists
                 return CommitResult(CommitStatus.DUPLICATE, fingerprint)
-            if exc.index == 1:
-                stored = self.get(key, partition)
-                stored_fp = stored.fingerprint if stored else None
-                status = CommitStatus.DUPLICATE if stored_fp == fingerprint else CommitStatus.MISMATCH
-                return CommitResult(status, stored_fp)
-            # A business entity exists without this key's marker (its marker was cleaned
-            # up after retention): the effect was applied once already.
-            return CommitResult(CommitStatus.DUPLICATE, None)
+            # The marker exists with another fingerprint, or the service did not say which
+            # operation failed: one read decides. No marker at all means a business entity
+            # outlived its marker (cleaned up after retention): it was applied already.
+            stored = self.get(key, partition)
+            if stored is None or stored.fingerprint == fingerprint:
+                return CommitResult(CommitStatus.DUPLICATE, stored.fingerprint if stored else None)
+            return CommitResult(CommitStatus.MISMATCH, stored.fingerprint)
         return CommitResult(CommitStatus.NEW, fingerprint)
 
     # -- two-phase primitives ------------------------------------------------------------
@@ -277,6 +277,13 @@ class TableStore(DedupStore):
 
 def _versioned(marker: Marker, meta: Any) -> Marker:
     return replace(marker, version=meta.get("etag"))
+
+
+def _failed_operation(exc: TableTransactionError) -> int | None:
+    """The service prefixes a transaction error with the failing operation's index
+    ("1:The specified entity already exists."); None when it did not say."""
+    prefix, colon, _ = (getattr(exc, "message", "") or "").partition(":")
+    return int(prefix) if colon and prefix.isdigit() else None
 
 
 def _dead_letter_from(scope: str, entity: Any) -> DeadLetter:

@@ -1,0 +1,36 @@
+# Two commands on a fresh machine (Python 3.11, Node 20 + npm, make):
+#   make demo   run the orders consumer against Azurite with an at-least-once stream
+#   make test   lint, types, unit and integration tests (Azurite started by the tests)
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: install demo test lint typecheck unit chaos clean
+
+install: $(VENV)/.installed node_modules/.installed
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund
+	touch $@
+
+demo: install
+	$(PY) -m tools.demo
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: install
+	$(VENV)/bin/mypy shared function_app.py tools
+
+test: lint typecheck
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,185 @@
+"""The `orders` Service Bus function, driven with real ServiceBusMessage objects against
+a real Azurite."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from azure.data.tables import TableClient, TableServiceClient
+
+import function_app
+from shared.bindings import RetryLater
+from shared.idempotency import StoreUnavailable
+from shared.idempotency.table_store import MARKER_KIND, encode_key
+from shared.orders import OrderEffects, effects_by_order
+from tests.functions import app_settings, servicebus_message, user_function
+from tools.azurite import Azurite
+
+orders = user_function("orders")
+
+
+def an_order(order_id: str | None = None, amount: float = 12.5) -> dict[str, Any]:
+    return {
+        "orderId": order_id or f"o-{uuid.uuid4().hex[:12]}",
+        "customerId": "c-1",
+        "amount": amount,
+        "currency": "EUR",
+        "items": [{"sku": "book", "quantity": 1}],
+    }
+
+
+@pytest.fixture
+def tables(azurite: Azurite) -> Iterator[tuple[TableClient, TableClient]]:
+    name = "o" + uuid.uuid4().hex[:12]
+    with app_settings(
+        DEDUP_STORAGE_CONNECTION=azurite.connection_string,
+        ORDERS_TABLE=name,
+        DEDUP_DEADLETTER_TABLE=name + "dl",
+    ):
+        service = TableServiceClient.from_connection_string(azurite.connection_string)
+        function_app.order_consumer()  # creates the tables
+        yield service.get_table_client(name), service.get_table_client(name + "dl")
+
+
+def effects(table: TableClient, order_id: str) -> tuple[int, int]:
+    """(orders, charges) really stored for one order id."""
+    found = effects_by_order(table, order_id).get(order_id, OrderEffects())
+    return found.orders, found.charges
+
+
+def charge_amounts(table: TableClient, order_id: str) -> list[float]:
+    found = table.query_entities("PartitionKey eq @pk", parameters={"pk": encode_key(order_id)})
+    return [e["amount"] for e in found if e["RowKey"].startswith("charge")]
+
+
+def test_a_new_order_writes_one_order_and_one_charge(tables: tuple[TableClient, TableClient]) -> None:
+    table, _ = tables
+    order = an_order()
+    orders(servicebus_message(order, order["orderId"]))
+    assert effects(table, order["orderId"]) == (1, 1)
+    assert charge_amounts(table, order["orderId"]) == [12.5]
+
+
+def test_redeliveries_and_reserialised_copies_apply_once(tables: tuple[TableClient, TableClient]) -> None:
+    table, dead = tables
+    order = an_order()
+    orders(servicebus_message(order, order["orderId"]))
+    reordered = dict(reversed(list(order.items())))
+    for count in range(2, 5):
+        orders(servicebus_message(reordered, order["orderId"], delivery_count=count))
+    assert effects(table, order["orderId"]) == (1, 1)
+    assert list(dead.list_entities()) == []
+
+
+def test_eight_concurrent_deliveries_apply_once(tables: tuple[TableClient, TableClient]) -> None:
+    table, _ = tables
+    order = an_order()
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def deliver() -> None:
+        barrier.wait()
+        try:
+            orders(servicebus_message(order, order["orderId"]))
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=deliver) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert effects(table, order["orderId"]) == (1, 1)
+
+
+def test_same_key_different_payload_is_dead_lettered_not_written(tables: tuple[TableClient, TableClient]) -> None:
+    table, dead = tables
+    order = an_order(amount=10)
+    orders(servicebus_message(order, order["orderId"]))
+    orders(servicebus_message({**order, "amount": 99}, order["orderId"], correlation_id="corr-7"))
+    assert charge_amounts(table, order["orderId"]) == [10]
+    [record] = list(dead.list_entities())
+    assert record["Reason"] == "fingerprint_mismatch" and record["CorrelationId"] == "corr-7"
+    assert record["Fingerprint"] != record["StoredFingerprint"]
+
+
+def test_the_mismatch_alert_carries_key_and_both_fingerprints(
+    tables: tuple[TableClient, TableClient], caplog: pytest.LogCaptureFixture
+) -> None:
+    order = an_order(amount=10)
+    orders(servicebus_message(order, order["orderId"]))
+    with caplog.at_level("INFO", logger="idempotency"):
+        orders(servicebus_message({**order, "amount": 11}, order["orderId"], correlation_id="corr-8"))
+    [alert] = [r for r in caplog.records if r.levelname == "ERROR"]
+    fields = alert.dedup  # type: ignore[attr-defined]
+    assert fields["outcome"] == "conflict" and fields["dedup_key"] == order["orderId"]
+    assert fields["correlation_id"] == "corr-8" and fields["consumer"] == "orders"
+    assert (
+        fields["fingerprint"] and fields["stored_fingerprint"] and fields["fingerprint"] != fields["stored_fingerprint"]
+    )
+
+
+BAD_DELIVERIES: list[tuple[str, Callable[[], tuple[bytes | dict[str, Any], str | None]]]] = [
+    ("invalid_json", lambda: (b'{"orderId": ', "bad-json")),
+    ("invalid_json", lambda: (b"\xff\xfe not utf-8", "not-utf8")),
+    ("schema_violation", lambda: ({**an_order("neg"), "amount": -1}, "neg")),
+    ("schema_violation", lambda: ({k: v for k, v in an_order("noitems").items() if k != "items"}, "noitems")),
+    ("missing_key", lambda: (an_order(), None)),
+    ("key_mismatch", lambda: (an_order("o-1"), "o-2")),
+]
+
+
+@pytest.mark.parametrize(("reason", "make"), BAD_DELIVERIES)
+def test_invalid_messages_are_dead_lettered_with_reason_and_nothing_written(
+    tables: tuple[TableClient, TableClient], reason: str, make: Callable[[], tuple[Any, str | None]]
+) -> None:
+    table, dead = tables
+    body, message_id = make()
+    orders(servicebus_message(body, message_id))
+    orders(servicebus_message(body, message_id, delivery_count=2))  # redelivered: still one record
+    assert list(table.list_entities()) == []
+    [record] = list(dead.list_entities())
+    assert record["Reason"] == reason and record["Detail"]
+
+
+def test_a_store_down_at_start_abandons_the_message() -> None:
+    down = Azurite()  # never started: nothing listens on its port
+    with app_settings(DEDUP_STORAGE_CONNECTION=down.connection_string, ORDERS_TABLE="ordersdown"):
+        order = an_order()
+        with pytest.raises(StoreUnavailable):  # raised: the host abandons, nothing is lost
+            orders(servicebus_message(order, order["orderId"]))
+
+
+def test_markers_never_exist_without_their_effects(tables: tuple[TableClient, TableClient]) -> None:
+    table, _ = tables
+    for _ in range(20):
+        order = an_order()
+        orders(servicebus_message(order, order["orderId"]))
+    markers = [e for e in table.list_entities() if e.get("Kind") == MARKER_KIND]
+    assert len(markers) == 20
+    for marker in markers:
+        assert effects(table, marker["KeyId"]) == (1, 1)
+
+
+def test_store_errors_are_retried_by_the_broker(tables: tuple[TableClient, TableClient], azurite: Azurite) -> None:
+    order = an_order()
+    consumer = function_app.order_consumer()
+    original = consumer.store.commit
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("503 injected")
+
+    consumer.store.commit = failing  # type: ignore[method-assign]
+    try:
+        with pytest.raises(RetryLater) as info:
+            orders(servicebus_message(order, order["orderId"]))
+        assert info.value.result.outcome.value == "transient"
+    finally:
+        consumer.store.commit = original  # type: ignore[method-assign]
+    orders(servicebus_message(order, order["orderId"], delivery_count=2))
+    assert effects(tables[0], order["orderId"]) == (1, 1)
