@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import time
@@ -58,9 +59,17 @@ class Azurite:
         raise RuntimeError(f"azurite-table did not listen on port {self.port} within {timeout}s")
 
     def stop(self) -> None:
+        """SIGINT, which makes Azurite flush its database. Azurite persists with a 5 s
+        autosave, so SIGKILL would lose writes it had acknowledged — a durability that
+        Azure Storage guarantees and the emulator does not; an outage test must not
+        mistake that for a consumer bug."""
         if self._process is not None and self._process.poll() is None:
-            self._process.kill()  # a crash, not a clean shutdown: that is what we test
-            self._process.wait()
+            self._process.send_signal(signal.SIGINT)
+            try:
+                self._process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
         self._process = None
 
     def restart(self) -> None:

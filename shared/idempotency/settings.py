@@ -37,7 +37,13 @@ def retention() -> timedelta:
 
 # Fail fast so that the broker, not the SDK, does the long waiting: a failed call is
 # retried a few times, then the message is abandoned and redelivered later.
-TRANSPORT: dict[str, Any] = {"retry_total": 3, "connection_timeout": 5, "read_timeout": 30}
+TRANSPORT: dict[str, Any] = {
+    "retry_total": 3,
+    "retry_backoff_factor": 0.4,
+    "retry_backoff_max": 4,
+    "connection_timeout": 5,
+    "read_timeout": 30,
+}
 
 
 def table_service() -> TableServiceClient:

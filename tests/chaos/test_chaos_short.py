@@ -1,0 +1,57 @@
+"""The short chaos run that guards the invariants on every change (`make chaos` is the
+long one), and proof that its checker catches what it claims to catch."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.idempotency import CommitResult, CommitStatus, DedupKey, Entity
+from shared.idempotency.table_store import TableStore, encode_key
+from tools.azurite import Azurite
+from tools.harness import RunConfig, run
+
+
+@pytest.fixture
+def persistent_azurite() -> Iterator[Azurite]:
+    with tempfile.TemporaryDirectory(prefix="chaos-") as data, Azurite(location=Path(data)) as azurite:
+        yield azurite
+
+
+def test_faults_and_an_outage_cause_no_double_effect_and_no_loss(persistent_azurite: Azurite) -> None:
+    config = RunConfig(messages=300, workers=6, dup_rate=0.3, fault_rate=0.08, seed=20261130, outage=True,
+                       table="chaosshort")  # fmt: skip
+    report = run(config, persistent_azurite)
+    assert report.violations == []
+    assert (report.double_effects, report.lost, report.orphans) == (0, 0, 0)
+    assert report.store_restarts == 1
+    assert sum(report.faults.values()) > 10 and len(report.faults) >= 6
+    assert report.deliveries > report.messages  # there really were duplicate deliveries
+    assert report.effects_applied == report.messages - report.dead_lettered
+    assert report.outcomes["duplicate"] > 0 and report.outcomes["transient"] > 0
+
+
+class NoMarkerStore(TableStore):
+    """Broken on purpose: writes the effects without any marker (no dedup at all)."""
+
+    def commit(
+        self, key: DedupKey, partition: str, fingerprint: str, effects: Sequence[Entity], result: Any,
+        expires_at: datetime,
+    ) -> CommitResult:  # fmt: skip
+        pk = encode_key(partition)
+        operations: list[Any] = [("upsert", self._effect_entity(pk, effect)) for effect in effects]
+        self.table.submit_transaction(operations)
+        return CommitResult(CommitStatus.NEW)
+
+
+def test_the_checker_catches_double_effects_of_a_consumer_without_markers(azurite: Azurite) -> None:
+    config = RunConfig(messages=150, workers=4, dup_rate=0.5, seed=5, table="chaosbroken")
+    report = run(config, azurite, break_store=NoMarkerStore)
+    assert report.double_effects > 0
+    assert report.orphans > 0  # effects without markers
+    assert not report.ok

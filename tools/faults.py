@@ -1,0 +1,86 @@
+"""Seeded fault injection at the points that matter, below the SDK's retry policy (an
+HTTP transport) and around the worker's settlement. Thread interleavings still vary from
+run to run; the seed fixes the workload and the fault draws' sequence."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import requests
+from azure.core.exceptions import ServiceRequestError, ServiceResponseError
+from azure.core.pipeline.transport import RequestsTransport, RequestsTransportResponse
+
+
+class Crash(BaseException):
+    """The worker process died here. BaseException, so that no ``except Exception`` in
+    the app can swallow it; the harness then leaves the message unsettled."""
+
+
+STORE_FAULTS = (
+    "store_503",
+    "store_timeout",
+    "response_lost",
+    "crash_before_commit",
+    "crash_after_commit",
+    "lock_expiry",
+)
+WORKER_FAULTS = ("crash_before_ack", "lost_ack")
+
+
+class FaultPlan:
+    def __init__(self, rate: float, seed: int, lock_duration: float) -> None:
+        self.rate = rate
+        self.lock_duration = lock_duration
+        self._rng = random.Random(seed)
+        self._mutex = threading.Lock()
+        self.injected: Counter[str] = Counter()
+
+    def draw(self, kinds: tuple[str, ...]) -> str | None:
+        with self._mutex:
+            if self.rate <= 0 or self._rng.random() >= self.rate:
+                return None
+            kind = self._rng.choice(kinds)
+            self.injected[kind] += 1
+            return kind
+
+
+class FaultyTransport(RequestsTransport):  # type: ignore[misc]
+    """Answers some requests with 503, times some out, loses some responses after the
+    server applied them, crashes the worker around commits, or stalls a commit past the
+    message's lock so that another worker receives the redelivery meanwhile."""
+
+    def __init__(self, plan: FaultPlan, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.plan = plan
+
+    def send(self, request: Any, **kwargs: Any) -> Any:
+        is_commit = request.method == "POST" and "$batch" in request.url
+        fault = self.plan.draw(STORE_FAULTS if is_commit else STORE_FAULTS[:3])
+        if fault == "store_503":
+            return _status(request, 503)
+        if fault == "store_timeout":
+            raise ServiceRequestError("injected: connection timed out")
+        if fault == "crash_before_commit":
+            raise Crash(fault)
+        if fault == "lock_expiry":
+            time.sleep(self.plan.lock_duration * 1.5)
+        response = super().send(request, **kwargs)
+        if fault == "response_lost":
+            raise ServiceResponseError("injected: the response was lost after the server applied the request")
+        if fault == "crash_after_commit":
+            raise Crash(fault)
+        return response
+
+
+def _status(request: Any, status: int) -> RequestsTransportResponse:
+    raw = requests.Response()
+    raw.status_code = status
+    raw.reason = "Service Unavailable (injected)"
+    raw._content = b'{"odata.error":{"code":"ServerBusy","message":{"value":"injected"}}}'
+    raw.headers["Content-Type"] = "application/json"
+    raw.url = request.url
+    return RequestsTransportResponse(request, raw)

@@ -1,0 +1,270 @@
+"""At-least-once delivery of an order stream to the real `orders` function, by competing
+workers, with optional faults and a store outage; then an invariant check that reads
+the real store. Shared by `make demo` (no faults) and `make chaos`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from azure.data.tables import TableServiceClient
+
+import function_app
+from shared.idempotency import DedupKey
+from shared.idempotency.settings import TRANSPORT
+from shared.idempotency.table_store import GUARD_KIND, MARKER_KIND, TableStore, marker_row
+from shared.orders import OrderEffects, effects_by_order
+from tools import workload
+from tools.azurite import Azurite
+from tools.broker import Lock, PeekLockQueue
+from tools.faults import WORKER_FAULTS, Crash, FaultPlan, FaultyTransport
+from tools.host import servicebus_message, user_function
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    messages: int = 1000
+    workers: int = 8
+    dup_rate: float = 0.3
+    fault_rate: float = 0.0
+    seed: int = 1
+    outage: bool = False
+    outage_seconds: float = 1.5
+    lock_duration: float = 2.0
+    max_delivery_count: int = 10
+    duplicate_window: int = 32  # MessageIds remembered by send-side duplicate detection
+    mismatch_rate: float = 0.005
+    invalid_rate: float = 0.01
+    table: str = "orders"
+
+
+@dataclass
+class Report:
+    config: RunConfig
+    sends: int = 0
+    dropped_by_detection: int = 0
+    messages: int = 0  # logical messages that reached the queue at least once
+    deliveries: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
+    store_restarts: int = 0
+    lock_expiries: int = 0
+    locks_lost: int = 0
+    resubmitted: int = 0
+    broker_dead_lettered: int = 0
+    effects_applied: int = 0
+    double_effects: int = 0
+    lost: int = 0
+    dead_lettered: int = 0
+    orphans: int = 0
+    seconds: float = 0.0
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+class _OutcomeCounter(logging.Handler):
+    def __init__(self, counts: Counter[str]) -> None:
+        super().__init__()
+        self.counts = counts
+        self._mutex = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields = getattr(record, "dedup", None)
+        if fields:
+            with self._mutex:
+                self.counts[fields["outcome"]] += 1
+
+
+@contextmanager
+def _counting_outcomes(counts: Counter[str]) -> Iterator[None]:
+    logger = logging.getLogger("idempotency")
+    handler = _OutcomeCounter(counts)
+    logger.addHandler(handler)
+    previous, logger.propagate = logger.propagate, False  # keep the console for the summary
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = previous
+
+
+def run(config: RunConfig, azurite: Azurite, *, break_store: type[TableStore] | None = None) -> Report:
+    """``break_store`` swaps in a deliberately broken store class, so that tests can show
+    the invariant checker catching what it claims to catch."""
+    report = Report(config)
+    started = time.monotonic()
+    logical = workload.generate(config.messages, config.seed, mismatch_rate=config.mismatch_rate,
+                                invalid_rate=config.invalid_rate)  # fmt: skip
+    queue = PeekLockQueue(config.lock_duration, config.max_delivery_count, config.duplicate_window)
+    accepted: set[int] = set()
+    for index, body in workload.sends(logical, config.dup_rate, config.seed):
+        if queue.send(logical[index].message_id, body):
+            accepted.add(index)
+    report.messages = len(accepted)
+
+    plan = FaultPlan(config.fault_rate, config.seed, config.lock_duration)
+    store = _configure_app(config, azurite, plan, break_store or TableStore)
+    orders = user_function("orders")
+    with _counting_outcomes(report.outcomes):
+        for round_ in range(6):  # the first pass, then operators' resubmissions
+            outage = _start_outage(config, azurite, queue, report) if round_ == 0 and config.outage else None
+            _run_workers(config, queue, orders, plan)
+            if outage is not None:
+                outage.join()
+            if not queue.dead or round_ == 5:
+                break
+            report.resubmitted += queue.resubmit_dead_letters()
+
+    report.sends, report.dropped_by_detection = queue.sent, queue.dropped_by_detection
+    report.deliveries, report.lock_expiries, report.locks_lost = queue.deliveries, queue.lock_expiries, queue.locks_lost
+    report.broker_dead_lettered = len(queue.dead)
+    report.faults = plan.injected
+    _verify(report, [logical[i] for i in sorted(accepted)], store, queue)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _configure_app(config: RunConfig, azurite: Azurite, plan: FaultPlan, store_class: type[TableStore]) -> TableStore:
+    """Point the real app at Azurite; with faults, give its store a faulty transport
+    (the function and the flow stay untouched)."""
+    os.environ.update(
+        DEDUP_STORAGE_CONNECTION=azurite.connection_string,
+        ORDERS_TABLE=config.table,
+        DEDUP_DEADLETTER_TABLE=config.table + "dl",
+    )
+    function_app.order_consumer.cache_clear()
+    consumer = function_app.order_consumer()
+    clean = TableStore(
+        TableServiceClient.from_connection_string(azurite.connection_string, **TRANSPORT),
+        config.table,
+        config.table + "dl",
+    )
+    transport = {"transport": FaultyTransport(plan)} if config.fault_rate > 0 else {}
+    service = TableServiceClient.from_connection_string(azurite.connection_string, **transport, **TRANSPORT)
+    consumer.store = store_class(service, config.table, config.table + "dl")
+    return clean
+
+
+def _run_workers(config: RunConfig, queue: PeekLockQueue, orders: Any, plan: FaultPlan) -> None:
+    def work() -> None:
+        while True:
+            lock = queue.receive(timeout=0.5)
+            if lock is None:
+                if queue.drained():
+                    return
+                continue
+            _deliver(lock, queue, orders, plan)
+
+    threads = [threading.Thread(target=work, name=f"worker-{i}") for i in range(config.workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def _deliver(lock: Lock, queue: PeekLockQueue, orders: Any, plan: FaultPlan) -> None:
+    binding = servicebus_message(lock.message.body, lock.message.message_id, delivery_count=lock.delivery_count)
+    try:
+        orders(binding)
+    except Crash:
+        return  # the process died: no settlement, the lock will expire
+    except Exception:  # noqa: BLE001 - the host abandons on any exception
+        queue.abandon(lock)
+        return
+    if plan.draw(WORKER_FAULTS) is not None:
+        return  # crashed before acknowledging, or the acknowledgement was lost
+    queue.complete(lock)
+
+
+def _start_outage(config: RunConfig, azurite: Azurite, queue: PeekLockQueue, report: Report) -> threading.Thread:
+    """Stop the store once 40% of the queue is done, keep it down, bring it back."""
+
+    def outage() -> None:
+        while queue.completed < 0.4 * queue.sent - queue.dropped_by_detection and not queue.drained():
+            time.sleep(0.01)
+        azurite.stop()
+        time.sleep(config.outage_seconds)
+        azurite.start()
+        report.store_restarts += 1
+
+    thread = threading.Thread(target=outage, name="outage")
+    thread.start()
+    return thread
+
+
+def _verify(report: Report, in_play: list[workload.LogicalMessage], store: TableStore, queue: PeekLockQueue) -> None:
+    """Read the real store: every logical message has its effects exactly once or a
+    dead-letter record with its reason; no marker without effects, nor the reverse."""
+    effects = effects_by_order(store.table)
+    dead = store.dead_letters(store_scope())
+    in_broker_dlq = {(m.message_id, m.body) for m in queue.dead}
+    variants: dict[str, list[workload.LogicalMessage]] = defaultdict(list)
+    for message in in_play:
+        if message.order_id is not None:
+            variants[message.order_id].append(message)
+
+    def violation(kind: str, key: object) -> None:
+        if len(report.violations) < 50:
+            report.violations.append(f"{kind}: {key!r}")
+
+    mismatches = Counter(d.key_id for d in dead if d.reason == "fingerprint_mismatch")
+    for order_id, group in variants.items():
+        found = effects.get(order_id)
+        charges = found.charges if found else 0
+        if charges > 1 or (found is not None and found.orders > 1):
+            report.double_effects += max(charges - 1, 0)
+            violation("double effect", order_id)
+        parked = sum((m.message_id, m.body) in in_broker_dlq for m in group)
+        expected_refusals = len(group) - 1 if charges else 0
+        if charges == 1:
+            report.effects_applied += 1
+        if (charges == 0 and parked < len(group)) or mismatches[order_id] + parked < expected_refusals:
+            report.lost += 1
+            violation("lost", order_id)
+    records = {(d.message_id, d.body, d.reason) for d in dead}
+    for message in in_play:
+        if message.invalid_reason is None:
+            continue
+        if (message.message_id, message.body, message.invalid_reason) not in records and (
+            message.message_id,
+            message.body,
+        ) not in in_broker_dlq:
+            report.lost += 1
+            violation("invalid message without its dead-letter record", message.message_id)
+    report.dead_lettered = len(dead) + len(queue.dead)
+
+    for problem in orphans(store, store_scope(), effects):
+        report.orphans += 1
+        violation("orphan", problem)
+
+
+def orphans(store: TableStore, scope: str, effects: dict[str, OrderEffects] | None = None) -> list[str]:
+    """Half-written state: a marker without its order, an order without its marker, a
+    fingerprint guard without its marker."""
+    effects = effects_by_order(store.table) if effects is None else effects
+    markers: dict[str, str] = {}
+    guards: set[str] = set()
+    for entity in store.table.list_entities(select=["RowKey", "Kind", "KeyId"]):
+        if entity.get("Kind") == MARKER_KIND:
+            markers[entity["RowKey"]] = entity["KeyId"]
+        elif entity.get("Kind") == GUARD_KIND:
+            guards.add(entity["RowKey"].rsplit("|", 1)[0])
+    found = [f"marker without effects: {key_id}" for key_id in markers.values() if key_id not in effects]
+    found += [f"effects without marker: {oid}" for oid in effects if marker_row(DedupKey(scope, oid)) not in markers]
+    found += [f"guard without marker: {row}" for row in guards - markers.keys()]
+    return found
+
+
+def store_scope() -> str:
+    return function_app.order_consumer().name

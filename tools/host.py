@@ -1,0 +1,53 @@
+"""Call the real function app the way the Functions host does, without the host: find
+functions through ``app.get_functions()`` and invoke them with real binding objects."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import azure.functions as func
+from azure.functions.servicebus import ServiceBusMessage
+
+import function_app
+
+
+@functools.cache
+def _functions() -> dict[str, Callable[..., Any]]:
+    # get_functions() validates the app and may only be called once per app object.
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # it warns that auth levels apply to HTTP functions only
+    try:
+        return {str(fn.get_function_name()): fn.get_user_function() for fn in function_app.app.get_functions()}
+    finally:
+        root.setLevel(level)
+
+
+def user_function(name: str) -> Callable[..., Any]:
+    try:
+        return _functions()[name]
+    except KeyError:
+        raise LookupError(f"function_app has no function named {name!r}") from None
+
+
+def servicebus_message(
+    body: bytes | dict[str, Any],
+    message_id: str | None,
+    *,
+    delivery_count: int = 1,
+    correlation_id: str | None = None,
+) -> func.ServiceBusMessage:
+    raw = json.dumps(body).encode() if isinstance(body, dict) else body
+    return ServiceBusMessage(
+        body=raw,
+        message_id=message_id,  # type: ignore[arg-type]  # the host passes None when the producer set none
+        correlation_id=correlation_id,
+        delivery_count=delivery_count,
+        content_type="application/json",
+        application_properties={},
+        user_properties={},
+    )
