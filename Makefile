@@ -22,6 +22,11 @@ node_modules/.installed: package.json package-lock.json
 demo: install
 	$(PY) -m tools.demo
 
+# The long fault-injection run; knobs: CHAOS_MESSAGES CHAOS_WORKERS CHAOS_DUP_RATE
+# CHAOS_FAULT_RATE CHAOS_SEED CHAOS_OUTAGE (see README, Reliability).
+chaos: install
+	$(PY) -m tools.chaos
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

@@ -1,0 +1,125 @@
+"""Bad input, fuzzed: ≥10,000 generated deliveries through the real `orders` function on
+a real Azurite. Each one ends processed, duplicate, or dead-lettered with a reason;
+nothing crashes the worker and nothing is half-written."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import function_app
+from shared.orders import effects_by_order
+from tests.functions import app_settings, servicebus_message, user_function
+from tools.azurite import Azurite
+from tools import harness
+
+DELIVERIES_PER_EXAMPLE = 50
+EXAMPLES = 205
+INJECTIONS = ["' or PartitionKey ne '", "x' or '1' eq '1", "o1') or (RowKey ne '", "%27 or 1 eq 1", "@pk", "\\'"]
+
+message_ids = st.one_of(
+    st.none(),
+    st.just(""),
+    st.sampled_from(INJECTIONS),
+    st.text(max_size=40),
+    st.text(alphabet=st.characters(codec="utf-8", categories=["Cc", "Cs", "Zs", "So"]), min_size=1, max_size=20),
+    st.text(min_size=2000, max_size=2100),
+)
+scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20))
+loose_orders = st.fixed_dictionaries(
+    {},
+    optional={
+        "orderId": st.one_of(scalars, st.sampled_from(INJECTIONS)),
+        "customerId": scalars,
+        "amount": st.one_of(scalars, st.floats(min_value=0.01, max_value=1e6)),
+        "currency": st.one_of(scalars, st.sampled_from(["EUR", "usd", "EURO"])),
+        "items": st.one_of(scalars, st.lists(st.dictionaries(st.text(max_size=5), scalars, max_size=3), max_size=3)),
+        "extra": scalars,
+    },
+)
+
+
+@st.composite
+def valid_order(draw: st.DrawFn) -> tuple[str | None, bytes]:
+    order_id = draw(st.one_of(st.sampled_from(INJECTIONS), st.text(min_size=1, max_size=60)))
+    order = {
+        "orderId": order_id,
+        "customerId": "c-1",
+        "amount": draw(st.sampled_from([1, 9.99, 250.5])),
+        "currency": "EUR",
+        "items": [{"sku": "s", "quantity": 1}],
+    }
+    return order_id, json.dumps(order).encode()
+
+
+bodies = st.one_of(
+    st.binary(max_size=200),  # mostly not UTF-8
+    st.text(max_size=200).map(str.encode),  # mostly not JSON
+    st.sampled_from([b"", b"null", b"[]", b"{}", b"1e999", b"NaN", b'{"a": Infinity}', b"[" * 5000]),
+    loose_orders.map(lambda d: json.dumps(d).encode()),
+    st.one_of(  # rarer: huge bodies (Service Bus Standard allows 256 KB)
+        st.integers(min_value=200_000, max_value=260_000).map(lambda n: b'{"orderId": "' + b"x" * n + b'"}'),
+        *[loose_orders.map(lambda d: json.dumps(d).encode())] * 6,
+    ),
+)
+deliveries = st.one_of(st.tuples(message_ids, bodies), valid_order(), valid_order().map(lambda d: (None, d[1])))
+
+
+class Outcomes(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[dict[str, object]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if hasattr(record, "dedup"):
+            self.seen.append(record.dedup)
+
+
+@pytest.fixture
+def outcomes() -> Iterator[Outcomes]:
+    handler = Outcomes()
+    logger = logging.getLogger("idempotency")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+
+
+def test_generated_deliveries_are_processed_or_dead_lettered(azurite: Azurite, outcomes: Outcomes) -> None:
+    table = "fz" + uuid.uuid4().hex[:12]
+    consumer_fn = user_function("orders")
+    delivered = Counter[str]()
+    with app_settings(DEDUP_STORAGE_CONNECTION=azurite.connection_string, ORDERS_TABLE=table,
+                      DEDUP_DEADLETTER_TABLE=table + "dl"):  # fmt: skip
+        store = function_app.order_consumer().store
+
+        @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(st.lists(deliveries, min_size=DELIVERIES_PER_EXAMPLE, max_size=DELIVERIES_PER_EXAMPLE))
+        def deliver(batch: list[tuple[str | None, bytes]]) -> None:
+            for message_id, body in batch:
+                before = len(outcomes.seen)
+                consumer_fn(servicebus_message(body, message_id))  # must not raise: the store is healthy
+                [fields] = outcomes.seen[before:]
+                assert fields["outcome"] in {"processed", "duplicate", "invalid", "conflict"}, fields
+                if fields["outcome"] in {"invalid", "conflict"}:
+                    assert fields["reason"], fields
+                delivered[str(fields["outcome"])] += 1
+
+        deliver()
+        assert sum(delivered.values()) >= 10_000
+        assert delivered["processed"] > 100 and delivered["invalid"] > 5_000 and delivered["duplicate"] > 0
+
+        dead = store.dead_letters(function_app.order_consumer().name)
+        refused = [o for o in outcomes.seen if o["outcome"] in {"invalid", "conflict"}]
+        assert {(d.message_id, d.reason) for d in dead} == {(o["message_id"], o["reason"]) for o in refused}
+        assert all(d.body is not None and d.reason and d.detail for d in dead)
+        assert harness.orphans(store, function_app.order_consumer().name) == []
+        for injection in INJECTIONS:  # a key never widens a query: each one finds only itself
+            assert set(effects_by_order(store.table, injection)) <= {injection}
