@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 import function_app
 from shared.orders import effects_by_order
 from tests.functions import app_settings, servicebus_message, user_function
-from tools.azurite import Azurite
 from tools import harness
+from tools.azurite import Azurite
 
 DELIVERIES_PER_EXAMPLE = 50
 EXAMPLES = 205
