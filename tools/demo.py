@@ -28,7 +28,7 @@ def summary(report: Report) -> str:
 
 def main() -> int:
     logging.basicConfig(level=logging.ERROR)  # the idempotency log is counted, not shown
-    config = RunConfig(messages=1200, workers=8, dup_rate=0.45, seed=7, table="demoorders")
+    config = RunConfig(messages=1200, workers=8, dup_rate=0.5, seed=7, table="demoorders")
     with Azurite() as azurite:
         report = run(config, azurite)
     print(summary(report))

@@ -1,6 +1,11 @@
-"""At-least-once delivery of an order stream to the real `orders` function, by competing
-workers, with optional faults and a store outage; then an invariant check that reads
-the real store. Shared by `make demo` (no faults) and `make chaos`."""
+"""At-least-once delivery of a message stream to a real function, by competing workers,
+with optional faults and a store outage; then an invariant check that reads the real
+store. Shared by `make demo` (no faults) and `make chaos`.
+
+The harness drives a ``Target``: the `orders` example by default. To prove your own
+handler, give it your function's name, how to point its consumer at a table, a workload
+generator and a reader that counts, per message key, how often its effect is in the table.
+"""
 
 from __future__ import annotations
 
@@ -9,23 +14,42 @@ import os
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from azure.data.tables import TableServiceClient
+from azure.data.tables import TableClient, TableServiceClient
 
 import function_app
-from shared.idempotency import DedupKey
+from shared.idempotency import DedupKey, IdempotentConsumer
 from shared.idempotency.settings import TRANSPORT
 from shared.idempotency.table_store import GUARD_KIND, MARKER_KIND, TableStore, marker_row
-from shared.orders import OrderEffects, effects_by_order
+from shared.orders import effects_by_order
 from tools import workload
 from tools.azurite import Azurite
 from tools.broker import Lock, PeekLockQueue
 from tools.faults import WORKER_FAULTS, Crash, FaultPlan, FaultyTransport
 from tools.host import servicebus_message, user_function
+
+
+def orders_consumer(connection: str, table: str) -> IdempotentConsumer:
+    """Configure the app as its settings would, and return the function's consumer."""
+    os.environ.update(DEDUP_STORAGE_CONNECTION=connection, ORDERS_TABLE=table, DEDUP_DEADLETTER_TABLE=table + "dl")
+    function_app.order_consumer.cache_clear()
+    return function_app.order_consumer()
+
+
+def charges_per_order(table: TableClient) -> dict[str, int]:
+    return {order_id: found.charges for order_id, found in effects_by_order(table).items()}
+
+
+@dataclass(frozen=True)
+class Target:
+    function: str = "orders"
+    consumer: Callable[[str, str], IdempotentConsumer] = orders_consumer
+    generate: Callable[[int, int, float, float], list[workload.LogicalMessage]] = workload.generate
+    applied: Callable[[TableClient], dict[str, int]] = charges_per_order
 
 
 @dataclass(frozen=True)
@@ -99,13 +123,14 @@ def _counting_outcomes(counts: Counter[str]) -> Iterator[None]:
         logger.propagate = previous
 
 
-def run(config: RunConfig, azurite: Azurite, *, break_store: type[TableStore] | None = None) -> Report:
+def run(
+    config: RunConfig, azurite: Azurite, target: Target = Target(), *, break_store: type[TableStore] | None = None
+) -> Report:
     """``break_store`` swaps in a deliberately broken store class, so that tests can show
     the invariant checker catching what it claims to catch."""
     report = Report(config)
     started = time.monotonic()
-    logical = workload.generate(config.messages, config.seed, mismatch_rate=config.mismatch_rate,
-                                invalid_rate=config.invalid_rate)  # fmt: skip
+    logical = target.generate(config.messages, config.seed, config.mismatch_rate, config.invalid_rate)
     queue = PeekLockQueue(config.lock_duration, config.max_delivery_count, config.duplicate_window)
     accepted: set[int] = set()
     for index, body in workload.sends(logical, config.dup_rate, config.seed):
@@ -114,12 +139,13 @@ def run(config: RunConfig, azurite: Azurite, *, break_store: type[TableStore] | 
     report.messages = len(accepted)
 
     plan = FaultPlan(config.fault_rate, config.seed, config.lock_duration)
-    store = _configure_app(config, azurite, plan, break_store or TableStore)
-    orders = user_function("orders")
+    consumer = target.consumer(azurite.connection_string, config.table)
+    store = _attach_store(consumer, azurite, plan, config.fault_rate > 0, break_store or TableStore)
+    function = user_function(target.function)
     with _counting_outcomes(report.outcomes):
         for round_ in range(6):  # the first pass, then operators' resubmissions
             outage = _start_outage(config, azurite, queue, report) if round_ == 0 and config.outage else None
-            _run_workers(config, queue, orders, plan)
+            _run_workers(config, queue, function, plan)
             if outage is not None:
                 outage.join()
             if not queue.dead or round_ == 5:
@@ -130,33 +156,26 @@ def run(config: RunConfig, azurite: Azurite, *, break_store: type[TableStore] | 
     report.deliveries, report.lock_expiries, report.locks_lost = queue.deliveries, queue.lock_expiries, queue.locks_lost
     report.broker_dead_lettered = len(queue.dead)
     report.faults = plan.injected
-    _verify(report, [logical[i] for i in sorted(accepted)], store, queue)
+    _verify(report, [logical[i] for i in sorted(accepted)], store, consumer.name, target.applied(store.table), queue)
     report.seconds = time.monotonic() - started
     return report
 
 
-def _configure_app(config: RunConfig, azurite: Azurite, plan: FaultPlan, store_class: type[TableStore]) -> TableStore:
-    """Point the real app at Azurite; with faults, give its store a faulty transport
-    (the function and the flow stay untouched)."""
-    os.environ.update(
-        DEDUP_STORAGE_CONNECTION=azurite.connection_string,
-        ORDERS_TABLE=config.table,
-        DEDUP_DEADLETTER_TABLE=config.table + "dl",
-    )
-    function_app.order_consumer.cache_clear()
-    consumer = function_app.order_consumer()
-    clean = TableStore(
-        TableServiceClient.from_connection_string(azurite.connection_string, **TRANSPORT),
-        config.table,
-        config.table + "dl",
-    )
-    transport = {"transport": FaultyTransport(plan)} if config.fault_rate > 0 else {}
+def _attach_store(
+    consumer: IdempotentConsumer, azurite: Azurite, plan: FaultPlan, faulty: bool, store_class: type[TableStore]
+) -> TableStore:
+    """With faults, give the consumer's store a faulty transport (the function and the
+    flow stay untouched). Returns a clean store on the same tables for the checker."""
+    assert isinstance(consumer.store, TableStore)
+    table, dead = consumer.store.table.table_name, consumer.store.dead_letter_table
+    transport = {"transport": FaultyTransport(plan)} if faulty else {}
     service = TableServiceClient.from_connection_string(azurite.connection_string, **transport, **TRANSPORT)
-    consumer.store = store_class(service, config.table, config.table + "dl")
-    return clean
+    consumer.store = store_class(service, table, dead)
+    clean = TableServiceClient.from_connection_string(azurite.connection_string, **TRANSPORT)
+    return TableStore(clean, table, dead)
 
 
-def _run_workers(config: RunConfig, queue: PeekLockQueue, orders: Any, plan: FaultPlan) -> None:
+def _run_workers(config: RunConfig, queue: PeekLockQueue, function: Any, plan: FaultPlan) -> None:
     def work() -> None:
         while True:
             lock = queue.receive(timeout=0.5)
@@ -164,7 +183,7 @@ def _run_workers(config: RunConfig, queue: PeekLockQueue, orders: Any, plan: Fau
                 if queue.drained():
                     return
                 continue
-            _deliver(lock, queue, orders, plan)
+            _deliver(lock, queue, function, plan)
 
     threads = [threading.Thread(target=work, name=f"worker-{i}") for i in range(config.workers)]
     for thread in threads:
@@ -173,10 +192,10 @@ def _run_workers(config: RunConfig, queue: PeekLockQueue, orders: Any, plan: Fau
         thread.join()
 
 
-def _deliver(lock: Lock, queue: PeekLockQueue, orders: Any, plan: FaultPlan) -> None:
+def _deliver(lock: Lock, queue: PeekLockQueue, function: Any, plan: FaultPlan) -> None:
     binding = servicebus_message(lock.message.body, lock.message.message_id, delivery_count=lock.delivery_count)
     try:
-        orders(binding)
+        function(binding)
     except Crash:
         return  # the process died: no settlement, the lock will expire
     except Exception:  # noqa: BLE001 - the host abandons on any exception
@@ -203,56 +222,58 @@ def _start_outage(config: RunConfig, azurite: Azurite, queue: PeekLockQueue, rep
     return thread
 
 
-def _verify(report: Report, in_play: list[workload.LogicalMessage], store: TableStore, queue: PeekLockQueue) -> None:
-    """Read the real store: every logical message has its effects exactly once or a
+def _verify(
+    report: Report,
+    in_play: list[workload.LogicalMessage],
+    store: TableStore,
+    scope: str,
+    applied: dict[str, int],
+    queue: PeekLockQueue,
+) -> None:
+    """Read the real store: every logical message has its effect exactly once or a
     dead-letter record with its reason; no marker without effects, nor the reverse."""
-    effects = effects_by_order(store.table)
-    dead = store.dead_letters(store_scope())
+    dead = store.dead_letters(scope)
     in_broker_dlq = {(m.message_id, m.body) for m in queue.dead}
     variants: dict[str, list[workload.LogicalMessage]] = defaultdict(list)
     for message in in_play:
-        if message.order_id is not None:
-            variants[message.order_id].append(message)
+        if message.key is not None:
+            variants[message.key].append(message)
 
     def violation(kind: str, key: object) -> None:
         if len(report.violations) < 50:
             report.violations.append(f"{kind}: {key!r}")
 
+    # Copies of one key with different payloads: one is applied, the others refused.
     mismatches = Counter(d.key_id for d in dead if d.reason == "fingerprint_mismatch")
-    for order_id, group in variants.items():
-        found = effects.get(order_id)
-        charges = found.charges if found else 0
-        if charges > 1 or (found is not None and found.orders > 1):
-            report.double_effects += max(charges - 1, 0)
-            violation("double effect", order_id)
-        parked = sum((m.message_id, m.body) in in_broker_dlq for m in group)
-        expected_refusals = len(group) - 1 if charges else 0
-        if charges == 1:
+    for key, group in variants.items():
+        times = applied.get(key, 0)
+        if times > 1:
+            report.double_effects += times - 1
+            violation("double effect", key)
+        if times == 1:
             report.effects_applied += 1
-        if (charges == 0 and parked < len(group)) or mismatches[order_id] + parked < expected_refusals:
+        parked = sum((m.message_id, m.body) in in_broker_dlq for m in group)
+        expected_refusals = len(group) - 1 if times else 0
+        if (times == 0 and parked < len(group)) or mismatches[key] + parked < expected_refusals:
             report.lost += 1
-            violation("lost", order_id)
+            violation("lost", key)
     records = {(d.message_id, d.body, d.reason) for d in dead}
     for message in in_play:
         if message.invalid_reason is None:
             continue
-        if (message.message_id, message.body, message.invalid_reason) not in records and (
-            message.message_id,
-            message.body,
-        ) not in in_broker_dlq:
+        recorded = (message.message_id, message.body, message.invalid_reason) in records
+        if not recorded and (message.message_id, message.body) not in in_broker_dlq:
             report.lost += 1
             violation("invalid message without its dead-letter record", message.message_id)
     report.dead_lettered = len(dead) + len(queue.dead)
-
-    for problem in orphans(store, store_scope(), effects):
+    for problem in orphans(store, scope, applied):
         report.orphans += 1
         violation("orphan", problem)
 
 
-def orphans(store: TableStore, scope: str, effects: dict[str, OrderEffects] | None = None) -> list[str]:
-    """Half-written state: a marker without its order, an order without its marker, a
+def orphans(store: TableStore, scope: str, applied: dict[str, int]) -> list[str]:
+    """Half-written state: a marker without its effects, effects without their marker, a
     fingerprint guard without its marker."""
-    effects = effects_by_order(store.table) if effects is None else effects
     markers: dict[str, str] = {}
     guards: set[str] = set()
     for entity in store.table.list_entities(select=["RowKey", "Kind", "KeyId"]):
@@ -260,11 +281,7 @@ def orphans(store: TableStore, scope: str, effects: dict[str, OrderEffects] | No
             markers[entity["RowKey"]] = entity["KeyId"]
         elif entity.get("Kind") == GUARD_KIND:
             guards.add(entity["RowKey"].rsplit("|", 1)[0])
-    found = [f"marker without effects: {key_id}" for key_id in markers.values() if key_id not in effects]
-    found += [f"effects without marker: {oid}" for oid in effects if marker_row(DedupKey(scope, oid)) not in markers]
+    found = [f"marker without effects: {key_id}" for key_id in markers.values() if not applied.get(key_id)]
+    found += [f"effects without marker: {key}" for key in applied if marker_row(DedupKey(scope, key)) not in markers]
     found += [f"guard without marker: {row}" for row in guards - markers.keys()]
     return found
-
-
-def store_scope() -> str:
-    return function_app.order_consumer().name

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 class LogicalMessage:
     message_id: str | None
     body: bytes
-    order_id: str | None = None  # set for well-formed orders
+    key: str | None = None  # the dedup key, for messages that must be applied
     invalid_reason: str | None = None  # set for messages that must be dead-lettered
     serialisations: tuple[bytes, ...] = field(default=(), compare=False)  # equal payloads, other bytes
 
@@ -48,9 +48,7 @@ def _invalid(i: int, rng: random.Random) -> LogicalMessage:
     return LogicalMessage(f"other-{i}", json.dumps(order).encode(), invalid_reason="key_mismatch")
 
 
-def generate(
-    count: int, seed: int, *, mismatch_rate: float = 0.005, invalid_rate: float = 0.01
-) -> list[LogicalMessage]:
+def generate(count: int, seed: int, mismatch_rate: float = 0.005, invalid_rate: float = 0.01) -> list[LogicalMessage]:
     """``count`` logical messages; a mismatch is a second logical message reusing an
     earlier order's id with another amount."""
     rng = random.Random(seed)
@@ -62,7 +60,7 @@ def generate(
             messages.append(_invalid(i, rng))
         elif roll < invalid_rate + mismatch_rate and orders:
             twin = {**rng.choice(orders), "amount": round(rng.uniform(501, 999), 2)}
-            messages.append(LogicalMessage(str(twin["orderId"]), json.dumps(twin).encode(), str(twin["orderId"])))
+            messages.append(LogicalMessage(str(twin["orderId"]), json.dumps(twin).encode(), key=str(twin["orderId"])))
         else:
             order = _order(f"o-{seed}-{i}", rng)
             orders.append(order)

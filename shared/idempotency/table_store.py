@@ -95,6 +95,10 @@ class TableStore(DedupStore):
     def table(self) -> TableClient:
         return self._table
 
+    @property
+    def dead_letter_table(self) -> str:
+        return self._dead.table_name
+
     def create_tables(self) -> None:
         with _store_errors():
             for client in (self._table, self._dead):
