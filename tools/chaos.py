@@ -2,7 +2,8 @@
 injected faults and a store outage; exits non-zero on any violated invariant.
 
 Knobs (environment): CHAOS_MESSAGES (5000), CHAOS_WORKERS (8), CHAOS_DUP_RATE (0.3),
-CHAOS_FAULT_RATE (0.05), CHAOS_SEED (random when unset), CHAOS_OUTAGE (1).
+CHAOS_FAULT_RATE (0.05), CHAOS_SEED (random when unset), CHAOS_OUTAGE (1),
+CHAOS_PAYMENTS (0; 1 = charge through a local payment API, a two-phase step).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def config_from_env() -> RunConfig:
         fault_rate=float(env("CHAOS_FAULT_RATE", "0.05")),
         seed=int(env("CHAOS_SEED") or random.randrange(1_000_000)),
         outage=env("CHAOS_OUTAGE", "1") == "1",
+        payments=env("CHAOS_PAYMENTS", "0") == "1",
         table="chaosorders",
     )
 
@@ -45,6 +47,8 @@ def as_json(report: Report) -> dict[str, object]:
         "dead_lettered": report.dead_lettered,
         "orphans": report.orphans,
         "seed": report.config.seed,
+        "payments": report.config.payments,
+        "payment_charges_accepted": report.payment_charges,
         "faults": dict(sorted(report.faults.items())),
         "outcomes": dict(sorted(report.outcomes.items())),
         "lock_expiries": report.lock_expiries,

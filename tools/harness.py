@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,7 @@ from tools.azurite import Azurite
 from tools.broker import Lock, PeekLockQueue
 from tools.faults import WORKER_FAULTS, Crash, FaultPlan, FaultyTransport
 from tools.host import servicebus_message, user_function
+from tools.payment_service import PaymentService
 
 
 def orders_consumer(connection: str, table: str) -> IdempotentConsumer:
@@ -67,6 +68,7 @@ class RunConfig:
     mismatch_rate: float = 0.005
     invalid_rate: float = 0.01
     table: str = "orders"
+    payments: bool = False  # charge through a local payment API (two-phase step)
 
 
 @dataclass
@@ -88,6 +90,7 @@ class Report:
     lost: int = 0
     dead_lettered: int = 0
     orphans: int = 0
+    payment_charges: int = 0
     seconds: float = 0.0
     violations: list[str] = field(default_factory=list)
 
@@ -139,9 +142,30 @@ def run(
     report.messages = len(accepted)
 
     plan = FaultPlan(config.fault_rate, config.seed, config.lock_duration)
-    consumer = target.consumer(azurite.connection_string, config.table)
-    store = _attach_store(consumer, azurite, plan, config.fault_rate > 0, break_store or TableStore)
-    function = user_function(target.function)
+    with ExitStack() as stack:
+        payments = stack.enter_context(PaymentService(hook=_payment_faults(plan))) if config.payments else None
+        _configure_payments(config, payments)
+        consumer = target.consumer(azurite.connection_string, config.table)
+        store = _attach_store(consumer, azurite, plan, config.fault_rate > 0, break_store or TableStore)
+        _deliver_all(config, azurite, queue, user_function(target.function), plan, report)
+        applied = target.applied(store.table)
+        if payments is not None:  # one accepted charge per order, and one posting
+            charges = payments.charges_per_order()
+            report.payment_charges = sum(charges.values())
+            applied = {key: max(applied.get(key, 0), charges.get(key, 0)) for key in applied.keys() | charges.keys()}
+
+    report.sends, report.dropped_by_detection = queue.sent, queue.dropped_by_detection
+    report.deliveries, report.lock_expiries, report.locks_lost = queue.deliveries, queue.lock_expiries, queue.locks_lost
+    report.broker_dead_lettered = len(queue.dead)
+    report.faults = plan.injected
+    _verify(report, [logical[i] for i in sorted(accepted)], store, consumer.name, applied, queue)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _deliver_all(
+    config: RunConfig, azurite: Azurite, queue: PeekLockQueue, function: Any, plan: FaultPlan, report: Report
+) -> None:
     with _counting_outcomes(report.outcomes):
         for round_ in range(6):  # the first pass, then operators' resubmissions
             outage = _start_outage(config, azurite, queue, report) if round_ == 0 and config.outage else None
@@ -152,13 +176,29 @@ def run(
                 break
             report.resubmitted += queue.resubmit_dead_letters()
 
-    report.sends, report.dropped_by_detection = queue.sent, queue.dropped_by_detection
-    report.deliveries, report.lock_expiries, report.locks_lost = queue.deliveries, queue.lock_expiries, queue.locks_lost
-    report.broker_dead_lettered = len(queue.dead)
-    report.faults = plan.injected
-    _verify(report, [logical[i] for i in sorted(accepted)], store, consumer.name, target.applied(store.table), queue)
-    report.seconds = time.monotonic() - started
-    return report
+
+def _configure_payments(config: RunConfig, payments: PaymentService | None) -> None:
+    """The lease outlives the longest stall a live worker may have (a commit stalled
+    past the lock: 1.5 locks), as DEDUP_LEASE must outlive functionTimeout on Azure."""
+    if payments is None:
+        os.environ.pop("PAYMENT_API_URL", None)
+        return
+    os.environ.update(
+        PAYMENT_API_URL=payments.url,
+        DEDUP_LEASE=f"PT{config.lock_duration * 2.5:g}S",
+        DEDUP_IN_FLIGHT_WAIT=f"PT{config.lock_duration:g}S",
+    )
+
+
+def _payment_faults(plan: FaultPlan) -> Callable[[str, str], str | None]:
+    """The payment API fails before charging (503) or charges and loses its answer."""
+
+    def hook(key: str, phase: str) -> str | None:
+        if phase == "before":
+            return "fail" if plan.draw(("payment_503",)) else None
+        return "drop" if plan.draw(("payment_response_lost",)) else None
+
+    return hook
 
 
 def _attach_store(

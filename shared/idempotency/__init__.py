@@ -3,29 +3,42 @@
 Imports nothing from azure.functions, so that any trigger (or a plain script) can use it.
 """
 
-from .consumer import Delivery, Effects, IdempotentConsumer, Outcome, Result
-from .errors import AlreadyClaimed, InvalidMessage, StoreUnavailable, VersionConflict
+from .consumer import Delivery, Effects, Handler, IdempotentConsumer, Outcome, Result
+from .errors import (
+    AlreadyClaimed,
+    DownstreamRejected,
+    DownstreamUnavailable,
+    InvalidMessage,
+    StoreUnavailable,
+    VersionConflict,
+)
 from .fingerprint import fingerprint
 from .keys import DedupKey, cloudevent_identity, from_body_field, from_message_id
 from .records import Entity, Marker, State
+from .steps import Context, StepPolicy
 from .store import CommitResult, CommitStatus, DeadLetter, DedupStore
 
 __all__ = [
     "AlreadyClaimed",
     "CommitResult",
     "CommitStatus",
+    "Context",
     "DeadLetter",
     "DedupKey",
     "DedupStore",
     "Delivery",
+    "DownstreamRejected",
+    "DownstreamUnavailable",
     "Effects",
     "Entity",
+    "Handler",
     "IdempotentConsumer",
     "InvalidMessage",
     "Marker",
     "Outcome",
     "Result",
     "State",
+    "StepPolicy",
     "StoreUnavailable",
     "VersionConflict",
     "cloudevent_identity",

@@ -16,10 +16,19 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from . import telemetry
-from .errors import InvalidMessage, StoreUnavailable
+from .errors import (
+    DownstreamRejected,
+    DownstreamUnavailable,
+    FingerprintMismatch,
+    InFlight,
+    InvalidMessage,
+    LeaseLost,
+    StoreUnavailable,
+)
 from .fingerprint import fingerprint
 from .keys import DedupKey, KeySource, from_message_id
 from .records import JSON, Entity, utcnow
+from .steps import DEFAULT_STEPS, Context, StepPolicy
 from .store import CommitStatus, DeadLetter, DedupStore
 
 log = logging.getLogger("idempotency")
@@ -75,7 +84,10 @@ class Effects:
     result: JSON = None
 
 
-Handler = Callable[[Any, DedupKey], Effects]
+Handler = Callable[[Any, Context], Effects]
+"""Decides the entities to commit with the marker; effects outside the transaction go
+through ``context.step`` (two-phase). Do not catch broad exceptions around a step: its
+errors (in flight, mismatch, lease lost) are the flow's to settle."""
 
 
 def parse_json(body: bytes) -> Any:
@@ -104,6 +116,7 @@ class IdempotentConsumer:
         key_source: KeySource = from_message_id,
         schema: Mapping[str, Any] | None = None,
         retention: timedelta = timedelta(days=30),
+        steps: StepPolicy = DEFAULT_STEPS,
         partition_for: Callable[[DedupKey], str] = lambda key: key.id,
     ) -> None:
         self.name = name
@@ -112,6 +125,7 @@ class IdempotentConsumer:
         self._key_source = key_source
         self._validator = Draft202012Validator(schema) if schema is not None else None
         self._retention = retention
+        self._steps = steps
         self._partition_for = partition_for
 
     def process(self, delivery: Delivery) -> Result:
@@ -129,14 +143,20 @@ class IdempotentConsumer:
             key = DedupKey(self.name, self._key_source(delivery.message_id, payload) or "")
             self._validate(payload)
             fp = fingerprint(payload)
-            effects = self._handler(payload, key)
-            commit = self.store.commit(
-                key, self._partition_for(key), fp, effects.entities, effects.result, utcnow() + self._retention
-            )
+            partition, expires_at = self._partition_for(key), utcnow() + self._retention
+            effects = self._handler(payload, Context(key, partition, fp, self.store, self._steps, expires_at))
+            commit = self.store.commit(key, partition, fp, effects.entities, effects.result, expires_at)
         except InvalidMessage as exc:
             return Result(Outcome.INVALID, key, exc.reason, exc.detail)
-        except StoreUnavailable as exc:
-            return Result(Outcome.TRANSIENT, key, "store_unavailable", str(exc)[:500])
+        except DownstreamRejected as exc:
+            return Result(Outcome.INVALID, key, "downstream_rejected", str(exc)[:500])
+        except FingerprintMismatch as exc:
+            return self._mismatch(key, fp, exc.stored_fingerprint)
+        except InFlight:
+            return Result(Outcome.IN_FLIGHT, key, "claimed_elsewhere", "another delivery holds a live claim")
+        except (StoreUnavailable, DownstreamUnavailable, LeaseLost) as exc:
+            reason = {StoreUnavailable: "store_unavailable", DownstreamUnavailable: "downstream_unavailable"}
+            return Result(Outcome.TRANSIENT, key, reason.get(type(exc), "lease_lost"), str(exc)[:500])
         except Exception as exc:  # a handler or store bug: never acknowledge it
             log.exception("dedup handler failed for %s", key)
             return Result(Outcome.TRANSIENT, key, "handler_error", repr(exc)[:500])
@@ -144,11 +164,12 @@ class IdempotentConsumer:
             return Result(Outcome.PROCESSED, key, result=effects.result, fingerprint=fp)
         if commit.status is CommitStatus.DUPLICATE:
             return Result(Outcome.DUPLICATE, key, fingerprint=fp, stored_fingerprint=commit.stored_fingerprint)
-        return Result(
-            Outcome.CONFLICT, key, "fingerprint_mismatch",
-            "the key was already processed with a different payload",
-            fingerprint=fp, stored_fingerprint=commit.stored_fingerprint,
-        )  # fmt: skip
+        return self._mismatch(key, fp, commit.stored_fingerprint)
+
+    @staticmethod
+    def _mismatch(key: DedupKey | None, fp: str, stored: str | None) -> Result:
+        detail = "the key was already processed with a different payload"
+        return Result(Outcome.CONFLICT, key, "fingerprint_mismatch", detail, fingerprint=fp, stored_fingerprint=stored)
 
     def _validate(self, payload: Any) -> None:
         if self._validator is None:

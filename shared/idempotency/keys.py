@@ -8,6 +8,7 @@ the same logical message and would let every redelivery through.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,15 +16,18 @@ from typing import Any
 from .errors import InvalidMessage
 
 MAX_KEY_LENGTH = 16_384  # stores keep the full key beside its encoded form
+_DOWNSTREAM_NAMESPACE = uuid.UUID("6f0d9c52-5a0e-4d0b-9a43-3c1f2f0e7a11")  # fixed: keys must never change
 
 
 @dataclass(frozen=True, order=True)
 class DedupKey:
     """Scope is the consumer's configured identity, so consumers sharing a store never
-    block each other; id is the logical message's identity."""
+    block each other; id is the logical message's identity; step names one external
+    effect of that message (two-phase path), empty for the message itself."""
 
     scope: str
     id: str
+    step: str = ""
 
     def __post_init__(self) -> None:
         if not self.scope:
@@ -34,7 +38,19 @@ class DedupKey:
             raise InvalidMessage("key_too_long", f"dedup keys are limited to {MAX_KEY_LENGTH} characters")
 
     def __str__(self) -> str:
-        return f"{self.scope}/{self.id}"
+        return f"{self.scope}/{self.id}" + (f"#{self.step}" if self.step else "")
+
+    def for_step(self, step: str) -> DedupKey:
+        if not step:
+            raise ValueError("a step needs a name")
+        return DedupKey(self.scope, self.id, step)
+
+    @property
+    def downstream_key(self) -> str:
+        """The Idempotency-Key sent to the service a step calls: derived only from
+        (consumer, message, step), so it is the same on every retry and takeover."""
+        name = json.dumps([self.scope, self.id, self.step], ensure_ascii=False, separators=(",", ":"))
+        return str(uuid.uuid5(_DOWNSTREAM_NAMESPACE, name))
 
 
 KeySource = Callable[[str | None, Any], str | None]

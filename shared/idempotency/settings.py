@@ -9,6 +9,8 @@ from typing import Any
 import isodate
 from azure.data.tables import TableServiceClient
 
+from .steps import StepPolicy
+
 DEFAULT_RETENTION = "P30D"
 
 
@@ -23,16 +25,32 @@ def setting(name: str, default: str | None = None) -> str:
     return value
 
 
-def retention() -> timedelta:
-    """DEDUP_RETENTION (ISO-8601 duration): how long markers outlive their message."""
-    text = setting("DEDUP_RETENTION", DEFAULT_RETENTION)
+def duration(name: str, default: str) -> timedelta:
+    """An ISO-8601 duration setting (days, hours, minutes, seconds)."""
+    text = setting(name, default)
     try:
         value = isodate.parse_duration(text)
     except isodate.ISO8601Error as exc:
-        raise ConfigurationError(f"DEDUP_RETENTION={text!r} is not an ISO-8601 duration") from exc
-    if not isinstance(value, timedelta) or value <= timedelta(0):
-        raise ConfigurationError(f"DEDUP_RETENTION={text!r} must be a positive duration in days or less")
+        raise ConfigurationError(f"{name}={text!r} is not an ISO-8601 duration") from exc
+    if not isinstance(value, timedelta) or value < timedelta(0):
+        raise ConfigurationError(f"{name}={text!r} must be a non-negative duration in days or less")
     return value
+
+
+def retention() -> timedelta:
+    """DEDUP_RETENTION: how long markers outlive their message."""
+    value = duration("DEDUP_RETENTION", DEFAULT_RETENTION)
+    if value <= timedelta(0):
+        raise ConfigurationError("DEDUP_RETENTION must be positive")
+    return value
+
+
+def step_policy() -> StepPolicy:
+    """DEDUP_LEASE (default functionTimeout 5 min + 30 s for clock skew) and
+    DEDUP_IN_FLIGHT_WAIT (default 10 s)."""
+    return StepPolicy(
+        lease=duration("DEDUP_LEASE", "PT5M30S"), in_flight_wait=duration("DEDUP_IN_FLIGHT_WAIT", "PT10S")
+    )
 
 
 # Fail fast so that the broker, not the SDK, does the long waiting: a failed call is

@@ -47,7 +47,7 @@ class DeadLetter:
     def record_id(self) -> str:
         """Deterministic, so that recording the same delivery twice writes one record."""
         digest = hashlib.sha256()
-        for part in (self.scope, self.message_id or "", self.reason):
+        for part in (self.scope, self.message_id or "", self.key_id or "", self.reason):
             digest.update(part.encode("utf-8", "surrogatepass") + b"\x00")
         digest.update(self.body)
         return digest.hexdigest()
@@ -93,6 +93,10 @@ class DedupStore(ABC):
     def release(self, marker: Marker) -> None:
         """Delete the marker only if it is still at ``marker.version``."""
 
+    @abstractmethod
+    def stale_claims(self, lease_expired_before: datetime, limit: int) -> list[Marker]:
+        """In-progress markers whose lease ran out before the given time (a bounded scan)."""
+
     # -- operators' records --------------------------------------------------------------
 
     @abstractmethod
@@ -116,6 +120,8 @@ class DedupStore(ABC):
             existing = self.get(marker.key, marker.partition)
             if existing is None:
                 continue
+            if marker.owner is not None and existing.owner == marker.owner and existing.state is State.IN_PROGRESS:
+                return existing  # our own insert, whose response was lost and retried
             if not existing.reclaimable(now) or existing.version is None:
                 raise AlreadyClaimed(existing)
             try:

@@ -60,7 +60,10 @@ def encode_key(value: str) -> str:
 
 
 def marker_row(key: DedupKey) -> str:
-    return f"dedup|{encode_key(key.scope)}|{encode_key(key.id)}"
+    """``dedup|<scope>|<id>``, and ``|@<step>`` for a step's marker. Encoded parts never
+    contain ``|`` or ``@``, and a guard's suffix is hexadecimal: no two rows collide."""
+    row = f"dedup|{encode_key(key.scope)}|{encode_key(key.id)}"
+    return f"{row}|@{encode_key(key.step)}" if key.step else row
 
 
 def is_transient(exc: HttpResponseError) -> bool:
@@ -203,6 +206,22 @@ class TableStore(DedupStore):
         except ResourceModifiedError as exc:
             raise VersionConflict(str(exc)) from exc
 
+    def stale_claims(self, lease_expired_before: datetime, limit: int) -> list[Marker]:
+        # Markers live beside the business data, in every partition: this is a filtered
+        # scan, bounded by ``limit``; run it from a timer, never on the message path.
+        query = self._table.query_entities(
+            "Kind eq @kind and State eq @state and LeaseUntil lt @cutoff",
+            parameters={"kind": MARKER_KIND, "state": State.IN_PROGRESS.value, "cutoff": lease_expired_before},
+            results_per_page=min(limit, 1000),
+        )
+        found: list[Marker] = []
+        with _store_errors():
+            for entity in query:
+                found.append(self._marker_from(entity, entity["Partition"]))
+                if len(found) >= limit:
+                    break
+        return found
+
     # -- dead letters --------------------------------------------------------------------
 
     def dead_letter(self, record: DeadLetter) -> None:
@@ -241,8 +260,10 @@ class TableStore(DedupStore):
             "PartitionKey": encode_key(marker.partition),
             "RowKey": marker_row(marker.key),
             "Kind": MARKER_KIND,
+            "Partition": marker.partition,
             "Scope": marker.key.scope,
             "KeyId": marker.key.id,
+            "Step": marker.key.step,
             "State": marker.state.value,
             "Fingerprint": marker.fingerprint,
             "CreatedAt": marker.created_at,
@@ -266,7 +287,7 @@ class TableStore(DedupStore):
     @staticmethod
     def _marker_from(entity: Any, partition: str) -> Marker:
         return Marker(
-            key=DedupKey(entity["Scope"], entity["KeyId"]),
+            key=DedupKey(entity["Scope"], entity["KeyId"], entity.get("Step") or ""),
             partition=partition,
             state=State(entity["State"]),
             fingerprint=entity["Fingerprint"],

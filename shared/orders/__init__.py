@@ -1,8 +1,9 @@
 """The example domain: an order creates an order record and charges the customer once.
 
-The ledger is append-only, as ledgers are: each posting gets a fresh id. Nothing in the
+The ledger is append-only, as ledgers are: each posting is a new entity. Nothing in the
 data itself stops a second posting for the same order; the dedup marker committed in
-the same transaction is what does — the pattern's reason to exist.
+the same transaction is what does — the pattern's reason to exist. When a payment API
+is configured, the charge is made there first, as a two-phase step.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 
 from azure.data.tables import TableClient
 
-from shared.idempotency import DedupKey, Effects, Entity, InvalidMessage
+from shared.idempotency import Context, Effects, Entity, Handler, InvalidMessage
+from shared.idempotency.downstream import IdempotentHttp
 from shared.idempotency.table_store import encode_key
 
 SCHEMA: dict[str, Any] = json.loads((Path(__file__).with_name("schema.json")).read_text())
@@ -24,24 +26,33 @@ ORDER = "order"
 CHARGE_PREFIX = "charge|"
 
 
-def order_effects(order: dict[str, Any], key: DedupKey) -> Effects:
-    """Decides the records (no I/O); the store commits them with the marker in the
-    order's partition. The producer sets MessageId = orderId, so they must agree."""
-    if order["orderId"] != key.id:
-        raise InvalidMessage("key_mismatch", "the message's key is not its orderId")
-    charge = {
-        "orderId": order["orderId"],
-        "customerId": order["customerId"],
-        "amount": float(order["amount"]),
-        "currency": order["currency"],
-    }
-    return Effects(
-        entities=[
-            Entity(ORDER, {**charge, "items": order["items"]}),
-            Entity(CHARGE_PREFIX + uuid.uuid4().hex, charge),
-        ],
-        result={"orderId": order["orderId"], "charged": charge["amount"], "currency": order["currency"]},
-    )
+def order_handler(payments: IdempotentHttp | None = None) -> Handler:
+    """Without ``payments`` the handler does no I/O: one transaction commits the order,
+    its ledger posting and the marker. With it, the charge goes through the payment API
+    (step ``charge``) and the posting records the payment's charge id."""
+
+    def handle(order: dict[str, Any], context: Context) -> Effects:
+        if order["orderId"] != context.key.id:
+            raise InvalidMessage("key_mismatch", "the message's key is not its orderId")
+        charge = {
+            "orderId": order["orderId"],
+            "customerId": order["customerId"],
+            "amount": float(order["amount"]),
+            "currency": order["currency"],
+        }
+        posting_id = uuid.uuid4().hex
+        if payments is not None:
+            accepted = context.step("charge", lambda key: payments.post("/charges", charge, key))
+            posting_id = str(accepted["id"])
+        return Effects(
+            entities=[
+                Entity(ORDER, {**charge, "items": order["items"]}),
+                Entity(CHARGE_PREFIX + posting_id, charge),
+            ],
+            result={"orderId": order["orderId"], "charged": charge["amount"], "currency": order["currency"]},
+        )
+
+    return handle
 
 
 @dataclass

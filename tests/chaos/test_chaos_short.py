@@ -36,6 +36,17 @@ def test_faults_and_an_outage_cause_no_double_effect_and_no_loss(persistent_azur
     assert report.outcomes["duplicate"] > 0 and report.outcomes["transient"] > 0
 
 
+def test_two_phase_payments_under_faults_charge_each_order_once(persistent_azurite: Azurite) -> None:
+    config = RunConfig(messages=200, workers=6, dup_rate=0.3, fault_rate=0.08, seed=4242, outage=True,
+                       payments=True, table="chaospay")  # fmt: skip
+    report = run(config, persistent_azurite)
+    assert report.violations == []
+    assert (report.double_effects, report.lost, report.orphans) == (0, 0, 0)
+    assert report.payment_charges == report.effects_applied  # one accepted charge per order
+    assert report.faults["payment_503"] + report.faults["payment_response_lost"] > 0
+    assert report.store_restarts == 1
+
+
 class NoMarkerStore(TableStore):
     """Broken on purpose: writes the effects without any marker (no dedup at all)."""
 

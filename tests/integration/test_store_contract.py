@@ -121,6 +121,13 @@ def test_claim_then_complete_with_effects(table_store: TableStore) -> None:
     assert "order" in partition_rows(table_store, k.id)
 
 
+def test_a_retried_claim_of_the_same_owner_is_its_own(table_store: TableStore) -> None:
+    k = key()
+    first = table_store.claim(in_progress(k, owner="w1"), utcnow())
+    again = table_store.claim(in_progress(k, owner="w1"), utcnow())  # the insert's response was lost
+    assert again.owner == "w1" and again.version == first.version
+
+
 def test_a_live_claim_is_not_taken(table_store: TableStore) -> None:
     k = key()
     table_store.claim(in_progress(k, owner="w1"), utcnow())

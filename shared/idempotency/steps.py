@@ -1,0 +1,109 @@
+"""Effects that cannot join the transaction (a payment API, an e-mail): two phases per
+step. Claim the step *in progress* with a lease, make the call with a downstream
+idempotency key, then mark it *completed* with its result — every write fenced by the
+marker's version, so a worker whose lease was taken over can never complete it."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from .errors import AlreadyClaimed, FingerprintMismatch, InFlight, LeaseLost, VersionConflict
+from .keys import DedupKey
+from .records import JSON, Marker, State, utcnow
+from .store import DedupStore
+
+log = logging.getLogger("idempotency")
+
+
+@dataclass(frozen=True)
+class StepPolicy:
+    """``lease``: how long a claim is protected; it must outlive the longest time the
+    owner may still be running (functionTimeout) plus clock skew — see README.
+    ``in_flight_wait``: how long a delivery waits for a live claim to finish before
+    giving the message back to the broker (avoids hot abandon loops)."""
+
+    lease: timedelta = timedelta(minutes=5, seconds=30)
+    in_flight_wait: timedelta = timedelta(0)
+
+
+DEFAULT_STEPS = StepPolicy()
+
+
+class Context:
+    """What a handler gets besides the payload: the message's key, and ``step`` for
+    effects outside the transaction."""
+
+    def __init__(
+        self,
+        key: DedupKey,
+        partition: str,
+        fingerprint: str,
+        store: DedupStore,
+        policy: StepPolicy,
+        expires_at: datetime,
+    ) -> None:
+        self.key = key
+        self._partition = partition
+        self._fingerprint = fingerprint
+        self._store = store
+        self._policy = policy
+        self._expires_at = expires_at
+        self._owner = uuid.uuid4().hex  # this delivery's identity as a claim owner
+
+    def step(self, name: str, call: Callable[[str], JSON]) -> JSON:
+        """Run ``call(idempotency_key)`` at most once to completion for (consumer,
+        message, step), and return its (JSON) result; a redelivery that finds the step
+        completed gets the stored result back without calling again."""
+        key = self.key.for_step(name)
+        claimed = self._claim(key)
+        if claimed.state is State.COMPLETED:
+            return claimed.result
+        try:
+            result = call(key.downstream_key)
+        except Exception:
+            self._release(claimed)  # the next delivery may retry at once, with the same key
+            raise
+        return self._complete(claimed, result)
+
+    def _claim(self, key: DedupKey) -> Marker:
+        deadline = time.monotonic() + self._policy.in_flight_wait.total_seconds()
+        pause = 0.1
+        while True:
+            now = utcnow()
+            marker = Marker(key, self._partition, State.IN_PROGRESS, self._fingerprint, now, self._expires_at,
+                            lease_until=now + self._policy.lease, owner=self._owner)  # fmt: skip
+            try:
+                return self._store.claim(marker, now)
+            except AlreadyClaimed as exc:
+                existing = exc.existing
+            if isinstance(existing, Marker):
+                if existing.fingerprint != self._fingerprint:
+                    raise FingerprintMismatch(existing.fingerprint)
+                if existing.state is State.COMPLETED:
+                    return existing
+            if time.monotonic() + pause > deadline:
+                raise InFlight(existing)
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
+
+    def _complete(self, claimed: Marker, result: JSON) -> JSON:
+        try:
+            self._store.complete(claimed, result)
+        except VersionConflict:
+            # Either our completion was applied and its response lost (we still own it),
+            # or another delivery took the claim over: then it owns the step, not us.
+            current = self._store.get(claimed.key, claimed.partition)
+            if current is None or current.owner != self._owner or current.state is not State.COMPLETED:
+                raise LeaseLost(str(claimed.key)) from None
+        return result
+
+    def _release(self, claimed: Marker) -> None:
+        try:
+            self._store.release(claimed)
+        except VersionConflict:
+            log.warning("dedup claim %s was taken over before release", claimed.key)

@@ -1,0 +1,219 @@
+"""Effects outside the transaction: a payment API called in a two-phase step, against a
+real Azurite and a real local HTTP payment service that honours Idempotency-Key."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+import function_app
+from shared.bindings import RetryLater, servicebus_delivery
+from shared.idempotency import (
+    DedupKey,
+    IdempotentConsumer,
+    Marker,
+    Outcome,
+    State,
+    StepPolicy,
+)
+from shared.idempotency.downstream import IdempotentHttp
+from shared.idempotency.reconcile import ESCALATION, escalate_stale_claims
+from shared.idempotency.records import utcnow
+from shared.idempotency.table_store import TableStore
+from shared.orders import SCHEMA, effects_by_order, order_handler
+from tests.functions import app_settings, servicebus_message, user_function
+from tools.azurite import Azurite
+from tools.faults import Crash
+from tools.payment_service import PaymentService
+
+orders = user_function("orders")
+SHORT_LEASE = "PT1S"
+
+
+def an_order() -> dict[str, Any]:
+    order_id = f"o-{uuid.uuid4().hex[:10]}"
+    return {"orderId": order_id, "customerId": "c-9", "amount": 42.0, "currency": "EUR",
+            "items": [{"sku": "x", "quantity": 2}]}  # fmt: skip
+
+
+@pytest.fixture
+def payments() -> Iterator[PaymentService]:
+    with PaymentService() as service:
+        yield service
+
+
+@pytest.fixture
+def app(azurite: Azurite, payments: PaymentService) -> Iterator[TableStore]:
+    """The real app, with a payment API and a short lease."""
+    table = "tp" + uuid.uuid4().hex[:12]
+    with app_settings(DEDUP_STORAGE_CONNECTION=azurite.connection_string, ORDERS_TABLE=table,
+                      DEDUP_DEADLETTER_TABLE=table + "dl", PAYMENT_API_URL=payments.url,
+                      DEDUP_LEASE=SHORT_LEASE, DEDUP_IN_FLIGHT_WAIT="PT0S"):  # fmt: skip
+        store = function_app.order_consumer().store
+        assert isinstance(store, TableStore)
+        yield store
+
+
+def step_marker(store: TableStore, order_id: str) -> Marker | None:
+    return store.get(DedupKey("orders", order_id, "charge"), order_id)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+def lease_expired(store: TableStore, order_id: str) -> bool:
+    marker = step_marker(store, order_id)
+    return marker is not None and marker.reclaimable(utcnow())
+
+
+def charge_key(order_id: str) -> str:
+    return DedupKey("orders", order_id, "charge").downstream_key
+
+
+def test_a_new_order_is_charged_once_then_written(app: TableStore, payments: PaymentService) -> None:
+    order = an_order()
+    orders(servicebus_message(order, order["orderId"]))
+    orders(servicebus_message(order, order["orderId"], delivery_count=2))
+    assert payments.charges_per_order() == {order["orderId"]: 1}
+    found = effects_by_order(app.table, order["orderId"])[order["orderId"]]
+    assert (found.orders, found.charges) == (1, 1)
+    marker = step_marker(app, order["orderId"])
+    assert marker is not None and marker.state is State.COMPLETED and marker.result["id"] == payments.accepted[0]["id"]
+    assert payments.requests[charge_key(order["orderId"])] == 1  # the redelivery replayed the stored result
+
+
+def test_crash_after_the_call_before_completion_charges_once(app: TableStore, payments: PaymentService) -> None:
+    order = an_order()
+    real_complete = app.complete
+
+    def crash(*args: Any, **kwargs: Any) -> Any:
+        raise Crash("worker died after the payment call")
+
+    app.complete = crash  # type: ignore[method-assign]
+    with pytest.raises(Crash):
+        orders(servicebus_message(order, order["orderId"]))
+    app.complete = real_complete  # type: ignore[method-assign]
+    assert effects_by_order(app.table, order["orderId"]) == {}
+
+    wait_until(lambda: lease_expired(app, order["orderId"]))  # the broker redelivers after the lock
+    orders(servicebus_message(order, order["orderId"], delivery_count=2))
+
+    assert payments.requests[charge_key(order["orderId"])] == 2  # same key, twice
+    assert payments.charges_per_order() == {order["orderId"]: 1}  # charged once
+    found = effects_by_order(app.table, order["orderId"])[order["orderId"]]
+    assert (found.orders, found.charges) == (1, 1)
+
+
+def test_a_stale_owner_cannot_complete_after_a_takeover(azurite: Azurite, payments: PaymentService) -> None:
+    from tests.conftest import new_table_store
+
+    store = new_table_store(azurite)
+    stall, release = threading.Event(), threading.Event()
+
+    class StallingHttp(IdempotentHttp):
+        """Worker A gets its answer, then stalls past its lease before completing."""
+
+        def post(self, path: str, body: Any, idempotency_key: str) -> Any:
+            answer = super().post(path, body, idempotency_key)
+            if threading.current_thread().name == "worker-a":
+                stall.set()
+                release.wait(10)
+            return answer
+
+    consumer = IdempotentConsumer("orders", store, order_handler(StallingHttp(payments.url)), schema=SCHEMA,
+                                  steps=StepPolicy(lease=timedelta(seconds=1)))  # fmt: skip
+    order = an_order()
+    delivery = servicebus_delivery(servicebus_message(order, order["orderId"]))
+    results: dict[str, Any] = {}
+    worker_a = threading.Thread(target=lambda: results.update(a=consumer.process(delivery)), name="worker-a")
+    worker_a.start()
+    assert stall.wait(10)
+    wait_until(lambda: lease_expired(store, order["orderId"]))
+    results["b"] = consumer.process(delivery)  # takes the claim over, same downstream key: replayed
+    release.set()
+    worker_a.join()
+
+    assert results["b"].outcome is Outcome.PROCESSED
+    assert (results["a"].outcome, results["a"].reason) == (Outcome.TRANSIENT, "lease_lost")
+    assert payments.charges_per_order() == {order["orderId"]: 1}
+    found = effects_by_order(store.table, order["orderId"])[order["orderId"]]
+    assert (found.orders, found.charges) == (1, 1)
+
+
+def test_a_live_lease_abandons_the_message_without_calling(app: TableStore, payments: PaymentService) -> None:
+    order = an_order()
+    now = utcnow()
+    key = DedupKey("orders", order["orderId"], "charge")
+    from shared.idempotency import fingerprint
+
+    app.claim(Marker(key, order["orderId"], State.IN_PROGRESS, fingerprint(order), now, now + timedelta(days=1),
+                     lease_until=now + timedelta(minutes=5), owner="someone-else"), now)  # fmt: skip
+    with pytest.raises(RetryLater) as info:
+        orders(servicebus_message(order, order["orderId"]))
+    assert info.value.result.outcome is Outcome.IN_FLIGHT
+    assert payments.requests == {}
+    assert effects_by_order(app.table, order["orderId"]) == {}
+
+
+def test_same_key_different_payload_on_a_step_is_a_conflict_and_not_charged_again(
+    app: TableStore, payments: PaymentService
+) -> None:
+    order = an_order()
+    orders(servicebus_message(order, order["orderId"]))
+    orders(servicebus_message({**order, "amount": 43.0}, order["orderId"]))
+    assert payments.charges_per_order() == {order["orderId"]: 1}
+    [record] = app.dead_letters("orders")
+    assert record.reason == "fingerprint_mismatch"
+
+
+def test_payment_outage_is_transient_and_the_retry_reuses_the_key(app: TableStore, payments: PaymentService) -> None:
+    order = an_order()
+    failures = iter(["drop"])  # charged, but the answer never arrives
+    payments.hook = lambda key, phase: next(failures, None) if phase == "after" else None
+    with pytest.raises(RetryLater) as info:
+        orders(servicebus_message(order, order["orderId"]))
+    assert info.value.result.reason == "downstream_unavailable"
+    marker = step_marker(app, order["orderId"])
+    assert marker is None  # released: the next delivery retries at once
+    orders(servicebus_message(order, order["orderId"], delivery_count=2))
+    assert payments.requests[charge_key(order["orderId"])] == 2
+    assert payments.charges_per_order() == {order["orderId"]: 1}
+
+
+def test_reconciliation_escalates_stuck_claims_and_leaves_live_ones(app: TableStore) -> None:
+    now = utcnow()
+    stuck, recent, live = (DedupKey("orders", f"o-{name}-{uuid.uuid4().hex[:6]}", "charge")
+                           for name in ("stuck", "recent", "live"))  # fmt: skip
+    for key, lease in ((stuck, -timedelta(hours=3)), (recent, -timedelta(minutes=1)), (live, timedelta(minutes=5))):
+        app.claim(Marker(key, key.id, State.IN_PROGRESS, "fp", now, now + timedelta(days=1),
+                         lease_until=now + lease, owner="w"), now)  # fmt: skip
+
+    escalated = escalate_stale_claims(app, timedelta(hours=1))
+    assert [m.key for m in escalated] == [stuck]
+    escalate_stale_claims(app, timedelta(hours=1))  # the next run: still one record
+    records = [r for r in app.dead_letters("orders") if r.reason == ESCALATION]
+    assert [r.key_id for r in records] == [stuck.id]
+    for key in (stuck, recent, live):  # never marked completed, never deleted
+        marker = app.get(key, key.id)
+        assert marker is not None and marker.state is State.IN_PROGRESS
+
+
+def test_the_timer_function_runs_reconciliation(app: TableStore, caplog: pytest.LogCaptureFixture) -> None:
+    now = utcnow()
+    key = DedupKey("orders", f"o-timer-{uuid.uuid4().hex[:6]}", "charge")
+    app.claim(Marker(key, key.id, State.IN_PROGRESS, "fp", now, now + timedelta(days=1),
+                     lease_until=now - timedelta(hours=2), owner="w"), now)  # fmt: skip
+    with caplog.at_level("ERROR", logger="idempotency"):
+        user_function("reconcile_claims")(None)
+    assert any(key.id in record.getMessage() for record in caplog.records)
