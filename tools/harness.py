@@ -19,12 +19,14 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from azure.data.tables import TableClient, TableServiceClient
+from azure.data.tables import TableServiceClient
 
 import function_app
-from shared.idempotency import DedupKey, IdempotentConsumer
+from shared.idempotency import DedupKey, DedupStore, IdempotentConsumer
+from shared.idempotency.keys import marker_id
+from shared.idempotency.records import GUARD_KIND, MARKER_KIND
 from shared.idempotency.settings import TRANSPORT
-from shared.idempotency.table_store import GUARD_KIND, MARKER_KIND, TableStore, marker_row
+from shared.idempotency.table_store import TableStore
 from shared.orders import effects_by_order
 from tools import workload
 from tools.azurite import Azurite
@@ -41,8 +43,8 @@ def orders_consumer(connection: str, table: str) -> IdempotentConsumer:
     return function_app.order_consumer()
 
 
-def charges_per_order(table: TableClient) -> dict[str, int]:
-    return {order_id: found.charges for order_id, found in effects_by_order(table).items()}
+def charges_per_order(store: DedupStore) -> dict[str, int]:
+    return {order_id: found.charges for order_id, found in effects_by_order(store).items()}
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class Target:
     function: str = "orders"
     consumer: Callable[[str, str], IdempotentConsumer] = orders_consumer
     generate: Callable[[int, int, float, float], list[workload.LogicalMessage]] = workload.generate
-    applied: Callable[[TableClient], dict[str, int]] = charges_per_order
+    applied: Callable[[DedupStore], dict[str, int]] = charges_per_order
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,7 @@ def run(
         consumer = target.consumer(azurite.connection_string, config.table)
         store = _attach_store(consumer, azurite, plan, config.fault_rate > 0, break_store or TableStore)
         _deliver_all(config, azurite, queue, user_function(target.function), plan, report)
-        applied = target.applied(store.table)
+        applied = target.applied(store)
         if payments is not None:  # one accepted charge per order, and one posting
             charges = payments.charges_per_order()
             report.payment_charges = sum(charges.values())
@@ -311,17 +313,17 @@ def _verify(
         violation("orphan", problem)
 
 
-def orphans(store: TableStore, scope: str, applied: dict[str, int]) -> list[str]:
+def orphans(store: DedupStore, scope: str, applied: dict[str, int]) -> list[str]:
     """Half-written state: a marker without its effects, effects without their marker, a
     fingerprint guard without its marker."""
     markers: dict[str, str] = {}
     guards: set[str] = set()
-    for entity in store.table.list_entities(select=["RowKey", "Kind", "KeyId"]):
-        if entity.get("Kind") == MARKER_KIND:
-            markers[entity["RowKey"]] = entity["KeyId"]
-        elif entity.get("Kind") == GUARD_KIND:
-            guards.add(entity["RowKey"].rsplit("|", 1)[0])
+    for item in store.scan():
+        if item.kind == MARKER_KIND and not item.data.get("Step", item.data.get("step")):
+            markers[item.name] = item.data.get("KeyId") or item.data["keyId"]
+        elif item.kind == GUARD_KIND:
+            guards.add(item.name.rsplit("|", 1)[0])
     found = [f"marker without effects: {key_id}" for key_id in markers.values() if not applied.get(key_id)]
-    found += [f"effects without marker: {key}" for key in applied if marker_row(DedupKey(scope, key)) not in markers]
+    found += [f"effects without marker: {key}" for key in applied if marker_id(DedupKey(scope, key)) not in markers]
     found += [f"guard without marker: {row}" for row in guards - markers.keys()]
     return found

@@ -1,4 +1,5 @@
-"""Stable dedup keys: (consumer identity, message identity).
+"""Stable dedup keys: (consumer identity, message identity), and their encoding into
+store ids (Table PartitionKey/RowKey, Cosmos id), which forbid ``/ \\ # ?``.
 
 A key is never derived from what the broker regenerates on redelivery (lock token,
 delivery count, sequence number, enqueued time): those change between deliveries of
@@ -7,15 +8,18 @@ the same logical message and would let every redelivery through.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from .errors import InvalidMessage
 
 MAX_KEY_LENGTH = 16_384  # stores keep the full key beside its encoded form
+MAX_ENCODED = 400  # an encoded part stays well inside the stores' 1 KiB key limits
 _DOWNSTREAM_NAMESPACE = uuid.UUID("6f0d9c52-5a0e-4d0b-9a43-3c1f2f0e7a11")  # fixed: keys must never change
 
 
@@ -51,6 +55,31 @@ class DedupKey:
         (consumer, message, step), so it is the same on every retry and takeover."""
         name = json.dumps([self.scope, self.id, self.step], ensure_ascii=False, separators=(",", ":"))
         return str(uuid.uuid5(_DOWNSTREAM_NAMESPACE, name))
+
+
+def encode_key(value: str) -> str:
+    """Injective, Table-safe encoding of any string into a PartitionKey/RowKey part.
+
+    Percent-encoding removes ``/ \\ # ?``, control characters and our ``|`` separator;
+    ``~`` is encoded as well so that the ``~``-prefixed hashed form of long values can
+    never equal the encoded form of a short one.
+    """
+    encoded = quote(value.encode("utf-8", "surrogatepass"), safe="").replace("~", "%7E")
+    if len(encoded) <= MAX_ENCODED:
+        return encoded
+    return "~" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def marker_id(key: DedupKey) -> str:
+    """``dedup|<scope>|<id>``, and ``|@<step>`` for a step's marker. Encoded parts never
+    contain ``|`` or ``@``, and a guard's suffix is hexadecimal: no two rows collide."""
+    row = f"dedup|{encode_key(key.scope)}|{encode_key(key.id)}"
+    return f"{row}|@{encode_key(key.step)}" if key.step else row
+
+
+def guard_id(key: DedupKey, fingerprint: str) -> str:
+    """The atomic path's (key, fingerprint) guard: its existence means "same payload"."""
+    return f"{marker_id(key)}|{fingerprint}"
 
 
 KeySource = Callable[[str | None, Any], str | None]

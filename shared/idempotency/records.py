@@ -11,6 +11,9 @@ from .keys import DedupKey
 
 JSON = Any  # a value that json.dumps accepts
 
+MARKER_KIND = "dedup-marker"
+GUARD_KIND = "dedup-guard"
+
 
 class State(StrEnum):
     IN_PROGRESS = "in_progress"  # claimed; an external effect may be under way
@@ -49,3 +52,13 @@ class Marker:
         if self.expires_at <= now:
             return True
         return self.state is State.IN_PROGRESS and self.lease_until is not None and self.lease_until <= now
+
+
+@dataclass(frozen=True)
+class StoredItem:
+    """One stored record as a verifier sees it: a marker, a guard or a business entity."""
+
+    partition: str  # as stored (encoded)
+    name: str  # RowKey / id
+    kind: str | None  # MARKER_KIND, GUARD_KIND, or None for business data
+    data: dict[str, JSON]

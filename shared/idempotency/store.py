@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
 from .errors import AlreadyClaimed, VersionConflict
 from .keys import DedupKey
-from .records import JSON, Entity, Marker, State
+from .records import JSON, Entity, Marker, State, StoredItem
 
 
 class CommitStatus(StrEnum):
@@ -105,6 +105,13 @@ class DedupStore(ABC):
 
     @abstractmethod
     def dead_letters(self, scope: str) -> list[DeadLetter]: ...
+
+    # -- verification ------------------------------------------------------------------
+
+    @abstractmethod
+    def scan(self, partition: str | None = None) -> Iterator[StoredItem]:
+        """Every stored record (of one partition, or all): for reports and checkers,
+        never for the message path."""
 
     # -- built on the primitives ---------------------------------------------------------
 

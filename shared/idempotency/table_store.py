@@ -11,14 +11,12 @@ marker exists).
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -32,38 +30,15 @@ from azure.core.exceptions import (
 from azure.data.tables import TableClient, TableServiceClient, TableTransactionError, UpdateMode
 
 from .errors import StoreUnavailable, VersionConflict
-from .keys import DedupKey
-from .records import JSON, Entity, Marker, State, utcnow
+from .keys import DedupKey, encode_key, guard_id, marker_id
+from .records import GUARD_KIND, JSON, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
 from .store import CommitResult, CommitStatus, DeadLetter, DedupStore
 
-MARKER_KIND = "dedup-marker"
-GUARD_KIND = "dedup-guard"
 MAX_TRANSACTION_OPERATIONS = 100  # Table entity-group transaction limit
-_MAX_ENCODED = 400  # stay well inside the 1 KiB key limit, leaving room for prefixes
 _BODY_CHUNK = 64_000  # bytes per Edm.Binary property (limit 64 KiB)
 _MAX_BODY_CHUNKS = 14  # the whole entity must stay under 1 MiB
 
 T = TypeVar("T")
-
-
-def encode_key(value: str) -> str:
-    """Injective, Table-safe encoding of any string into a PartitionKey/RowKey part.
-
-    Percent-encoding removes ``/ \\ # ?``, control characters and our ``|`` separator;
-    ``~`` is encoded as well so that the ``~``-prefixed hashed form of long values can
-    never equal the encoded form of a short one.
-    """
-    encoded = quote(value.encode("utf-8", "surrogatepass"), safe="").replace("~", "%7E")
-    if len(encoded) <= _MAX_ENCODED:
-        return encoded
-    return "~" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def marker_row(key: DedupKey) -> str:
-    """``dedup|<scope>|<id>``, and ``|@<step>`` for a step's marker. Encoded parts never
-    contain ``|`` or ``@``, and a guard's suffix is hexadecimal: no two rows collide."""
-    row = f"dedup|{encode_key(key.scope)}|{encode_key(key.id)}"
-    return f"{row}|@{encode_key(key.step)}" if key.step else row
 
 
 def is_transient(exc: HttpResponseError) -> bool:
@@ -121,10 +96,9 @@ class TableStore(DedupStore):
         if len(effects) + 2 > MAX_TRANSACTION_OPERATIONS:
             raise ValueError(f"a Table transaction holds at most {MAX_TRANSACTION_OPERATIONS - 2} effects")
         pk = encode_key(partition)
-        row = marker_row(key)
         now = utcnow()
         marker = Marker(key, partition, State.COMPLETED, fingerprint, now, expires_at, result=result)
-        guard = {"PartitionKey": pk, "RowKey": f"{row}|{fingerprint}", "Kind": GUARD_KIND, "ExpiresAt": expires_at}
+        guard = {"PartitionKey": pk, "RowKey": guard_id(key, fingerprint), "Kind": GUARD_KIND, "ExpiresAt": expires_at}
         operations: list[Any] = [("create", guard), ("create", self._marker_entity(marker))]
         operations += [("create", self._effect_entity(pk, effect)) for effect in effects]
         try:
@@ -148,7 +122,7 @@ class TableStore(DedupStore):
 
     def get(self, key: DedupKey, partition: str) -> Marker | None:
         try:
-            entity = _call(lambda: self._table.get_entity(encode_key(partition), marker_row(key)))
+            entity = _call(lambda: self._table.get_entity(encode_key(partition), marker_id(key)))
         except ResourceNotFoundError:
             return None
         return self._marker_from(entity, partition)
@@ -198,7 +172,7 @@ class TableStore(DedupStore):
             _call(
                 lambda: self._table.delete_entity(
                     encode_key(marker.partition),
-                    marker_row(marker.key),
+                    marker_id(marker.key),
                     etag=marker.version,
                     match_condition=MatchConditions.IfNotModified,
                 )
@@ -253,12 +227,22 @@ class TableStore(DedupStore):
         query = self._dead.query_entities("PartitionKey eq @pk", parameters={"pk": encode_key(scope)})
         return [_dead_letter_from(scope, entity) for entity in _call(lambda: list(query))]
 
+    def scan(self, partition: str | None = None) -> Iterator[StoredItem]:
+        if partition is None:
+            entities = self._table.list_entities()
+        else:
+            entities = self._table.query_entities("PartitionKey eq @pk", parameters={"pk": encode_key(partition)})
+        with _store_errors():
+            for entity in entities:
+                data = {name: value for name, value in entity.items() if name not in ("PartitionKey", "RowKey")}
+                yield StoredItem(entity["PartitionKey"], entity["RowKey"], data.get("Kind"), data)
+
     # -- entity mapping ------------------------------------------------------------------
 
     def _marker_entity(self, marker: Marker) -> dict[str, Any]:
         entity: dict[str, Any] = {
             "PartitionKey": encode_key(marker.partition),
-            "RowKey": marker_row(marker.key),
+            "RowKey": marker_id(marker.key),
             "Kind": MARKER_KIND,
             "Partition": marker.partition,
             "Scope": marker.key.scope,

@@ -14,11 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from azure.data.tables import TableClient
-
-from shared.idempotency import Context, Effects, Entity, Handler, InvalidMessage
+from shared.idempotency import Context, DedupStore, Effects, Entity, Handler, InvalidMessage
 from shared.idempotency.downstream import IdempotentHttp
-from shared.idempotency.table_store import encode_key
 
 SCHEMA: dict[str, Any] = json.loads((Path(__file__).with_name("schema.json")).read_text())
 
@@ -61,21 +58,15 @@ class OrderEffects:
     charges: int = 0
 
 
-def effects_by_order(table: TableClient, order_id: str | None = None) -> dict[str, OrderEffects]:
-    """What is really in the table, per order id: the ground truth for tests, the demo,
-    the chaos harness and the smoke test."""
-    if order_id is None:
-        entities = table.list_entities(select=["RowKey", "orderId"])
-    else:
-        entities = table.query_entities(
-            "PartitionKey eq @pk", parameters={"pk": encode_key(order_id)}, select=["RowKey", "orderId"]
-        )
+def effects_by_order(store: DedupStore, order_id: str | None = None) -> dict[str, OrderEffects]:
+    """What is really stored, per order id: the ground truth for tests, the demo, the
+    chaos harness and the smoke test. Works on any store."""
     found: dict[str, OrderEffects] = {}
-    for entity in entities:
-        if "orderId" not in entity:
-            continue  # a marker
-        effects = found.setdefault(entity["orderId"], OrderEffects())
-        if entity["RowKey"] == ORDER:
+    for item in store.scan(order_id):
+        if item.kind is not None or "orderId" not in item.data:
+            continue  # a marker or a guard
+        effects = found.setdefault(item.data["orderId"], OrderEffects())
+        if item.name == ORDER:
             effects.orders += 1
         else:
             effects.charges += 1

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from shared.idempotency import CommitResult, CommitStatus, DedupKey, Entity
-from shared.idempotency.table_store import TableStore, encode_key
+from shared.idempotency.keys import encode_key
+from shared.idempotency.table_store import TableStore
 from tools.azurite import Azurite
 from tools.harness import RunConfig, run
 

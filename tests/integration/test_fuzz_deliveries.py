@@ -120,6 +120,6 @@ def test_generated_deliveries_are_processed_or_dead_lettered(azurite: Azurite, o
         refused = [o for o in outcomes.seen if o["outcome"] in {"invalid", "conflict"}]
         assert {(d.message_id, d.reason) for d in dead} == {(o["message_id"], o["reason"]) for o in refused}
         assert all(d.body is not None and d.reason and d.detail for d in dead)
-        assert harness.orphans(store, function_app.order_consumer().name, harness.charges_per_order(store.table)) == []
+        assert harness.orphans(store, function_app.order_consumer().name, harness.charges_per_order(store)) == []
         for injection in INJECTIONS:  # a key never widens a query: each one finds only itself
-            assert set(effects_by_order(store.table, injection)) <= {injection}
+            assert set(effects_by_order(store, injection)) <= {injection}

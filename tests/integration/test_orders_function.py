@@ -14,7 +14,8 @@ from azure.data.tables import TableClient, TableServiceClient
 import function_app
 from shared.bindings import RetryLater
 from shared.idempotency import StoreUnavailable
-from shared.idempotency.table_store import MARKER_KIND, encode_key
+from shared.idempotency.keys import encode_key
+from shared.idempotency.records import MARKER_KIND
 from shared.orders import OrderEffects, effects_by_order
 from tests.functions import app_settings, servicebus_message, user_function
 from tools.azurite import Azurite
@@ -46,8 +47,9 @@ def tables(azurite: Azurite) -> Iterator[tuple[TableClient, TableClient]]:
 
 
 def effects(table: TableClient, order_id: str) -> tuple[int, int]:
-    """(orders, charges) really stored for one order id."""
-    found = effects_by_order(table, order_id).get(order_id, OrderEffects())
+    """(orders, charges) really stored for one order id, in the app's store."""
+    assert function_app.order_consumer().store.table.table_name == table.table_name  # type: ignore[attr-defined]
+    found = effects_by_order(function_app.order_consumer().store, order_id).get(order_id, OrderEffects())
     return found.orders, found.charges
 
 

@@ -22,8 +22,9 @@ from shared.idempotency import (
     StoreUnavailable,
     VersionConflict,
 )
+from shared.idempotency.keys import encode_key
 from shared.idempotency.records import utcnow
-from shared.idempotency.table_store import TableStore, encode_key
+from shared.idempotency.table_store import TableStore
 from tools.azurite import Azurite
 
 HOUR = timedelta(hours=1)

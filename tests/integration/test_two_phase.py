@@ -86,7 +86,7 @@ def test_a_new_order_is_charged_once_then_written(app: TableStore, payments: Pay
     orders(servicebus_message(order, order["orderId"]))
     orders(servicebus_message(order, order["orderId"], delivery_count=2))
     assert payments.charges_per_order() == {order["orderId"]: 1}
-    found = effects_by_order(app.table, order["orderId"])[order["orderId"]]
+    found = effects_by_order(app, order["orderId"])[order["orderId"]]
     assert (found.orders, found.charges) == (1, 1)
     marker = step_marker(app, order["orderId"])
     assert marker is not None and marker.state is State.COMPLETED and marker.result["id"] == payments.accepted[0]["id"]
@@ -104,14 +104,14 @@ def test_crash_after_the_call_before_completion_charges_once(app: TableStore, pa
     with pytest.raises(Crash):
         orders(servicebus_message(order, order["orderId"]))
     app.complete = real_complete  # type: ignore[method-assign]
-    assert effects_by_order(app.table, order["orderId"]) == {}
+    assert effects_by_order(app, order["orderId"]) == {}
 
     wait_until(lambda: lease_expired(app, order["orderId"]))  # the broker redelivers after the lock
     orders(servicebus_message(order, order["orderId"], delivery_count=2))
 
     assert payments.requests[charge_key(order["orderId"])] == 2  # same key, twice
     assert payments.charges_per_order() == {order["orderId"]: 1}  # charged once
-    found = effects_by_order(app.table, order["orderId"])[order["orderId"]]
+    found = effects_by_order(app, order["orderId"])[order["orderId"]]
     assert (found.orders, found.charges) == (1, 1)
 
 
@@ -147,7 +147,7 @@ def test_a_stale_owner_cannot_complete_after_a_takeover(azurite: Azurite, paymen
     assert results["b"].outcome is Outcome.PROCESSED
     assert (results["a"].outcome, results["a"].reason) == (Outcome.TRANSIENT, "lease_lost")
     assert payments.charges_per_order() == {order["orderId"]: 1}
-    found = effects_by_order(store.table, order["orderId"])[order["orderId"]]
+    found = effects_by_order(store, order["orderId"])[order["orderId"]]
     assert (found.orders, found.charges) == (1, 1)
 
 
@@ -163,7 +163,7 @@ def test_a_live_lease_abandons_the_message_without_calling(app: TableStore, paym
         orders(servicebus_message(order, order["orderId"]))
     assert info.value.result.outcome is Outcome.IN_FLIGHT
     assert payments.requests == {}
-    assert effects_by_order(app.table, order["orderId"]) == {}
+    assert effects_by_order(app, order["orderId"]) == {}
 
 
 def test_same_key_different_payload_on_a_step_is_a_conflict_and_not_charged_again(

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.idempotency import DedupKey
-from shared.idempotency.table_store import encode_key, marker_row
+from shared.idempotency.keys import encode_key, marker_id
 
 HOSTILE = ["a/b", "a#b", "a?b", "a\\b", "a\x00b", "a\x7fb", "a\u0085b", "é", "🙂", "%2F", "~x", "a|b", "'", "x" * 2048]
 FORBIDDEN = re.compile(r"[/\\#?\x00-\x1f\x7f-\x9f]")
@@ -28,8 +28,8 @@ def test_encoding_is_injective_on_hostile_keys() -> None:
 def test_distinct_values_never_collide(a: str, b: str) -> None:
     if a != b:
         assert encode_key(a) != encode_key(b)
-        assert marker_row(DedupKey("s", a or "x")) != marker_row(DedupKey("s", b or "x")) or (a or "x") == (b or "x")
+        assert marker_id(DedupKey("s", a or "x")) != marker_id(DedupKey("s", b or "x")) or (a or "x") == (b or "x")
 
 
 def test_scope_and_id_cannot_be_confused() -> None:
-    assert marker_row(DedupKey("a|b", "c")) != marker_row(DedupKey("a", "b|c"))
+    assert marker_id(DedupKey("a|b", "c")) != marker_id(DedupKey("a", "b|c"))
