@@ -24,7 +24,7 @@ from azure.data.tables import TableServiceClient
 import function_app
 from shared.idempotency import DedupKey, DedupStore, IdempotentConsumer
 from shared.idempotency.keys import marker_id
-from shared.idempotency.records import GUARD_KIND, MARKER_KIND
+from shared.idempotency.records import GUARD_KIND
 from shared.idempotency.settings import TRANSPORT
 from shared.idempotency.table_store import TableStore
 from shared.orders import effects_by_order
@@ -319,8 +319,8 @@ def orphans(store: DedupStore, scope: str, applied: dict[str, int]) -> list[str]
     markers: dict[str, str] = {}
     guards: set[str] = set()
     for item in store.scan():
-        if item.kind == MARKER_KIND and not item.data.get("Step", item.data.get("step")):
-            markers[item.name] = item.data.get("KeyId") or item.data["keyId"]
+        if item.key is not None and not item.key.step:
+            markers[item.name] = item.key.id
         elif item.kind == GUARD_KIND:
             guards.add(item.name.rsplit("|", 1)[0])
     found = [f"marker without effects: {key_id}" for key_id in markers.values() if not applied.get(key_id)]

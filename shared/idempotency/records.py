@@ -56,9 +56,11 @@ class Marker:
 
 @dataclass(frozen=True)
 class StoredItem:
-    """One stored record as a verifier sees it: a marker, a guard or a business entity."""
+    """One stored record as a verifier sees it. A Cosmos document that is its own marker
+    has both a ``key`` and an ``entity``."""
 
-    partition: str  # as stored (encoded)
-    name: str  # RowKey / id
-    kind: str | None  # MARKER_KIND, GUARD_KIND, or None for business data
+    name: str  # RowKey / id, as stored
+    kind: str | None  # MARKER_KIND, GUARD_KIND, or None for business data only
+    key: DedupKey | None  # set on markers
+    entity: str | None  # the business entity's name, set on business data
     data: dict[str, JSON]

@@ -9,7 +9,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from .errors import AlreadyClaimed, FingerprintMismatch, InFlight, LeaseLost, VersionConflict
@@ -66,7 +66,7 @@ class Context:
         try:
             result = call(key.downstream_key)
         except Exception:
-            self._release(claimed)  # the next delivery may retry at once, with the same key
+            self._end_lease(claimed)
             raise
         return self._complete(claimed, result)
 
@@ -102,8 +102,11 @@ class Context:
                 raise LeaseLost(str(claimed.key)) from None
         return result
 
-    def _release(self, claimed: Marker) -> None:
+    def _end_lease(self, claimed: Marker) -> None:
+        """After a failed call, let the next delivery take over at once (same key
+        downstream) — but keep the marker: it still binds the key to this payload's
+        fingerprint, so a different payload is refused here, not by the service."""
         try:
-            self._store.release(claimed)
+            self._store.replace(replace(claimed, lease_until=utcnow()), claimed.version or "")
         except VersionConflict:
-            log.warning("dedup claim %s was taken over before release", claimed.key)
+            log.warning("dedup claim %s was taken over before its lease ended", claimed.key)

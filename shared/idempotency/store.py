@@ -117,8 +117,9 @@ class DedupStore(ABC):
 
     def claim(self, marker: Marker, now: datetime) -> Marker:
         """Claim ``marker.key`` in progress. A live marker raises AlreadyClaimed; an
-        expired one is taken over with a write fenced by its version, so that of two
-        workers racing for the same stale marker exactly one wins."""
+        expired one (or one whose lease ran out, for the same payload) is taken over with
+        a write fenced by its version, so that of two workers racing for the same stale
+        marker exactly one wins."""
         assert marker.state is State.IN_PROGRESS
         for _ in range(3):  # the existing marker may vanish between insert and read
             created = self.insert(marker)
@@ -129,8 +130,9 @@ class DedupStore(ABC):
                 continue
             if marker.owner is not None and existing.owner == marker.owner and existing.state is State.IN_PROGRESS:
                 return existing  # our own insert, whose response was lost and retried
-            if not existing.reclaimable(now) or existing.version is None:
-                raise AlreadyClaimed(existing)
+            other_payload = existing.fingerprint != marker.fingerprint and existing.expires_at > now
+            if other_payload or not existing.reclaimable(now) or existing.version is None:
+                raise AlreadyClaimed(existing)  # a different payload never takes a claim over
             try:
                 return self.replace(marker, existing.version)
             except VersionConflict:

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -234,8 +235,14 @@ class TableStore(DedupStore):
             entities = self._table.query_entities("PartitionKey eq @pk", parameters={"pk": encode_key(partition)})
         with _store_errors():
             for entity in entities:
-                data = {name: value for name, value in entity.items() if name not in ("PartitionKey", "RowKey")}
-                yield StoredItem(entity["PartitionKey"], entity["RowKey"], data.get("Kind"), data)
+                kind = entity.get("Kind")
+                key = (
+                    DedupKey(entity["Scope"], entity["KeyId"], entity.get("Step") or "")
+                    if kind == MARKER_KIND
+                    else None
+                )
+                name = None if kind else unquote(entity["RowKey"])
+                yield StoredItem(entity["RowKey"], kind, key, name, dict(entity))
 
     # -- entity mapping ------------------------------------------------------------------
 

@@ -63,10 +63,10 @@ def effects_by_order(store: DedupStore, order_id: str | None = None) -> dict[str
     chaos harness and the smoke test. Works on any store."""
     found: dict[str, OrderEffects] = {}
     for item in store.scan(order_id):
-        if item.kind is not None or "orderId" not in item.data:
+        if item.entity is None or "orderId" not in item.data:
             continue  # a marker or a guard
         effects = found.setdefault(item.data["orderId"], OrderEffects())
-        if item.name == ORDER:
+        if item.entity == ORDER:
             effects.orders += 1
         else:
             effects.charges += 1

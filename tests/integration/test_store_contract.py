@@ -152,6 +152,15 @@ def test_an_expired_marker_is_reclaimed_and_an_unexpired_one_is_not(table_store:
     assert stored is not None and stored.owner == "old"
 
 
+def test_a_lapsed_claim_is_not_taken_over_by_another_payload(table_store: TableStore) -> None:
+    k = key()
+    table_store.claim(in_progress(k, lease=-HOUR / 2, owner="old"), utcnow())
+    other = replace(in_progress(k, owner="new"), fingerprint="another-payload")
+    with pytest.raises(AlreadyClaimed) as info:
+        table_store.claim(other, utcnow())
+    assert isinstance(info.value.existing, Marker) and info.value.existing.fingerprint == "fp"
+
+
 def test_racing_takeovers_of_a_stale_claim_have_one_winner(table_store: TableStore) -> None:
     k = key()
     table_store.claim(in_progress(k, lease=-HOUR / 2, owner="dead"), utcnow())

@@ -184,11 +184,27 @@ def test_payment_outage_is_transient_and_the_retry_reuses_the_key(app: TableStor
     with pytest.raises(RetryLater) as info:
         orders(servicebus_message(order, order["orderId"]))
     assert info.value.result.reason == "downstream_unavailable"
-    marker = step_marker(app, order["orderId"])
-    assert marker is None  # released: the next delivery retries at once
+    marker = step_marker(app, order["orderId"])  # kept, its lease ended: the next delivery retries at once
+    assert marker is not None and marker.state is State.IN_PROGRESS and marker.reclaimable(utcnow())
     orders(servicebus_message(order, order["orderId"], delivery_count=2))
     assert payments.requests[charge_key(order["orderId"])] == 2
     assert payments.charges_per_order() == {order["orderId"]: 1}
+
+
+def test_a_different_payload_after_a_failed_call_is_refused_here_not_downstream(
+    app: TableStore, payments: PaymentService
+) -> None:
+    order = an_order()
+    drops = iter(["drop"])
+    payments.hook = lambda key, phase: next(drops, None) if phase == "after" else None
+    with pytest.raises(RetryLater):
+        orders(servicebus_message(order, order["orderId"]))  # charged; the answer was lost
+    orders(servicebus_message({**order, "amount": 1.0}, order["orderId"]))  # same id, other payload
+    assert [r.reason for r in app.dead_letters("orders")] == ["fingerprint_mismatch"]
+    orders(servicebus_message(order, order["orderId"], delivery_count=2))
+    assert payments.charges_per_order() == {order["orderId"]: 1}
+    found = effects_by_order(app, order["orderId"])[order["orderId"]]
+    assert (found.orders, found.charges) == (1, 1)
 
 
 def test_reconciliation_escalates_stuck_claims_and_leaves_live_ones(app: TableStore) -> None:

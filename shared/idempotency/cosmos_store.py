@@ -1,0 +1,309 @@
+"""Azure Cosmos DB for NoSQL store.
+
+Layout: one container partitioned by the business key (``/orderId`` in the example), so
+that a message's marker and documents share one logical partition and commit in one
+transactional batch. Ids reuse the Table encoding (``dedup|<scope>|<id>``; documents by
+their encoded entity name).
+
+- One business document: the document *is* the marker (the pattern's example). Its id is
+  derived from the dedup key, it carries the fingerprint, and ``create_item`` claims and
+  writes at once; a 409 means it exists: one read tells duplicate from mismatch.
+- Several documents: a guard (key, fingerprint), the marker and the documents go into
+  one batch; the index of the operation that failed with 409 tells "same payload" (the
+  guard) from "different payload" (the marker) in one request, as on Table Storage.
+- Retention is native: markers and guards carry ``ttl``; business documents ``ttl: -1``
+  so that the container's ``defaultTtl`` never removes them.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from azure.core import MatchConditions
+from azure.core.exceptions import ServiceRequestError, ServiceResponseError
+from azure.cosmos import ContainerProxy, exceptions
+
+from .errors import StoreUnavailable, VersionConflict
+from .keys import DedupKey, encode_key, guard_id, marker_id
+from .records import GUARD_KIND, JSON, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
+from .store import CommitResult, CommitStatus, DeadLetter, DedupStore
+
+MAX_BATCH_OPERATIONS = 100  # Cosmos transactional batch limit (and 2 MB)
+_MAX_BODY_BYTES = 896_000  # the same bound as the Table store: one item stays under 2 MB
+_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"  # fixed width: string order is time order in queries
+
+
+def _time(value: datetime) -> str:
+    return value.astimezone(UTC).strftime(_TIME)
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    return datetime.strptime(value, _TIME).replace(tzinfo=UTC) if value else None
+
+
+def _transient(status: int | None) -> bool:
+    return status in (408, 429, 449) or (status or 0) >= 500
+
+
+@contextmanager
+def _store_errors() -> Iterator[None]:
+    """429 is retried by the SDK after the server's retry-after delay; what is still
+    failing after that, 5xx and timeouts become StoreUnavailable (abandon, redeliver)."""
+    try:
+        yield
+    except (ServiceRequestError, ServiceResponseError) as exc:
+        raise StoreUnavailable(str(exc)) from exc
+    except exceptions.CosmosHttpResponseError as exc:
+        if _transient(exc.status_code):
+            raise StoreUnavailable(f"Cosmos DB {exc.status_code}: {exc.message}") from exc
+        raise
+
+
+class CosmosStore(DedupStore):
+    def __init__(self, container: ContainerProxy, dead_letters: ContainerProxy, partition_field: str) -> None:
+        """``partition_field``: the property named by the container's partition key path."""
+        self._container = container
+        self._dead = dead_letters
+        self._pk = partition_field
+
+    @property
+    def container(self) -> ContainerProxy:
+        return self._container
+
+    # -- atomic path ---------------------------------------------------------------------
+
+    def commit(
+        self,
+        key: DedupKey,
+        partition: str,
+        fingerprint: str,
+        effects: Sequence[Entity],
+        result: JSON,
+        expires_at: datetime,
+    ) -> CommitResult:
+        marker = Marker(key, partition, State.COMPLETED, fingerprint, utcnow(), expires_at, result=result)
+        if len(effects) == 1:
+            return self._commit_document_as_marker(marker, effects[0])
+        if len(effects) + 2 > MAX_BATCH_OPERATIONS:
+            raise ValueError(f"a Cosmos batch holds at most {MAX_BATCH_OPERATIONS - 2} documents")
+        guard = {"id": guard_id(key, fingerprint), self._pk: partition, "kind": GUARD_KIND, "ttl": _ttl(expires_at)}
+        operations: list[Any] = [("create", (guard,)), ("create", (self._marker_item(marker),))]
+        operations += [("create", (self._document(partition, effect),)) for effect in effects]
+        try:
+            with _store_errors():
+                self._container.execute_item_batch(operations, partition_key=partition)
+        except exceptions.CosmosBatchOperationError as exc:
+            if _status_at(exc, exc.error_index) != 409:
+                raise
+            if exc.error_index == 0:  # the guard (key, fingerprint) exists
+                return CommitResult(CommitStatus.DUPLICATE, fingerprint)
+            stored = self.get(key, partition)
+            if stored is None or stored.fingerprint == fingerprint:
+                return CommitResult(CommitStatus.DUPLICATE, stored.fingerprint if stored else None)
+            return CommitResult(CommitStatus.MISMATCH, stored.fingerprint)
+        return CommitResult(CommitStatus.NEW, fingerprint)
+
+    def _commit_document_as_marker(self, marker: Marker, effect: Entity) -> CommitResult:
+        # The business document never expires: it is both the record and the marker.
+        item = {**self._document(marker.partition, effect), **self._marker_item(marker), "ttl": -1}
+        try:
+            with _store_errors():
+                self._container.create_item(item)
+        except exceptions.CosmosResourceExistsError:
+            stored = self.get(marker.key, marker.partition)
+            stored_fp = stored.fingerprint if stored else None
+            status = CommitStatus.DUPLICATE if stored_fp == marker.fingerprint else CommitStatus.MISMATCH
+            return CommitResult(status, stored_fp)
+        return CommitResult(CommitStatus.NEW, marker.fingerprint)
+
+    # -- two-phase primitives ------------------------------------------------------------
+
+    def get(self, key: DedupKey, partition: str) -> Marker | None:
+        try:
+            with _store_errors():
+                item = self._container.read_item(marker_id(key), partition_key=partition)
+        except exceptions.CosmosResourceNotFoundError:
+            return None
+        return self._marker_from(item)
+
+    def insert(self, marker: Marker) -> Marker | None:
+        try:
+            with _store_errors():
+                item = self._container.create_item(self._marker_item(marker))
+        except exceptions.CosmosResourceExistsError:
+            return None
+        return replace(marker, version=item["_etag"])
+
+    def replace(self, marker: Marker, if_version: str) -> Marker:
+        try:
+            with _store_errors():
+                item = self._container.replace_item(
+                    marker_id(marker.key),
+                    self._marker_item(marker),
+                    etag=if_version,
+                    match_condition=MatchConditions.IfNotModified,
+                )
+        except (exceptions.CosmosAccessConditionFailedError, exceptions.CosmosResourceNotFoundError) as exc:
+            raise VersionConflict(str(exc)) from exc
+        return replace(marker, version=item["_etag"])
+
+    def complete(self, marker: Marker, result: JSON, effects: Sequence[Entity] = ()) -> Marker:
+        if marker.version is None:
+            raise VersionConflict("only a stored marker can be completed")
+        if len(effects) + 1 > MAX_BATCH_OPERATIONS:
+            raise ValueError(f"a Cosmos batch holds at most {MAX_BATCH_OPERATIONS - 1} documents")
+        done = replace(marker, state=State.COMPLETED, lease_until=None, result=result)
+        operations: list[Any] = [
+            ("replace", (marker_id(marker.key), self._marker_item(done)), {"if_match_etag": marker.version})
+        ]
+        operations += [("create", (self._document(marker.partition, effect),)) for effect in effects]
+        try:
+            with _store_errors():
+                replies = self._container.execute_item_batch(operations, partition_key=marker.partition)
+        except exceptions.CosmosBatchOperationError as exc:
+            raise VersionConflict(f"operation {exc.error_index}: {_status_at(exc, exc.error_index)}") from exc
+        return replace(done, version=replies[0]["resourceBody"]["_etag"])
+
+    def release(self, marker: Marker) -> None:
+        if marker.version is None:
+            raise VersionConflict("only a stored marker can be released")
+        try:
+            with _store_errors():
+                self._container.delete_item(
+                    marker_id(marker.key),
+                    partition_key=marker.partition,
+                    etag=marker.version,
+                    match_condition=MatchConditions.IfNotModified,
+                )
+        except exceptions.CosmosAccessConditionFailedError as exc:
+            raise VersionConflict(str(exc)) from exc
+        except exceptions.CosmosResourceNotFoundError:
+            pass  # gone already (expired): nothing to release
+
+    def stale_claims(self, lease_expired_before: datetime, limit: int) -> list[Marker]:
+        query = (
+            "SELECT * FROM c WHERE c.kind = @kind AND c.state = @state AND c.leaseUntil < @cutoff"
+        )  # fmt: skip
+        parameters: list[dict[str, Any]] = [
+            {"name": "@kind", "value": MARKER_KIND},
+            {"name": "@state", "value": State.IN_PROGRESS.value},
+            {"name": "@cutoff", "value": _time(lease_expired_before)},
+        ]
+        found: list[Marker] = []
+        with _store_errors():
+            for item in self._container.query_items(query, parameters=parameters, enable_cross_partition_query=True):
+                found.append(self._marker_from(item))
+                if len(found) >= limit:
+                    break
+        return found
+
+    # -- dead letters --------------------------------------------------------------------
+
+    def dead_letter(self, record: DeadLetter) -> None:
+        if len(record.body) > _MAX_BODY_BYTES:
+            raise StoreUnavailable(f"a {len(record.body)}-byte body does not fit one dead-letter item")
+        item = {
+            "id": record.record_id,
+            "scope": record.scope,
+            "reason": record.reason,
+            "detail": record.detail[:8_000],
+            "body": base64.b64encode(record.body).decode(),
+            "recordedAt": _time(record.recorded_at or utcnow()),
+            "messageId": record.message_id,
+            "correlationId": record.correlation_id,
+            "deliveryCount": record.delivery_count,
+            "keyId": record.key_id,
+            "fingerprint": record.fingerprint,
+            "storedFingerprint": record.stored_fingerprint,
+        }
+        with _store_errors():
+            self._dead.upsert_item(item)
+
+    def dead_letters(self, scope: str) -> list[DeadLetter]:
+        parameters: list[dict[str, Any]] = [{"name": "@scope", "value": scope}]
+        with _store_errors():
+            items = list(
+                self._dead.query_items("SELECT * FROM c WHERE c.scope = @scope", parameters=parameters,
+                                       partition_key=scope)
+            )  # fmt: skip
+        return [
+            DeadLetter(
+                scope=scope,
+                reason=item["reason"],
+                detail=item["detail"],
+                body=base64.b64decode(item["body"]),
+                message_id=item.get("messageId"),
+                correlation_id=item.get("correlationId"),
+                delivery_count=item.get("deliveryCount"),
+                key_id=item.get("keyId"),
+                fingerprint=item.get("fingerprint"),
+                stored_fingerprint=item.get("storedFingerprint"),
+                recorded_at=_parse_time(item.get("recordedAt")),
+            )
+            for item in items
+        ]
+
+    def scan(self, partition: str | None = None) -> Iterator[StoredItem]:
+        scope: dict[str, Any] = (
+            {"enable_cross_partition_query": True} if partition is None else {"partition_key": partition}
+        )
+        with _store_errors():
+            for item in self._container.query_items("SELECT * FROM c", **scope):
+                kind = item.get("kind")
+                key = DedupKey(item["scope"], item["keyId"], item.get("step") or "") if kind == MARKER_KIND else None
+                yield StoredItem(item["id"], kind, key, item.get("entity"), item)
+
+    # -- item mapping ------------------------------------------------------------------
+
+    def _marker_item(self, marker: Marker) -> dict[str, Any]:
+        return {
+            "id": marker_id(marker.key),
+            self._pk: marker.partition,
+            "kind": MARKER_KIND,
+            "scope": marker.key.scope,
+            "keyId": marker.key.id,
+            "step": marker.key.step,
+            "state": marker.state.value,
+            "fingerprint": marker.fingerprint,
+            "createdAt": _time(marker.created_at),
+            "expiresAt": _time(marker.expires_at),
+            "leaseUntil": _time(marker.lease_until) if marker.lease_until else None,
+            "owner": marker.owner,
+            "result": marker.result,
+            "ttl": _ttl(marker.expires_at),
+        }
+
+    def _document(self, partition: str, effect: Entity) -> dict[str, Any]:
+        if {"id", "ttl", "entity"} & effect.data.keys() or effect.data.get(self._pk, partition) != partition:
+            raise ValueError(f"entity {effect.name!r}: id, ttl, entity and {self._pk} are the store's to set")
+        return {**effect.data, "id": encode_key(effect.name), self._pk: partition, "entity": effect.name, "ttl": -1}
+
+    def _marker_from(self, item: dict[str, Any]) -> Marker:
+        return Marker(
+            key=DedupKey(item["scope"], item["keyId"], item.get("step") or ""),
+            partition=item[self._pk],
+            state=State(item["state"]),
+            fingerprint=item["fingerprint"],
+            created_at=_parse_time(item["createdAt"]) or utcnow(),
+            expires_at=_parse_time(item["expiresAt"]) or utcnow(),
+            lease_until=_parse_time(item.get("leaseUntil")),
+            result=item.get("result"),
+            owner=item.get("owner"),
+            version=item.get("_etag"),
+        )
+
+
+def _ttl(expires_at: datetime) -> int:
+    """Cosmos ``ttl`` is in whole seconds from the last write, at least 1."""
+    return max(1, math.ceil((expires_at - utcnow()).total_seconds()))
+
+
+def _status_at(exc: exceptions.CosmosBatchOperationError, index: int) -> int | None:
+    responses = exc.operation_responses or []
+    return responses[index].get("statusCode") if 0 <= index < len(responses) else None
