@@ -12,8 +12,7 @@ from shared.bindings import servicebus_delivery, settle_servicebus
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.downstream import IdempotentHttp
 from shared.idempotency.reconcile import escalate_stale_claims
-from shared.idempotency.settings import duration, retention, setting, step_policy, table_service
-from shared.idempotency.table_store import TableStore
+from shared.idempotency.settings import duration, open_store, retention, setting, step_policy
 from shared.orders import SCHEMA, order_handler
 
 app = func.FunctionApp()
@@ -22,12 +21,7 @@ app = func.FunctionApp()
 @functools.cache
 def order_consumer() -> IdempotentConsumer:
     """Built on first use from app settings (see README, Configuration)."""
-    store = TableStore(
-        table_service(),
-        table=setting("ORDERS_TABLE", "orders"),
-        dead_letter_table=setting("DEDUP_DEADLETTER_TABLE", "deadletters"),
-    )
-    store.create_tables()
+    store = open_store(setting("ORDERS_TABLE", "orders"), setting("DEDUP_DEADLETTER_TABLE", "deadletters"))
     payment_api = os.environ.get("PAYMENT_API_URL")
     return IdempotentConsumer(
         setting("ORDERS_CONSUMER_NAME", "orders"),

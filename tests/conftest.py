@@ -1,14 +1,19 @@
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
+from azure.cosmos import CosmosClient, PartitionKey
 from azure.data.tables import TableServiceClient
 
+from shared.idempotency import DedupStore
+from shared.idempotency.cosmos_store import CosmosStore
 from shared.idempotency.settings import TRANSPORT
 from shared.idempotency.table_store import TableStore
 from tools.azurite import Azurite
+from tools.cosmos_emulator import CosmosEmulator, emulated
 
 
 @pytest.fixture(scope="session")
@@ -30,3 +35,49 @@ def new_table_store(azurite: Azurite) -> TableStore:
 def table_store(azurite: Azurite) -> TableStore:
     """A store on fresh tables, so tests never see each other's data."""
     return new_table_store(azurite)
+
+
+@pytest.fixture(scope="session")
+def cosmos_emulator() -> Iterator[CosmosEmulator]:
+    """npm @vercel/cosmosdb-server, on a free port, for the whole test run."""
+    with CosmosEmulator() as emulator:
+        yield emulator
+
+
+REAL_COSMOS = os.environ.get("COSMOS_CONTRACT_ENDPOINT"), os.environ.get("COSMOS_CONTRACT_KEY")
+# Stores whose server lacks atomic transactional batches and TTL (the local emulator).
+EMULATED: set[int] = set()
+
+
+def new_cosmos_store(request: pytest.FixtureRequest) -> CosmosStore:
+    """Fresh containers partitioned by /orderId: on real Cosmos DB when
+    COSMOS_CONTRACT_ENDPOINT/COSMOS_CONTRACT_KEY are set, else on the local emulator."""
+    endpoint, key = REAL_COSMOS
+    if endpoint and key:
+        client = CosmosClient(endpoint, credential=key)
+    else:
+        client = request.getfixturevalue("cosmos_emulator").client()
+    database = client.create_database_if_not_exists("contract")
+    name = "c" + uuid.uuid4().hex[:16]
+    container = database.create_container(name, partition_key=PartitionKey("/orderId"), default_ttl=3600)
+    dead = database.create_container(name + "dl", partition_key=PartitionKey("/scope"))
+    if endpoint and key:
+        request.addfinalizer(lambda: (database.delete_container(name), database.delete_container(name + "dl")))
+        return CosmosStore(container, dead, "orderId")
+    store = CosmosStore(emulated(container), emulated(dead), "orderId")
+    EMULATED.add(id(store))
+    return store
+
+
+@pytest.fixture(params=["table", "cosmos"])
+def store(request: pytest.FixtureRequest, azurite: Azurite) -> DedupStore:
+    """Every store implementation, each on fresh tables/containers."""
+    return new_table_store(azurite) if request.param == "table" else new_cosmos_store(request)
+
+
+def needs_real_batches(store: DedupStore) -> None:
+    if id(store) in EMULATED:
+        pytest.skip(
+            "the local Cosmos emulator's transactional batch is not atomic and rejects replace "
+            "operations: set COSMOS_CONTRACT_ENDPOINT and COSMOS_CONTRACT_KEY to run this against Cosmos DB"
+        )

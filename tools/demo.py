@@ -1,13 +1,19 @@
 """`make demo`: the real `orders` function under an at-least-once delivery stream,
-against a real Azurite. Last line: one JSON object counted from what is in the table."""
+against a real Azurite (or, with DEDUP_STORE=cosmos, the local Cosmos DB emulator).
+Last line: one JSON object counted from what is in the store."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
+from contextlib import ExitStack
+
+from azure.cosmos import PartitionKey
 
 from tools.azurite import Azurite
+from tools.cosmos_emulator import EMULATOR_KEY, CosmosEmulator
 from tools.harness import Report, RunConfig, run
 
 
@@ -20,16 +26,37 @@ def summary(report: Report) -> str:
             f"{report.config.workers} competing workers received {report.deliveries} deliveries: "
             f"{duplicates} of them ({duplicates / max(report.deliveries, 1):.0%}) were duplicates.",
             "Outcomes: " + ", ".join(f"{name} {count}" for name, count in sorted(report.outcomes.items())),
-            f"In the table: {report.effects_applied} orders charged once, {report.dead_lettered} dead-lettered "
+            f"In the store: {report.effects_applied} orders charged once, {report.dead_lettered} dead-lettered "
             f"with a reason, {report.double_effects} double charges, {report.lost} lost.",
         ]
+    )
+
+
+def use_cosmos_emulator(emulator: CosmosEmulator, container: str) -> None:
+    """Provision what infra provisions on Azure, and point the app at it."""
+    database = emulator.client().create_database_if_not_exists("dedup")
+    database.create_container_if_not_exists(container, PartitionKey("/orderId"), default_ttl=30 * 24 * 3600)
+    database.create_container_if_not_exists(container + "dl", PartitionKey("/scope"))
+    os.environ.update(
+        DEDUP_STORE="cosmos",
+        COSMOS_ENDPOINT=emulator.endpoint,
+        COSMOS_KEY=EMULATOR_KEY,
+        COSMOS_DATABASE="dedup",
+        COSMOS_CONTAINER=container,
+        COSMOS_DEADLETTER_CONTAINER=container + "dl",
     )
 
 
 def main() -> int:
     logging.basicConfig(level=logging.ERROR)  # the idempotency log is counted, not shown
     config = RunConfig(messages=1200, workers=8, dup_rate=0.5, seed=7, table="demoorders")
-    with Azurite() as azurite:
+    with ExitStack() as stack:
+        azurite = stack.enter_context(Azurite())
+        if os.environ.get("DEDUP_STORE", "table") == "cosmos":
+            print(f"Store: Cosmos DB (local emulator), container {config.table} partitioned by /orderId")
+            use_cosmos_emulator(stack.enter_context(CosmosEmulator()), config.table)
+        else:
+            print(f"Store: Azure Table Storage (Azurite), table {config.table}")
         report = run(config, azurite)
     print(summary(report))
     for violation in report.violations:

@@ -23,6 +23,7 @@ from azure.data.tables import TableServiceClient
 
 import function_app
 from shared.idempotency import DedupKey, DedupStore, IdempotentConsumer
+from shared.idempotency.cosmos_store import CosmosStore
 from shared.idempotency.keys import marker_id
 from shared.idempotency.records import GUARD_KIND
 from shared.idempotency.settings import TRANSPORT
@@ -31,6 +32,7 @@ from shared.orders import effects_by_order
 from tools import workload
 from tools.azurite import Azurite
 from tools.broker import Lock, PeekLockQueue
+from tools.cosmos_emulator import emulated
 from tools.faults import WORKER_FAULTS, Crash, FaultPlan, FaultyTransport
 from tools.host import servicebus_message, user_function
 from tools.payment_service import PaymentService
@@ -148,7 +150,10 @@ def run(
         payments = stack.enter_context(PaymentService(hook=_payment_faults(plan))) if config.payments else None
         _configure_payments(config, payments)
         consumer = target.consumer(azurite.connection_string, config.table)
-        store = _attach_store(consumer, azurite, plan, config.fault_rate > 0, break_store or TableStore)
+        if isinstance(consumer.store, CosmosStore):  # faults are injected on the Table transport only
+            store: DedupStore = emulated_view(consumer.store)
+        else:
+            store = _attach_store(consumer, azurite, plan, config.fault_rate > 0, break_store or TableStore)
         _deliver_all(config, azurite, queue, user_function(target.function), plan, report)
         applied = target.applied(store)
         if payments is not None:  # one accepted charge per order, and one posting
@@ -201,6 +206,11 @@ def _payment_faults(plan: FaultPlan) -> Callable[[str, str], str | None]:
         return "drop" if plan.draw(("payment_response_lost",)) else None
 
     return hook
+
+
+def emulated_view(store: CosmosStore) -> CosmosStore:
+    """The checker reads through the emulator adapter (tools/cosmos_emulator.py)."""
+    return CosmosStore(emulated(store.container), emulated(store.dead_letter_container), store.partition_field)
 
 
 def _attach_store(
@@ -267,7 +277,7 @@ def _start_outage(config: RunConfig, azurite: Azurite, queue: PeekLockQueue, rep
 def _verify(
     report: Report,
     in_play: list[workload.LogicalMessage],
-    store: TableStore,
+    store: DedupStore,
     scope: str,
     applied: dict[str, int],
     queue: PeekLockQueue,

@@ -76,6 +76,14 @@ class CosmosStore(DedupStore):
     def container(self) -> ContainerProxy:
         return self._container
 
+    @property
+    def dead_letter_container(self) -> ContainerProxy:
+        return self._dead
+
+    @property
+    def partition_field(self) -> str:
+        return self._pk
+
     # -- atomic path ---------------------------------------------------------------------
 
     def commit(

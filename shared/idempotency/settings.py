@@ -7,9 +7,13 @@ from datetime import timedelta
 from typing import Any
 
 import isodate
+from azure.cosmos import ContainerProxy, CosmosClient
 from azure.data.tables import TableServiceClient
 
+from .cosmos_store import CosmosStore
 from .steps import StepPolicy
+from .store import DedupStore
+from .table_store import TableStore
 
 DEFAULT_RETENTION = "P30D"
 
@@ -76,3 +80,39 @@ def table_service() -> TableServiceClient:
 
         return TableServiceClient(endpoint, credential=DefaultAzureCredential(), **TRANSPORT)
     raise ConfigurationError("set DEDUP_STORAGE_CONNECTION (local) or DEDUP_STORAGE_ENDPOINT (managed identity)")
+
+
+def cosmos_client() -> CosmosClient:
+    """COSMOS_ENDPOINT with managed identity; COSMOS_KEY only for local emulators."""
+    endpoint = setting("COSMOS_ENDPOINT")
+    key = os.environ.get("COSMOS_KEY")
+    if key:  # a local emulator: plain HTTP, a single region
+        return CosmosClient(endpoint, credential=key, enable_endpoint_discovery=False)
+    from azure.identity import DefaultAzureCredential
+
+    return CosmosClient(endpoint, credential=DefaultAzureCredential())
+
+
+def open_store(table: str, dead_letter_table: str) -> DedupStore:
+    """DEDUP_STORE=table (default): Table Storage, tables created if missing.
+    DEDUP_STORE=cosmos: the COSMOS_CONTAINER container (default ``table``) of
+    COSMOS_DATABASE, provisioned by infra (data-plane roles cannot create containers)."""
+    kind = setting("DEDUP_STORE", "table").lower()
+    if kind == "table":
+        store = TableStore(table_service(), table, dead_letter_table)
+        store.create_tables()
+        return store
+    if kind == "cosmos":
+        database = cosmos_client().get_database_client(setting("COSMOS_DATABASE", "dedup"))
+        container = database.get_container_client(setting("COSMOS_CONTAINER", table))
+        dead_letters = database.get_container_client(setting("COSMOS_DEADLETTER_CONTAINER", dead_letter_table))
+        return CosmosStore(container, dead_letters, partition_field(container))
+    raise ConfigurationError(f"DEDUP_STORE={kind!r}: use 'table' or 'cosmos'")
+
+
+def partition_field(container: ContainerProxy) -> str:
+    """The property named by the container's partition key path (``/orderId``)."""
+    path = container.read()["partitionKey"]["paths"][0]
+    if path.count("/") != 1:
+        raise ConfigurationError(f"partition key path {path!r}: use a top-level property such as /orderId")
+    return str(path.lstrip("/"))

@@ -1,4 +1,6 @@
-"""The store contract, against a real server (Azurite here). Every store must pass it."""
+"""The store contract. Every store passes it against a real server: Table Storage on
+Azurite; Cosmos DB on the local emulator (tests needing atomic batches skip there) or on
+real Cosmos DB when COSMOS_CONTRACT_ENDPOINT / COSMOS_CONTRACT_KEY are set."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import threading
 import uuid
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from azure.core.exceptions import HttpResponseError
@@ -16,15 +19,18 @@ from shared.idempotency import (
     CommitStatus,
     DeadLetter,
     DedupKey,
+    DedupStore,
     Entity,
     Marker,
     State,
     StoreUnavailable,
     VersionConflict,
 )
+from shared.idempotency.cosmos_store import CosmosStore
 from shared.idempotency.keys import encode_key
 from shared.idempotency.records import utcnow
 from shared.idempotency.table_store import TableStore
+from tests.conftest import needs_real_batches
 from tools.azurite import Azurite
 
 HOUR = timedelta(hours=1)
@@ -39,68 +45,83 @@ def in_progress(k: DedupKey, *, lease: timedelta = HOUR, expires: timedelta = HO
     return Marker(k, k.id, State.IN_PROGRESS, "fp", now, now + expires, lease_until=now + lease, owner=owner)
 
 
-def partition_rows(store: TableStore, partition: str) -> list[str]:
-    entities = store.table.query_entities("PartitionKey eq @pk", parameters={"pk": encode_key(partition)})
-    return sorted(entity["RowKey"] for entity in entities)
+def partition_rows(store: DedupStore, partition: str) -> list[str]:
+    return sorted(item.name for item in store.scan(partition))
 
 
-def test_commit_writes_marker_and_effects_together(table_store: TableStore) -> None:
+def entity(store: DedupStore, partition: str, name: str) -> dict[str, Any]:
+    [found] = [item.data for item in store.scan(partition) if item.entity == name]
+    return found
+
+
+def write_business_entity_only(store: DedupStore, partition: str, name: str, data: dict[str, Any]) -> None:
+    if isinstance(store, TableStore):
+        store.table.create_entity({"PartitionKey": encode_key(partition), "RowKey": encode_key(name), **data})
+    else:
+        assert isinstance(store, CosmosStore)
+        store.container.create_item({"id": encode_key(name), "orderId": partition, "entity": name, **data})
+
+
+def test_commit_writes_marker_and_effects_together(store: DedupStore) -> None:
     k = key()
     effects = [Entity("order", {"amount": 5.0, "items": [{"sku": "a"}]}), Entity("charge", {"amount": 5.0})]
-    result = table_store.commit(k, k.id, "fp1", effects, {"ok": True}, utcnow() + HOUR)
+    result = store.commit(k, k.id, "fp1", effects, {"ok": True}, utcnow() + HOUR)
     assert result.status is CommitStatus.NEW
-    marker = table_store.get(k, k.id)
+    marker = store.get(k, k.id)
     assert marker is not None and marker.state is State.COMPLETED and marker.result == {"ok": True}
-    order = table_store.table.get_entity(encode_key(k.id), "order")
-    assert order["items"] == '[{"sku":"a"}]'
-    assert len(partition_rows(table_store, k.id)) == 4  # guard, marker, order, charge
+    order = entity(store, k.id, "order")
+    assert order["items"] in ('[{"sku":"a"}]', [{"sku": "a"}])  # Table keeps JSON text, Cosmos the value
+    assert len(partition_rows(store, k.id)) == 4  # guard, marker, order, charge
 
 
-def test_same_payload_is_a_duplicate_and_writes_nothing(table_store: TableStore) -> None:
+def test_same_payload_is_a_duplicate_and_writes_nothing(store: DedupStore) -> None:
     k = key()
-    table_store.commit(k, k.id, "fp1", [Entity("order", {"n": 1})], None, utcnow() + HOUR)
-    before = partition_rows(table_store, k.id)
-    again = table_store.commit(k, k.id, "fp1", [Entity("order", {"n": 1})], None, utcnow() + HOUR)
+    store.commit(k, k.id, "fp1", [Entity("order", {"n": 1})], None, utcnow() + HOUR)
+    before = partition_rows(store, k.id)
+    again = store.commit(k, k.id, "fp1", [Entity("order", {"n": 1})], None, utcnow() + HOUR)
     assert again.status is CommitStatus.DUPLICATE
-    assert partition_rows(table_store, k.id) == before
+    assert partition_rows(store, k.id) == before
 
 
-def test_different_payload_is_a_mismatch_and_writes_nothing(table_store: TableStore) -> None:
+def test_different_payload_is_a_mismatch_and_writes_nothing(store: DedupStore) -> None:
+    needs_real_batches(store)  # a failed batch must leave nothing behind
     k = key()
-    table_store.commit(k, k.id, "fp1", [Entity("order", {"n": 1})], None, utcnow() + HOUR)
-    before = partition_rows(table_store, k.id)
-    other = table_store.commit(k, k.id, "fp2", [Entity("order", {"n": 2})], None, utcnow() + HOUR)
+    store.commit(k, k.id, "fp1", [Entity("order", {"n": 1})], None, utcnow() + HOUR)
+    before = partition_rows(store, k.id)
+    other = store.commit(k, k.id, "fp2", [Entity("order", {"n": 2})], None, utcnow() + HOUR)
     assert other == type(other)(CommitStatus.MISMATCH, "fp1")
-    assert partition_rows(table_store, k.id) == before
-    assert table_store.table.get_entity(encode_key(k.id), "order")["n"] == 1
+    assert partition_rows(store, k.id) == before
+    assert entity(store, k.id, "order")["n"] == 1
 
 
-def test_a_failing_business_write_leaves_no_marker(table_store: TableStore) -> None:
+def test_a_failing_business_write_leaves_no_marker(store: DedupStore) -> None:
+    needs_real_batches(store)  # a failed batch must leave nothing behind
     k = key()
     # Two effects with the same name: the second insert fails inside the transaction.
     effects = [Entity("order", {"n": 1}), Entity("order", {"n": 2})]
     with pytest.raises(HttpResponseError):
-        table_store.commit(k, k.id, "fp1", effects, None, utcnow() + HOUR)
-    assert table_store.get(k, k.id) is None
-    assert partition_rows(table_store, k.id) == []
+        store.commit(k, k.id, "fp1", effects, None, utcnow() + HOUR)
+    assert store.get(k, k.id) is None
+    assert partition_rows(store, k.id) == []
 
 
-def test_an_existing_business_entity_without_marker_counts_as_applied(table_store: TableStore) -> None:
+def test_an_existing_business_entity_without_marker_counts_as_applied(store: DedupStore) -> None:
+    needs_real_batches(store)  # a failed batch must leave nothing behind
     k = key()
-    table_store.table.create_entity({"PartitionKey": encode_key(k.id), "RowKey": "order", "n": 1})
-    result = table_store.commit(k, k.id, "fp1", [Entity("order", {"n": 1})], None, utcnow() + HOUR)
+    write_business_entity_only(store, k.id, "order", {"n": 1})
+    result = store.commit(k, k.id, "fp1", [Entity("order", {"n": 1})], None, utcnow() + HOUR)
     assert result.status is CommitStatus.DUPLICATE
-    assert table_store.get(k, k.id) is None
+    assert store.get(k, k.id) is None
 
 
-def test_concurrent_commits_have_exactly_one_winner(table_store: TableStore) -> None:
+def test_concurrent_commits_have_exactly_one_winner(store: DedupStore) -> None:
     k = key()
     barrier = threading.Barrier(8)
     statuses: list[CommitStatus] = []
 
     def deliver() -> None:
         barrier.wait()
-        statuses.append(table_store.commit(k, k.id, "fp1", [Entity("order", {})], None, utcnow() + HOUR).status)
+        statuses.append(store.commit(k, k.id, "fp1", [Entity("order", {})], None, utcnow() + HOUR).status)
 
     threads = [threading.Thread(target=deliver) for _ in range(8)]
     for thread in threads:
@@ -108,69 +129,70 @@ def test_concurrent_commits_have_exactly_one_winner(table_store: TableStore) -> 
     for thread in threads:
         thread.join()
     assert sorted(statuses) == sorted([CommitStatus.NEW] + [CommitStatus.DUPLICATE] * 7)
-    assert len(partition_rows(table_store, k.id)) == 3
+    assert [item.entity for item in store.scan(k.id)].count("order") == 1
 
 
-def test_claim_then_complete_with_effects(table_store: TableStore) -> None:
+def test_claim_then_complete_with_effects(store: DedupStore) -> None:
+    needs_real_batches(store)  # completion replaces the marker in a batch
     k = key()
-    claimed = table_store.claim(in_progress(k), utcnow())
+    claimed = store.claim(in_progress(k), utcnow())
     assert claimed.version
-    done = table_store.complete(claimed, {"charge": "ch_1"}, [Entity("order", {"n": 1})])
-    stored = table_store.get(k, k.id)
+    done = store.complete(claimed, {"charge": "ch_1"}, [Entity("order", {"n": 1})])
+    stored = store.get(k, k.id)
     assert stored is not None and stored.state is State.COMPLETED and stored.result == {"charge": "ch_1"}
     assert stored.version == done.version and stored.lease_until is None
-    assert "order" in partition_rows(table_store, k.id)
+    assert "order" in partition_rows(store, k.id)
 
 
-def test_a_retried_claim_of_the_same_owner_is_its_own(table_store: TableStore) -> None:
+def test_a_retried_claim_of_the_same_owner_is_its_own(store: DedupStore) -> None:
     k = key()
-    first = table_store.claim(in_progress(k, owner="w1"), utcnow())
-    again = table_store.claim(in_progress(k, owner="w1"), utcnow())  # the insert's response was lost
+    first = store.claim(in_progress(k, owner="w1"), utcnow())
+    again = store.claim(in_progress(k, owner="w1"), utcnow())  # the insert's response was lost
     assert again.owner == "w1" and again.version == first.version
 
 
-def test_a_live_claim_is_not_taken(table_store: TableStore) -> None:
+def test_a_live_claim_is_not_taken(store: DedupStore) -> None:
     k = key()
-    table_store.claim(in_progress(k, owner="w1"), utcnow())
+    store.claim(in_progress(k, owner="w1"), utcnow())
     with pytest.raises(AlreadyClaimed) as info:
-        table_store.claim(in_progress(k, owner="w2"), utcnow())
+        store.claim(in_progress(k, owner="w2"), utcnow())
     assert isinstance(info.value.existing, Marker) and info.value.existing.owner == "w1"
 
 
-def test_an_expired_marker_is_reclaimed_and_an_unexpired_one_is_not(table_store: TableStore) -> None:
+def test_an_expired_marker_is_reclaimed_and_an_unexpired_one_is_not(store: DedupStore) -> None:
     expired, live = key(), key()
-    table_store.claim(in_progress(expired, expires=-HOUR, owner="old"), utcnow())
-    table_store.claim(in_progress(live, lease=-HOUR / 2, expires=HOUR, owner="old"), utcnow())  # lease ran out
+    store.claim(in_progress(expired, expires=-HOUR, owner="old"), utcnow())
+    store.claim(in_progress(live, lease=-HOUR / 2, expires=HOUR, owner="old"), utcnow())  # lease ran out
     unexpired = key()
-    table_store.claim(in_progress(unexpired, owner="old"), utcnow())
+    store.claim(in_progress(unexpired, owner="old"), utcnow())
 
-    assert table_store.claim(in_progress(expired, owner="new"), utcnow()).owner == "new"
-    assert table_store.claim(in_progress(live, owner="new"), utcnow()).owner == "new"
+    assert store.claim(in_progress(expired, owner="new"), utcnow()).owner == "new"
+    assert store.claim(in_progress(live, owner="new"), utcnow()).owner == "new"
     with pytest.raises(AlreadyClaimed):
-        table_store.claim(in_progress(unexpired, owner="new"), utcnow())
-    stored = table_store.get(unexpired, unexpired.id)
+        store.claim(in_progress(unexpired, owner="new"), utcnow())
+    stored = store.get(unexpired, unexpired.id)
     assert stored is not None and stored.owner == "old"
 
 
-def test_a_lapsed_claim_is_not_taken_over_by_another_payload(table_store: TableStore) -> None:
+def test_a_lapsed_claim_is_not_taken_over_by_another_payload(store: DedupStore) -> None:
     k = key()
-    table_store.claim(in_progress(k, lease=-HOUR / 2, owner="old"), utcnow())
+    store.claim(in_progress(k, lease=-HOUR / 2, owner="old"), utcnow())
     other = replace(in_progress(k, owner="new"), fingerprint="another-payload")
     with pytest.raises(AlreadyClaimed) as info:
-        table_store.claim(other, utcnow())
+        store.claim(other, utcnow())
     assert isinstance(info.value.existing, Marker) and info.value.existing.fingerprint == "fp"
 
 
-def test_racing_takeovers_of_a_stale_claim_have_one_winner(table_store: TableStore) -> None:
+def test_racing_takeovers_of_a_stale_claim_have_one_winner(store: DedupStore) -> None:
     k = key()
-    table_store.claim(in_progress(k, lease=-HOUR / 2, owner="dead"), utcnow())
+    store.claim(in_progress(k, lease=-HOUR / 2, owner="dead"), utcnow())
     barrier = threading.Barrier(8)
     winners: list[str] = []
 
     def take(owner: str) -> None:
         barrier.wait()
         with contextlib.suppress(AlreadyClaimed):
-            winners.append(table_store.claim(in_progress(k, owner=owner), utcnow()).owner or "")
+            winners.append(store.claim(in_progress(k, owner=owner), utcnow()).owner or "")
 
     threads = [threading.Thread(target=take, args=(f"w{i}",)) for i in range(8)]
     for thread in threads:
@@ -178,29 +200,30 @@ def test_racing_takeovers_of_a_stale_claim_have_one_winner(table_store: TableSto
     for thread in threads:
         thread.join()
     assert len(winners) == 1
-    stored = table_store.get(k, k.id)
+    stored = store.get(k, k.id)
     assert stored is not None and stored.owner == winners[0]
 
 
-def test_completion_and_release_with_a_stale_version_are_rejected(table_store: TableStore) -> None:
+def test_completion_and_release_with_a_stale_version_are_rejected(store: DedupStore) -> None:
+    needs_real_batches(store)  # completion replaces the marker in a batch
     k = key()
-    first = table_store.claim(in_progress(k, lease=-HOUR / 2, owner="slow"), utcnow())
-    second = table_store.claim(in_progress(k, owner="fast"), utcnow())  # took over
+    first = store.claim(in_progress(k, lease=-HOUR / 2, owner="slow"), utcnow())
+    second = store.claim(in_progress(k, owner="fast"), utcnow())  # took over
     with pytest.raises(VersionConflict):
-        table_store.complete(first, {"charged": 2}, [Entity("order", {"by": "slow"})])
+        store.complete(first, {"charged": 2}, [Entity("order", {"by": "slow"})])
     with pytest.raises(VersionConflict):
-        table_store.release(first)
-    assert "order" not in partition_rows(table_store, k.id)
-    table_store.complete(second, {"charged": 1}, [Entity("order", {"by": "fast"})])
-    assert table_store.table.get_entity(encode_key(k.id), "order")["by"] == "fast"
+        store.release(first)
+    assert "order" not in partition_rows(store, k.id)
+    store.complete(second, {"charged": 1}, [Entity("order", {"by": "fast"})])
+    assert entity(store, k.id, "order")["by"] == "fast"
 
 
-def test_release_with_the_current_version_deletes(table_store: TableStore) -> None:
+def test_release_with_the_current_version_deletes(store: DedupStore) -> None:
     k = key()
-    claimed = table_store.claim(in_progress(k), utcnow())
-    table_store.release(claimed)
-    assert table_store.get(k, k.id) is None
-    assert table_store.claim(in_progress(k, owner="next"), utcnow()).owner == "next"
+    claimed = store.claim(in_progress(k), utcnow())
+    store.release(claimed)
+    assert store.get(k, k.id) is None
+    assert store.claim(in_progress(k, owner="next"), utcnow()).owner == "next"
 
 
 @pytest.mark.parametrize(
@@ -218,37 +241,35 @@ def test_release_with_the_current_version_deletes(table_store: TableStore) -> No
         "x" * 2048,
     ],
 )
-def test_hostile_keys_are_stored_and_found_again(table_store: TableStore, name: str) -> None:
+def test_hostile_keys_are_stored_and_found_again(store: DedupStore, name: str) -> None:
     k = DedupKey("orders", name)
-    assert table_store.commit(k, k.id, "fp", [Entity("order", {})], None, utcnow() + HOUR).status is CommitStatus.NEW
-    stored = table_store.get(k, k.id)
+    assert store.commit(k, k.id, "fp", [Entity("order", {})], None, utcnow() + HOUR).status is CommitStatus.NEW
+    stored = store.get(k, k.id)
     assert stored is not None and stored.key == k
-    assert (
-        table_store.commit(k, k.id, "fp", [Entity("order", {})], None, utcnow() + HOUR).status is CommitStatus.DUPLICATE
-    )
+    assert store.commit(k, k.id, "fp", [Entity("order", {})], None, utcnow() + HOUR).status is CommitStatus.DUPLICATE
 
 
-def test_distinct_hostile_keys_never_collide(table_store: TableStore) -> None:
+def test_distinct_hostile_keys_never_collide(store: DedupStore) -> None:
     names = ["a/b", "a%2Fb", "a%252Fb", "~a", "%7Ea", "x" * 2048, "x" * 2047 + "y", "a|b", "a%7Cb"]
     for name in names:
         k = DedupKey("orders", name)
-        status = table_store.commit(k, "shared-partition", "fp", [], None, utcnow() + HOUR).status
+        status = store.commit(k, "shared-partition", "fp", [], None, utcnow() + HOUR).status
         assert status is CommitStatus.NEW, name
 
 
-def test_dead_letters_are_recorded_once_with_their_body(table_store: TableStore) -> None:
+def test_dead_letters_are_recorded_once_with_their_body(store: DedupStore) -> None:
     body = bytes(range(256)) * 600  # not UTF-8, and larger than one property
     record = DeadLetter("orders", "invalid_json", "bad", body, message_id="m/1", delivery_count=2)
-    table_store.dead_letter(record)
-    table_store.dead_letter(replace(record, delivery_count=3))  # a redelivery of the same message
-    stored = table_store.dead_letters("orders")
+    store.dead_letter(record)
+    store.dead_letter(replace(record, delivery_count=3))  # a redelivery of the same message
+    stored = store.dead_letters("orders")
     assert len(stored) == 1
     assert stored[0].body == body and stored[0].reason == "invalid_json" and stored[0].delivery_count == 3
 
 
 def test_an_unreachable_store_is_transient() -> None:
     down = Azurite()  # never started: nothing listens on its port
-    store = new_table_store_at(down)
+    store = new_store_at(down)
     k = key()
     with pytest.raises(StoreUnavailable):
         store.commit(k, k.id, "fp", [], None, utcnow() + HOUR)
@@ -256,7 +277,7 @@ def test_an_unreachable_store_is_transient() -> None:
         store.get(k, k.id)
 
 
-def new_table_store_at(emulator: Azurite) -> TableStore:
+def new_store_at(emulator: Azurite) -> TableStore:
     from azure.data.tables import TableServiceClient
 
     service = TableServiceClient.from_connection_string(emulator.connection_string, retry_total=0)

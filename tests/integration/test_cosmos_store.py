@@ -1,0 +1,118 @@
+"""What is particular to the Cosmos DB store, on the local emulator (and, where marked,
+only on real Cosmos DB when COSMOS_CONTRACT_ENDPOINT / COSMOS_CONTRACT_KEY are set)."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from azure.core.exceptions import ServiceRequestError
+from azure.cosmos import exceptions
+
+import function_app
+from shared.idempotency import CommitStatus, DedupKey, Entity, StoreUnavailable, VersionConflict
+from shared.idempotency.cosmos_store import CosmosStore, _store_errors
+from shared.idempotency.records import MARKER_KIND, utcnow
+from tests.conftest import EMULATED, REAL_COSMOS, new_cosmos_store
+from tools.azurite import Azurite
+from tools.cosmos_emulator import CosmosEmulator
+from tools.demo import use_cosmos_emulator
+from tools.harness import Report, RunConfig, run
+
+DAY = timedelta(days=1)
+
+
+@pytest.fixture
+def cosmos(request: pytest.FixtureRequest) -> CosmosStore:
+    return new_cosmos_store(request)
+
+
+def items(store: CosmosStore, partition: str) -> list[dict[str, object]]:
+    return [item.data for item in store.scan(partition)]
+
+
+def test_one_document_is_its_own_marker_written_by_one_create(cosmos: CosmosStore) -> None:
+    key = DedupKey("orders", f"o-{uuid.uuid4().hex[:8]}")
+    order = Entity("order", {"orderId": key.id, "amount": 5.0})
+    assert cosmos.commit(key, key.id, "fp1", [order], {"ok": 1}, utcnow() + DAY).status is CommitStatus.NEW
+    [document] = items(cosmos, key.id)
+    assert document["kind"] == MARKER_KIND and document["entity"] == "order" and document["amount"] == 5.0
+    assert document["ttl"] == -1  # the business record never expires with the marker
+    assert cosmos.commit(key, key.id, "fp1", [order], None, utcnow() + DAY).status is CommitStatus.DUPLICATE
+    mismatch = cosmos.commit(key, key.id, "fp2", [order], None, utcnow() + DAY)
+    assert (mismatch.status, mismatch.stored_fingerprint) == (CommitStatus.MISMATCH, "fp1")
+    assert len(items(cosmos, key.id)) == 1
+
+
+def test_markers_and_guards_carry_the_retention_as_ttl_and_documents_never_expire(cosmos: CosmosStore) -> None:
+    key = DedupKey("orders", f"o-{uuid.uuid4().hex[:8]}")
+    effects = [Entity("order", {"orderId": key.id}), Entity("charge|1", {"orderId": key.id})]
+    cosmos.commit(key, key.id, "fp", effects, None, utcnow() + timedelta(days=30))
+    ttls = {str(item["id"]).split("|")[0] + ("-guard" if item.get("kind") == "dedup-guard" else ""): item["ttl"]
+            for item in items(cosmos, key.id)}  # fmt: skip
+    assert ttls["order"] == -1 and ttls["charge%7C1"] == -1
+    assert 30 * 86400 - 60 <= int(str(ttls["dedup"])) <= 30 * 86400
+    assert 30 * 86400 - 60 <= int(str(ttls["dedup-guard"])) <= 30 * 86400
+
+
+def test_documents_may_not_set_store_fields(cosmos: CosmosStore) -> None:
+    key = DedupKey("orders", "o-x")
+    with pytest.raises(ValueError):
+        cosmos.commit(key, key.id, "fp", [Entity("order", {"orderId": "another"})], None, utcnow() + DAY)
+    with pytest.raises(ValueError):
+        cosmos.commit(key, key.id, "fp", [Entity("order", {"ttl": 5})], None, utcnow() + DAY)
+
+
+@pytest.mark.parametrize("status", [408, 429, 449, 500, 503])
+def test_throttling_and_server_errors_are_transient(status: int) -> None:
+    with pytest.raises(StoreUnavailable), _store_errors():
+        raise exceptions.CosmosHttpResponseError(status_code=status, message="injected")  # type: ignore[no-untyped-call]
+
+
+def test_transport_errors_are_transient_and_client_errors_are_not() -> None:
+    with pytest.raises(StoreUnavailable), _store_errors():
+        raise ServiceRequestError("connection refused")
+    with pytest.raises(exceptions.CosmosHttpResponseError), _store_errors():
+        raise exceptions.CosmosHttpResponseError(status_code=400, message="bad request")  # type: ignore[no-untyped-call]
+
+
+def test_a_stale_replace_is_a_version_conflict(cosmos: CosmosStore) -> None:
+    from tests.integration.test_store_contract import in_progress
+
+    key = DedupKey("orders", f"o-{uuid.uuid4().hex[:8]}")
+    first = cosmos.claim(in_progress(key, owner="a"), utcnow())
+    cosmos.replace(in_progress(key, owner="b"), first.version or "")
+    with pytest.raises(VersionConflict):
+        cosmos.replace(in_progress(key, owner="c"), first.version or "")
+    with pytest.raises(VersionConflict):
+        cosmos.release(first)
+
+
+@pytest.mark.skipif(not all(REAL_COSMOS), reason="TTL is enforced only by Cosmos DB: set COSMOS_CONTRACT_ENDPOINT/KEY")
+def test_cosmos_deletes_expired_markers_by_itself(cosmos: CosmosStore) -> None:
+    assert id(cosmos) not in EMULATED
+    key = DedupKey("orders", f"o-{uuid.uuid4().hex[:8]}")
+    effects = [Entity("order", {"orderId": key.id}), Entity("charge|1", {"orderId": key.id})]
+    cosmos.commit(key, key.id, "fp", effects, None, utcnow() + timedelta(seconds=2))
+    deadline = time.monotonic() + 120
+    while cosmos.get(key, key.id) is not None:
+        assert time.monotonic() < deadline, "the marker outlived its ttl by two minutes"
+        time.sleep(1)
+    assert sorted(str(item["entity"]) for item in items(cosmos, key.id)) == ["charge|1", "order"]
+
+
+def test_the_orders_function_runs_unchanged_on_cosmos(azurite: Azurite, cosmos_emulator: CosmosEmulator) -> None:
+    saved = dict(os.environ)
+    try:
+        use_cosmos_emulator(cosmos_emulator, "fnorders")
+        report = run(RunConfig(messages=200, workers=4, dup_rate=0.5, seed=9, table="fnorders"), azurite)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        function_app.order_consumer.cache_clear()
+    assert isinstance(report, Report) and report.violations == []
+    assert (report.double_effects, report.lost, report.orphans) == (0, 0, 0)
+    assert report.outcomes["duplicate"] > 0 and report.effects_applied == report.messages - report.dead_lettered
