@@ -5,42 +5,99 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
+from typing import Any
 
 import azure.functions as func
 
-from shared.bindings import servicebus_delivery, settle_servicebus
-from shared.idempotency import IdempotentConsumer
+from shared.bindings import (
+    acknowledge_or_retry,
+    cloudevent_response,
+    eventgrid_delivery,
+    http_cloudevent_delivery,
+    http_delivery,
+    http_response,
+    problem,
+    servicebus_delivery,
+    stored_response,
+    webhook_handshake,
+)
+from shared.idempotency import Handler, IdempotentConsumer
 from shared.idempotency.downstream import IdempotentHttp
 from shared.idempotency.reconcile import escalate_stale_claims
 from shared.idempotency.settings import duration, open_store, retention, setting, step_policy
-from shared.orders import SCHEMA, order_handler
+from shared.orders import SCHEMA, SHIPPED_SCHEMA, order_handler, shipment_handler
 
 app = func.FunctionApp()
 
 
+@dataclass(frozen=True)
+class Consumers:
+    orders: IdempotentConsumer  # Service Bus queue
+    orders_api: IdempotentConsumer  # POST /api/orders with Idempotency-Key
+    order_events: IdempotentConsumer  # Event Grid and POST /api/events (CloudEvents)
+
+
 @functools.cache
-def order_consumer() -> IdempotentConsumer:
-    """Built on first use from app settings (see README, Configuration)."""
+def consumers() -> Consumers:
+    """Built on first use from app settings (README, Configuration). The consumers share
+    one store; their names scope their keys, so none ever blocks another."""
     store = open_store(setting("ORDERS_TABLE", "orders"), setting("DEDUP_DEADLETTER_TABLE", "deadletters"))
     payment_api = os.environ.get("PAYMENT_API_URL")
-    return IdempotentConsumer(
-        setting("ORDERS_CONSUMER_NAME", "orders"),
-        store,
-        order_handler(IdempotentHttp(payment_api) if payment_api else None),
-        schema=SCHEMA,
-        retention=retention(),
-        steps=step_policy(),
+    payments = IdempotentHttp(payment_api) if payment_api else None
+    keep, steps = retention(), step_policy()
+
+    def consumer(name: str, handler: Handler, schema: dict[str, Any], *, http: bool = False) -> IdempotentConsumer:
+        # HTTP replays the stored response to its caller, and tells it of refusals.
+        return IdempotentConsumer(name, store, handler, schema=schema, retention=keep, steps=steps,
+                                  replay_results=http, record_refusals=not http)  # fmt: skip
+
+    return Consumers(
+        orders=consumer(setting("ORDERS_CONSUMER_NAME", "orders"), order_handler(payments), SCHEMA),
+        orders_api=consumer(
+            setting("ORDERS_API_CONSUMER_NAME", "orders-api"),
+            stored_response(order_handler(payments, key_is_order_id=False), 201, "/api/orders/{orderId}"),
+            SCHEMA,
+            http=True,
+        ),
+        order_events=consumer(setting("ORDER_EVENTS_CONSUMER_NAME", "order-events"), shipment_handler, SHIPPED_SCHEMA),
     )
 
 
 @app.function_name("orders")
 @app.service_bus_queue_trigger(arg_name="msg", queue_name="%ORDERS_QUEUE%", connection="ServiceBusConnection")
 def orders(msg: func.ServiceBusMessage) -> None:
-    settle_servicebus(order_consumer().process(servicebus_delivery(msg)))
+    acknowledge_or_retry(consumers().orders.process(servicebus_delivery(msg)))
+
+
+@app.function_name("order_events")
+@app.event_grid_trigger(arg_name="event")
+def order_events(event: func.CloudEvent) -> None:
+    acknowledge_or_retry(consumers().order_events.process(eventgrid_delivery(event)))
+
+
+@app.function_name("orders_api")
+@app.route(route="orders", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
+def orders_api(req: func.HttpRequest) -> func.HttpResponse:
+    delivery = http_delivery(req)
+    if delivery is None:
+        return problem(400, "Idempotency-Key header required", "send a unique key per logical request")
+    return http_response(consumers().orders_api.process(delivery))
+
+
+@app.function_name("events_api")
+@app.route(route="events", methods=["POST", "OPTIONS"], auth_level=func.AuthLevel.FUNCTION)
+def events_api(req: func.HttpRequest) -> func.HttpResponse:
+    if req.method == "OPTIONS":
+        return webhook_handshake(req)
+    delivery = http_cloudevent_delivery(req)
+    if delivery is None:
+        return problem(400, "Not a CloudEvent", "send a CloudEvents 1.0 event, structured or binary mode")
+    return cloudevent_response(consumers().order_events.process(delivery))
 
 
 @app.function_name("reconcile_claims")
 @app.timer_trigger(arg_name="timer", schedule="0 */15 * * * *", use_monitor=True)
 def reconcile_claims(timer: func.TimerRequest) -> None:
     """Escalates two-phase claims whose lease expired more than DEDUP_STALE_AFTER ago."""
-    escalate_stale_claims(order_consumer().store, duration("DEDUP_STALE_AFTER", "PT1H"))
+    escalate_stale_claims(consumers().orders.store, duration("DEDUP_STALE_AFTER", "PT1H"))

@@ -3,9 +3,20 @@ Delivery and settles a Result. The only part of ``shared`` that imports azure.fu
 
 from __future__ import annotations
 
-import azure.functions as func
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
 
-from shared.idempotency import Delivery, Result
+import azure.functions as func
+from cloudevents.core.bindings.http import HTTPMessage, from_http_event
+
+from shared.idempotency import Delivery, Effects, Handler, Outcome, Result, joined_identity
+from shared.idempotency.steps import Context
+
+REPLAYED = "Idempotent-Replayed"
+RETRY_AFTER_SECONDS = "5"
 
 
 class RetryLater(Exception):
@@ -15,6 +26,18 @@ class RetryLater(Exception):
     def __init__(self, result: Result) -> None:
         super().__init__(f"{result.outcome.value}: {result.reason or ''} {result.key or ''}".strip())
         self.result = result
+
+
+def acknowledge_or_retry(result: Result) -> None:
+    """Service Bus (classic binding) and Event Grid: returning completes the message or
+    accepts the event, raising abandons it or makes Event Grid retry with backoff.
+    Refused messages (invalid, conflict) were recorded as dead letters by the consumer
+    before this point, so accepting them loses nothing and stops useless retries."""
+    if not result.acknowledge:
+        raise RetryLater(result)
+
+
+# -- Service Bus ---------------------------------------------------------------------------
 
 
 def servicebus_delivery(msg: func.ServiceBusMessage) -> Delivery:
@@ -29,9 +52,120 @@ def servicebus_delivery(msg: func.ServiceBusMessage) -> Delivery:
     )
 
 
-def settle_servicebus(result: Result) -> None:
-    """With the classic binding, returning completes the message and raising abandons it.
-    Refused messages (invalid, conflict) were recorded as dead letters by the consumer
-    before this point, so completing them loses nothing."""
-    if not result.acknowledge:
-        raise RetryLater(result)
+# -- CloudEvents (Event Grid trigger, or plain HTTP) ---------------------------------------
+
+
+def cloudevent_delivery(
+    source: str | None,
+    event_id: str | None,
+    attributes: Mapping[str, Any],
+    data: Any,
+) -> Delivery:
+    """Key = (source, id), the CloudEvents uniqueness rule; the payload that is validated
+    and fingerprinted is the immutable part: type, subject and data. ``traceparent``,
+    when present, is the correlation id."""
+    envelope = {"type": attributes.get("type"), "subject": attributes.get("subject"), "data": data}
+    return Delivery(
+        body=json.dumps(envelope, separators=(",", ":"), default=str).encode(),
+        message_id=joined_identity(source, event_id) if source and event_id else None,
+        correlation_id=attributes.get("traceparent"),
+    )
+
+
+def eventgrid_delivery(event: func.CloudEvent) -> Delivery:
+    attributes = {**(event.extension_attrs or {}), "type": event.type, "subject": event.subject}
+    return cloudevent_delivery(event.source, event.id, attributes, event.get_json())
+
+
+def http_cloudevent_delivery(req: func.HttpRequest) -> Delivery | None:
+    """Structured or binary content mode, parsed by the CloudEvents SDK; None when the
+    request is not a CloudEvent at all."""
+    try:
+        event = from_http_event(HTTPMessage(headers=dict(req.headers), body=req.get_body()))
+    except Exception:  # noqa: BLE001 - the SDK raises several types for malformed events
+        return None
+    attributes = {**event.get_attributes(), "type": event.get_type(), "subject": event.get_subject()}
+    return cloudevent_delivery(event.get_source(), event.get_id(), attributes, event.get_data())
+
+
+def webhook_handshake(req: func.HttpRequest) -> func.HttpResponse:
+    """CloudEvents webhook validation (abuse protection): echo the requesting origin."""
+    origin = req.headers.get("WebHook-Request-Origin")
+    if not origin:
+        return problem(400, "missing WebHook-Request-Origin", "this endpoint answers the CloudEvents handshake")
+    return func.HttpResponse(status_code=200, headers={"WebHook-Allowed-Origin": origin, "WebHook-Allowed-Rate": "*"})
+
+
+def cloudevent_response(result: Result) -> func.HttpResponse:
+    if result.outcome in (Outcome.PROCESSED, Outcome.DUPLICATE):
+        return func.HttpResponse(
+            status_code=200, headers={REPLAYED: "true"} if result.outcome is Outcome.DUPLICATE else {}
+        )
+    return refusal(result)
+
+
+# -- HTTP with Idempotency-Key -------------------------------------------------------------
+
+
+def caller_identity(req: func.HttpRequest) -> str:
+    """Who is calling, so that one client never sees another's stored responses.
+    The Easy Auth principal (trusted only when Easy Auth is on: the platform then strips
+    any such header sent by a client), else the function key used (hashed, never
+    stored), else ``anonymous`` — only possible with auth level ANONYMOUS or locally."""
+    principal: str | None = req.headers.get("x-ms-client-principal-id")
+    if principal and os.environ.get("WEBSITE_AUTH_ENABLED", "").lower() == "true":
+        return "principal:" + principal
+    key = req.headers.get("x-functions-key") or req.params.get("code")
+    if key:
+        return "key:" + hashlib.sha256(key.encode()).hexdigest()[:32]
+    return "anonymous"
+
+
+def http_delivery(req: func.HttpRequest) -> Delivery | None:
+    """None when the Idempotency-Key header is missing."""
+    key = req.headers.get("Idempotency-Key")
+    if not key:
+        return None
+    return Delivery(body=req.get_body(), message_id=joined_identity(caller_identity(req), key),
+                    correlation_id=req.headers.get("traceparent"))  # fmt: skip
+
+
+def stored_response(handler: Handler, status: int, location: str) -> Handler:
+    """Store the HTTP response (status, body, headers) as the result, so a repeat
+    replays exactly what the first request answered. ``location``: a format string
+    applied to the handler's result."""
+
+    def handle(payload: Any, context: Context) -> Effects:
+        effects = handler(payload, context)
+        headers = {"Location": location.format(**effects.result)}
+        return Effects(effects.entities, {"status": status, "body": effects.result, "headers": headers})
+
+    return handle
+
+
+def http_response(result: Result) -> func.HttpResponse:
+    if result.outcome in (Outcome.PROCESSED, Outcome.DUPLICATE) and isinstance(result.result, dict):
+        headers = dict(result.result.get("headers") or {})
+        if result.outcome is Outcome.DUPLICATE:
+            headers[REPLAYED] = "true"
+        return func.HttpResponse(json.dumps(result.result["body"]), status_code=int(result.result["status"]),
+                                 headers=headers, mimetype="application/json")  # fmt: skip
+    return refusal(result)
+
+
+def refusal(result: Result) -> func.HttpResponse:
+    if result.outcome is Outcome.CONFLICT:
+        return problem(422, "Idempotency key reused with a different request", result.detail or "")
+    if result.outcome is Outcome.IN_FLIGHT:
+        return problem(409, "A request with this key is in progress", "retry later", retry_after=True)
+    if result.outcome is Outcome.INVALID:
+        return problem(400, f"Invalid request: {result.reason}", result.detail or "")
+    return problem(503, "Temporarily unavailable", result.reason or "", retry_after=True)
+
+
+def problem(status: int, title: str, detail: str, *, retry_after: bool = False) -> func.HttpResponse:
+    """RFC 9457 problem details."""
+    body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
+    headers = {"Retry-After": RETRY_AFTER_SECONDS} if retry_after else {}
+    return func.HttpResponse(json.dumps(body), status_code=status, headers=headers,
+                             mimetype="application/problem+json")  # fmt: skip

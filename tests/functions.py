@@ -17,7 +17,7 @@ def app_settings(**settings: str) -> Iterator[None]:
     """Point the app at a store; its consumers are rebuilt from these settings."""
     saved = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
-    function_app.order_consumer.cache_clear()
+    function_app.consumers.cache_clear()
     try:
         yield
     finally:
@@ -26,4 +26,4 @@ def app_settings(**settings: str) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        function_app.order_consumer.cache_clear()
+        function_app.consumers.cache_clear()

@@ -12,6 +12,7 @@ from contextlib import ExitStack
 
 from azure.cosmos import PartitionKey
 
+from tools import other_triggers
 from tools.azurite import Azurite
 from tools.cosmos_emulator import EMULATOR_KEY, CosmosEmulator
 from tools.harness import Report, RunConfig, run
@@ -58,7 +59,9 @@ def main() -> int:
         else:
             print(f"Store: Azure Table Storage (Azurite), table {config.table}")
         report = run(config, azurite)
+        triggers = other_triggers.drive()
     print(summary(report))
+    print(triggers.summary())
     for violation in report.violations:
         print("VIOLATION", violation)
     consistent = report.effects_applied == report.messages - report.dead_lettered
@@ -75,7 +78,7 @@ def main() -> int:
             }
         )
     )
-    return 0 if report.ok and consistent else 1
+    return 0 if report.ok and consistent and triggers.ok else 1
 
 
 if __name__ == "__main__":

@@ -41,8 +41,8 @@ from tools.payment_service import PaymentService
 def orders_consumer(connection: str, table: str) -> IdempotentConsumer:
     """Configure the app as its settings would, and return the function's consumer."""
     os.environ.update(DEDUP_STORAGE_CONNECTION=connection, ORDERS_TABLE=table, DEDUP_DEADLETTER_TABLE=table + "dl")
-    function_app.order_consumer.cache_clear()
-    return function_app.order_consumer()
+    function_app.consumers.cache_clear()
+    return function_app.consumers().orders
 
 
 def charges_per_order(store: DedupStore) -> dict[str, int]:

@@ -13,7 +13,7 @@ from .errors import (
     VersionConflict,
 )
 from .fingerprint import fingerprint
-from .keys import DedupKey, cloudevent_identity, from_body_field, from_message_id
+from .keys import DedupKey, cloudevent_identity, from_body_field, from_message_id, joined_identity
 from .records import Entity, Marker, State
 from .steps import Context, StepPolicy
 from .store import CommitResult, CommitStatus, DeadLetter, DedupStore
@@ -45,4 +45,5 @@ __all__ = [
     "fingerprint",
     "from_body_field",
     "from_message_id",
+    "joined_identity",
 ]

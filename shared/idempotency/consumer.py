@@ -118,7 +118,13 @@ class IdempotentConsumer:
         retention: timedelta = timedelta(days=30),
         steps: StepPolicy = DEFAULT_STEPS,
         partition_for: Callable[[DedupKey], str] = lambda key: key.id,
+        replay_results: bool = False,
+        record_refusals: bool = True,
     ) -> None:
+        """``replay_results``: a duplicate reads the stored result back (one more read,
+        for duplicates only) — HTTP needs it, a queue does not. ``record_refusals``:
+        invalid and conflicting messages are written to the dead-letter records before
+        they are acknowledged — a queue needs it, HTTP tells its caller instead."""
         self.name = name
         self.store = store
         self._handler = handler
@@ -127,11 +133,13 @@ class IdempotentConsumer:
         self._retention = retention
         self._steps = steps
         self._partition_for = partition_for
+        self._replay = replay_results
+        self._record_refusals = record_refusals
 
     def process(self, delivery: Delivery) -> Result:
         started = time.perf_counter()
         result = self._process(delivery)
-        if result.outcome in (Outcome.INVALID, Outcome.CONFLICT):
+        if self._record_refusals and result.outcome in (Outcome.INVALID, Outcome.CONFLICT):
             result = self._dead_letter(delivery, result)
         telemetry.record(self.name, delivery, result, (time.perf_counter() - started) * 1000)
         return result
@@ -163,8 +171,18 @@ class IdempotentConsumer:
         if commit.status is CommitStatus.NEW:
             return Result(Outcome.PROCESSED, key, result=effects.result, fingerprint=fp)
         if commit.status is CommitStatus.DUPLICATE:
-            return Result(Outcome.DUPLICATE, key, fingerprint=fp, stored_fingerprint=commit.stored_fingerprint)
+            return self._duplicate(key, partition, fp, commit.stored_fingerprint)
         return self._mismatch(key, fp, commit.stored_fingerprint)
+
+    def _duplicate(self, key: DedupKey, partition: str, fp: str, stored_fp: str | None) -> Result:
+        if not self._replay:
+            return Result(Outcome.DUPLICATE, key, fingerprint=fp, stored_fingerprint=stored_fp)
+        try:
+            stored = self.store.get(key, partition)
+        except StoreUnavailable as exc:
+            return Result(Outcome.TRANSIENT, key, "store_unavailable", str(exc)[:500])
+        result = stored.result if stored else None
+        return Result(Outcome.DUPLICATE, key, result=result, fingerprint=fp, stored_fingerprint=stored_fp)
 
     @staticmethod
     def _mismatch(key: DedupKey | None, fp: str, stored: str | None) -> Result:

@@ -101,9 +101,14 @@ def from_body_field(field: str) -> KeySource:
     return extract
 
 
+def joined_identity(*parts: str) -> str:
+    """Several parts as one identity, joined as a JSON array so that no two distinct
+    tuples can produce the same identity."""
+    return json.dumps(list(parts), ensure_ascii=False, separators=(",", ":"))
+
+
 def cloudevent_identity(source: str | None, event_id: str | None) -> str:
-    """CloudEvents 1.0: (source, id) is unique per event. Joined as a JSON array so
-    that no two distinct pairs can produce the same identity."""
+    """CloudEvents 1.0: (source, id) is unique per event."""
     if not source or not event_id:
         raise InvalidMessage("missing_key", "a CloudEvent needs both source and id")
-    return json.dumps([source, event_id], ensure_ascii=False, separators=(",", ":"))
+    return joined_identity(source, event_id)

@@ -23,13 +23,15 @@ ORDER = "order"
 CHARGE_PREFIX = "charge|"
 
 
-def order_handler(payments: IdempotentHttp | None = None) -> Handler:
+def order_handler(payments: IdempotentHttp | None = None, *, key_is_order_id: bool = True) -> Handler:
     """Without ``payments`` the handler does no I/O: one transaction commits the order,
     its ledger posting and the marker. With it, the charge goes through the payment API
-    (step ``charge``) and the posting records the payment's charge id."""
+    (step ``charge``) and the posting records the payment's charge id.
+    ``key_is_order_id``: the queue's producer sets MessageId = orderId, so they must agree
+    (an HTTP caller's Idempotency-Key is its own)."""
 
     def handle(order: dict[str, Any], context: Context) -> Effects:
-        if order["orderId"] != context.key.id:
+        if key_is_order_id and order["orderId"] != context.key.id:
             raise InvalidMessage("key_mismatch", "the message's key is not its orderId")
         charge = {
             "orderId": order["orderId"],
@@ -71,3 +73,13 @@ def effects_by_order(store: DedupStore, order_id: str | None = None) -> dict[str
         else:
             effects.charges += 1
     return found
+
+
+SHIPPED_SCHEMA: dict[str, Any] = json.loads((Path(__file__).with_name("shipped.schema.json")).read_text())
+
+
+def shipment_handler(event: dict[str, Any], context: Context) -> Effects:
+    """An ``com.example.order.shipped`` CloudEvent records one shipment."""
+    shipped = event["data"]
+    record = {"orderId": shipped["orderId"], "carrier": shipped["carrier"], "trackingNumber": shipped["trackingNumber"]}
+    return Effects(entities=[Entity("shipment", record)], result={"orderId": shipped["orderId"], "shipped": True})

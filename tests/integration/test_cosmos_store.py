@@ -112,7 +112,7 @@ def test_the_orders_function_runs_unchanged_on_cosmos(azurite: Azurite, cosmos_e
     finally:
         os.environ.clear()
         os.environ.update(saved)
-        function_app.order_consumer.cache_clear()
+        function_app.consumers.cache_clear()
     assert isinstance(report, Report) and report.violations == []
     assert (report.double_effects, report.lost, report.orphans) == (0, 0, 0)
     assert report.outcomes["duplicate"] > 0 and report.effects_applied == report.messages - report.dead_lettered

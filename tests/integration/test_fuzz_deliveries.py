@@ -98,7 +98,7 @@ def test_generated_deliveries_are_processed_or_dead_lettered(azurite: Azurite, o
     delivered = Counter[str]()
     with app_settings(DEDUP_STORAGE_CONNECTION=azurite.connection_string, ORDERS_TABLE=table,
                       DEDUP_DEADLETTER_TABLE=table + "dl"):  # fmt: skip
-        store = function_app.order_consumer().store
+        store = function_app.consumers().orders.store
 
         @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         @given(st.lists(deliveries, min_size=DELIVERIES_PER_EXAMPLE, max_size=DELIVERIES_PER_EXAMPLE))
@@ -116,10 +116,10 @@ def test_generated_deliveries_are_processed_or_dead_lettered(azurite: Azurite, o
         assert sum(delivered.values()) >= 10_000
         assert delivered["processed"] > 100 and delivered["invalid"] > 5_000 and delivered["duplicate"] > 0
 
-        dead = store.dead_letters(function_app.order_consumer().name)
+        dead = store.dead_letters(function_app.consumers().orders.name)
         refused = [o for o in outcomes.seen if o["outcome"] in {"invalid", "conflict"}]
         assert {(d.message_id, d.reason) for d in dead} == {(o["message_id"], o["reason"]) for o in refused}
         assert all(d.body is not None and d.reason and d.detail for d in dead)
-        assert harness.orphans(store, function_app.order_consumer().name, harness.charges_per_order(store)) == []
+        assert harness.orphans(store, function_app.consumers().orders.name, harness.charges_per_order(store)) == []
         for injection in INJECTIONS:  # a key never widens a query: each one finds only itself
             assert set(effects_by_order(store, injection)) <= {injection}

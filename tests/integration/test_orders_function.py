@@ -42,14 +42,14 @@ def tables(azurite: Azurite) -> Iterator[tuple[TableClient, TableClient]]:
         DEDUP_DEADLETTER_TABLE=name + "dl",
     ):
         service = TableServiceClient.from_connection_string(azurite.connection_string)
-        function_app.order_consumer()  # creates the tables
+        function_app.consumers()  # creates the tables
         yield service.get_table_client(name), service.get_table_client(name + "dl")
 
 
 def effects(table: TableClient, order_id: str) -> tuple[int, int]:
     """(orders, charges) really stored for one order id, in the app's store."""
-    assert function_app.order_consumer().store.table.table_name == table.table_name  # type: ignore[attr-defined]
-    found = effects_by_order(function_app.order_consumer().store, order_id).get(order_id, OrderEffects())
+    assert function_app.consumers().orders.store.table.table_name == table.table_name  # type: ignore[attr-defined]
+    found = effects_by_order(function_app.consumers().orders.store, order_id).get(order_id, OrderEffects())
     return found.orders, found.charges
 
 
@@ -170,7 +170,7 @@ def test_markers_never_exist_without_their_effects(tables: tuple[TableClient, Ta
 
 def test_store_errors_are_retried_by_the_broker(tables: tuple[TableClient, TableClient], azurite: Azurite) -> None:
     order = an_order()
-    consumer = function_app.order_consumer()
+    consumer = function_app.consumers().orders
     original = consumer.store.commit
 
     def failing(*args: Any, **kwargs: Any) -> Any:

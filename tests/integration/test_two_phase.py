@@ -54,7 +54,7 @@ def app(azurite: Azurite, payments: PaymentService) -> Iterator[TableStore]:
     with app_settings(DEDUP_STORAGE_CONNECTION=azurite.connection_string, ORDERS_TABLE=table,
                       DEDUP_DEADLETTER_TABLE=table + "dl", PAYMENT_API_URL=payments.url,
                       DEDUP_LEASE=SHORT_LEASE, DEDUP_IN_FLIGHT_WAIT="PT0S"):  # fmt: skip
-        store = function_app.order_consumer().store
+        store = function_app.consumers().orders.store
         assert isinstance(store, TableStore)
         yield store
 
