@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint typecheck unit chaos clean
+.PHONY: install demo test lint typecheck chaos check-retention clean
 
 install: $(VENV)/.installed node_modules/.installed
 
@@ -34,7 +34,11 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy shared function_app.py tools
 
-test: lint typecheck
+# Dedup markers must outlive every redelivery the infra parameters allow.
+check-retention: install
+	$(PY) -m tools.infra_checks retention
+
+test: lint typecheck check-retention
 	$(PY) -m pytest -q
 
 clean:

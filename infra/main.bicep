@@ -1,0 +1,163 @@
+// Idempotent consumers on Azure Functions: everything the app needs, with managed
+// identity only (no keys, no connection strings). Deploy with `azd up`, or
+// `az deployment group create -g <rg> -f infra/main.bicep -p infra/main.parameters.json`.
+targetScope = 'resourceGroup'
+
+@description('Short environment name, used to derive resource names.')
+@minLength(1)
+@maxLength(20)
+param environmentName string
+
+@description('Region for every resource.')
+param location string = resourceGroup().location
+
+@description('Where dedup markers live: table (Azure Table Storage) or cosmos (Cosmos DB, serverless).')
+@allowed(['table', 'cosmos'])
+param dedupStore string = 'table'
+
+@description('Days a dedup marker is kept (DEDUP_RETENTION, Cosmos defaultTtl). Must outlive every redelivery: make check-retention.')
+@minValue(1)
+param dedupRetentionDays int = 30
+
+@description('Service Bus peek-lock duration of the orders queue (ISO 8601, at most PT5M).')
+param lockDuration string = 'PT1M'
+
+@description('Deliveries before Service Bus dead-letters a message.')
+@minValue(1)
+param maxDeliveryCount int = 10
+
+@description('Time a message may wait in the queue (ISO 8601).')
+param messageTimeToLive string = 'P14D'
+
+@description('Send-side duplicate detection window (ISO 8601, 20 seconds to 7 days).')
+param duplicateDetectionWindow string = 'PT10M'
+
+@description('Event Grid: minutes an event is retried before it is dead-lettered (at most 1440).')
+@minValue(1)
+@maxValue(1440)
+param eventTimeToLiveInMinutes int = 1440
+
+@description('Event Grid: delivery attempts before an event is dead-lettered (at most 30).')
+@minValue(1)
+@maxValue(30)
+param eventMaxDeliveryAttempts int = 30
+
+@description('Days operators may take to resubmit dead-lettered messages; check-retention adds it to the redelivery window.')
+@minValue(0)
+param deadLetterResubmitDays int = 7
+
+@description('Create the Event Grid subscription. It needs the order_events function to exist, so azd sets it after the first deploy (postdeploy hook).')
+param deployEventSubscription bool = false
+
+@description('Optional principal (user or pipeline) allowed to send orders and publish events, e.g. for the smoke test.')
+param senderPrincipalId string = ''
+
+var suffix = uniqueString(resourceGroup().id, environmentName)
+var tags = { 'azd-env-name': environmentName }
+
+module monitoring 'modules/monitoring.bicep' = {
+  name: 'monitoring'
+  params: { name: 'mon-${environmentName}-${suffix}', location: location, tags: tags }
+}
+
+module identity 'modules/identity.bicep' = {
+  name: 'identity'
+  params: { name: 'id-${environmentName}-${suffix}', location: location, tags: tags }
+}
+
+module storage 'modules/storage.bicep' = {
+  name: 'storage'
+  params: { name: 'st${take(suffix, 20)}', location: location, tags: tags }
+}
+
+module serviceBus 'modules/servicebus.bicep' = {
+  name: 'servicebus'
+  params: {
+    name: 'sb-${environmentName}-${suffix}'
+    location: location
+    tags: tags
+    lockDuration: lockDuration
+    maxDeliveryCount: maxDeliveryCount
+    messageTimeToLive: messageTimeToLive
+    duplicateDetectionWindow: duplicateDetectionWindow
+  }
+}
+
+module cosmos 'modules/cosmos.bicep' = if (dedupStore == 'cosmos') {
+  name: 'cosmos'
+  params: {
+    name: 'cosmos-${environmentName}-${suffix}'
+    location: location
+    tags: tags
+    defaultTtlSeconds: dedupRetentionDays * 86400
+  }
+}
+
+module eventGrid 'modules/eventgrid.bicep' = {
+  name: 'eventgrid'
+  params: { name: 'egt-${environmentName}-${suffix}', location: location, tags: tags }
+}
+
+module functionApp 'modules/functionapp.bicep' = {
+  name: 'functionapp'
+  params: {
+    name: 'func-${environmentName}-${suffix}'
+    location: location
+    tags: tags
+    identityId: identity.outputs.id
+    identityClientId: identity.outputs.clientId
+    storageAccountName: storage.outputs.name
+    deploymentContainerUrl: storage.outputs.deploymentContainerUrl
+    appInsightsConnectionString: monitoring.outputs.appInsightsConnectionString
+    appSettings: {
+      ServiceBusConnection__fullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
+      ServiceBusConnection__credential: 'managedidentity'
+      ServiceBusConnection__clientId: identity.outputs.clientId
+      ORDERS_QUEUE: serviceBus.outputs.queueName
+      DEDUP_STORE: dedupStore
+      DEDUP_STORAGE_ENDPOINT: storage.outputs.tableEndpoint
+      DEDUP_RETENTION: 'P${dedupRetentionDays}D'
+      COSMOS_ENDPOINT: dedupStore == 'cosmos' ? cosmos.outputs.endpoint : ''
+      COSMOS_DATABASE: 'dedup'
+      COSMOS_CONTAINER: 'orders'
+      COSMOS_DEADLETTER_CONTAINER: 'deadletters'
+    }
+  }
+}
+
+module roles 'modules/roles.bicep' = {
+  name: 'roles'
+  params: {
+    principalId: identity.outputs.principalId
+    storageAccountName: storage.outputs.name
+    serviceBusName: serviceBus.outputs.name
+    appInsightsName: monitoring.outputs.appInsightsName
+    cosmosAccountName: dedupStore == 'cosmos' ? cosmos.outputs.name : ''
+    eventGridTopicName: eventGrid.outputs.name
+    eventGridPrincipalId: eventGrid.outputs.principalId
+    senderPrincipalId: senderPrincipalId
+  }
+}
+
+module eventSubscription 'modules/eventgrid-subscription.bicep' = if (deployEventSubscription) {
+  name: 'eventgrid-subscription'
+  params: {
+    topicName: eventGrid.outputs.name
+    functionAppName: functionApp.outputs.name
+    functionName: 'order_events'
+    storageAccountName: storage.outputs.name
+    deadLetterContainer: storage.outputs.eventDeadLetterContainer
+    eventTimeToLiveInMinutes: eventTimeToLiveInMinutes
+    maxDeliveryAttempts: eventMaxDeliveryAttempts
+  }
+  dependsOn: [roles]
+}
+
+output AZURE_FUNCTION_APP_NAME string = functionApp.outputs.name
+output AZURE_RESOURCE_GROUP string = resourceGroup().name
+output SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
+output SERVICEBUS_QUEUE string = serviceBus.outputs.queueName
+output EVENTGRID_TOPIC_ENDPOINT string = eventGrid.outputs.endpoint
+output DEDUP_STORAGE_ENDPOINT string = storage.outputs.tableEndpoint
+output COSMOS_ENDPOINT string = dedupStore == 'cosmos' ? cosmos.outputs.endpoint : ''
+output DEDUP_RETENTION string = 'P${dedupRetentionDays}D'

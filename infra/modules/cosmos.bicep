@@ -1,0 +1,55 @@
+// Cosmos DB for NoSQL, serverless, Entra ID only. The orders container is partitioned by
+// /orderId so a message's marker and documents share one logical partition (one
+// transactional batch); its defaultTtl is the dedup retention (markers carry their own
+// ttl, business documents ttl -1).
+param name string
+param location string
+param tags object
+param defaultTtlSeconds int
+
+resource account 'Microsoft.DocumentDB/databaseAccounts@2024-11-15' = {
+  name: name
+  location: location
+  tags: tags
+  kind: 'GlobalDocumentDB'
+  properties: {
+    databaseAccountOfferType: 'Standard'
+    disableLocalAuth: true
+    minimalTlsVersion: 'Tls12'
+    capabilities: [{ name: 'EnableServerless' }]
+    consistencyPolicy: { defaultConsistencyLevel: 'Session' }
+    locations: [{ locationName: location, failoverPriority: 0 }]
+  }
+}
+
+resource database 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases@2024-11-15' = {
+  parent: account
+  name: 'dedup'
+  properties: { resource: { id: 'dedup' } }
+}
+
+resource orders 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers@2024-11-15' = {
+  parent: database
+  name: 'orders'
+  properties: {
+    resource: {
+      id: 'orders'
+      partitionKey: { paths: ['/orderId'], kind: 'Hash' }
+      defaultTtl: defaultTtlSeconds
+    }
+  }
+}
+
+resource deadLetters 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers@2024-11-15' = {
+  parent: database
+  name: 'deadletters'
+  properties: {
+    resource: {
+      id: 'deadletters'
+      partitionKey: { paths: ['/scope'], kind: 'Hash' }
+    }
+  }
+}
+
+output name string = account.name
+output endpoint string = account.properties.documentEndpoint

@@ -1,0 +1,51 @@
+// Delivers the topic's CloudEvents to the order_events function, with retries and
+// dead-lettering to blob. Deployed once the function exists (azd postdeploy hook).
+param topicName string
+param functionAppName string
+param functionName string
+param storageAccountName string
+param deadLetterContainer string
+param eventTimeToLiveInMinutes int
+param maxDeliveryAttempts int
+
+resource topic 'Microsoft.EventGrid/topics@2022-06-15' existing = {
+  name: topicName
+}
+
+resource functionApp 'Microsoft.Web/sites@2024-04-01' existing = {
+  name: functionAppName
+}
+
+resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
+  name: storageAccountName
+}
+
+resource subscription 'Microsoft.EventGrid/topics/eventSubscriptions@2022-06-15' = {
+  parent: topic
+  name: 'order-events'
+  properties: {
+    eventDeliverySchema: 'CloudEventSchemaV1_0'
+    destination: {
+      endpointType: 'AzureFunction'
+      properties: {
+        resourceId: '${functionApp.id}/functions/${functionName}'
+        maxEventsPerBatch: 1
+      }
+    }
+    filter: { includedEventTypes: ['com.example.order.shipped'] }
+    retryPolicy: {
+      maxDeliveryAttempts: maxDeliveryAttempts
+      eventTimeToLiveInMinutes: eventTimeToLiveInMinutes
+    }
+    deadLetterWithResourceIdentity: {
+      identity: { type: 'SystemAssigned' }
+      deadLetterDestination: {
+        endpointType: 'StorageBlob'
+        properties: {
+          resourceId: storage.id
+          blobContainerName: deadLetterContainer
+        }
+      }
+    }
+  }
+}

@@ -1,0 +1,135 @@
+// Least privilege for the app's identity, each role scoped to one resource (never the
+// subscription or the resource group).
+param principalId string
+param storageAccountName string
+param serviceBusName string
+param appInsightsName string
+@description('Empty when the dedup store is Table Storage.')
+param cosmosAccountName string
+param eventGridTopicName string
+param eventGridPrincipalId string
+@description('Optional sender (smoke test, pipeline): may send to the queue and publish to the topic.')
+param senderPrincipalId string
+
+var roleIds = {
+  serviceBusDataReceiver: '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
+  serviceBusDataSender: '69a216fc-b8fb-44d8-bc22-1f3c2cd27a39'
+  storageBlobDataOwner: 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b'
+  storageBlobDataContributor: 'ba92f5b4-2d11-453d-a403-e96b0029c9fe'
+  storageTableDataContributor: '0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3'
+  storageQueueDataContributor: '974c5e8b-45b9-4653-ba55-5f855dd0fb88'
+  monitoringMetricsPublisher: '3913510d-42f4-4e42-8a64-420c390055eb'
+  eventGridDataSender: 'd5a91429-5739-47e2-a06b-3470a27159e7'
+}
+
+resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
+  name: storageAccountName
+}
+
+resource serviceBus 'Microsoft.ServiceBus/namespaces@2024-01-01' existing = {
+  name: serviceBusName
+}
+
+resource appInsights 'Microsoft.Insights/components@2020-02-02' existing = {
+  name: appInsightsName
+}
+
+resource topic 'Microsoft.EventGrid/topics@2022-06-15' existing = {
+  name: eventGridTopicName
+}
+
+resource receiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(serviceBus.id, principalId, roleIds.serviceBusDataReceiver)
+  scope: serviceBus
+  properties: {
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.serviceBusDataReceiver)
+  }
+}
+
+// The Functions host (AzureWebJobsStorage) and the deployment package live in blobs; its
+// timers use queues.
+resource blobOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(storage.id, principalId, roleIds.storageBlobDataOwner)
+  scope: storage
+  properties: {
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.storageBlobDataOwner)
+  }
+}
+
+resource queueContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(storage.id, principalId, roleIds.storageQueueDataContributor)
+  scope: storage
+  properties: {
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.storageQueueDataContributor)
+  }
+}
+
+resource tableContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(storage.id, principalId, roleIds.storageTableDataContributor)
+  scope: storage
+  properties: {
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.storageTableDataContributor)
+  }
+}
+
+resource metricsPublisher 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(appInsights.id, principalId, roleIds.monitoringMetricsPublisher)
+  scope: appInsights
+  properties: {
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.monitoringMetricsPublisher)
+  }
+}
+
+// Event Grid's own identity writes undeliverable events to the dead-letter container.
+resource eventGridDeadLetters 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(storage.id, eventGridPrincipalId, roleIds.storageBlobDataContributor)
+  scope: storage
+  properties: {
+    principalId: eventGridPrincipalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.storageBlobDataContributor)
+  }
+}
+
+resource cosmos 'Microsoft.DocumentDB/databaseAccounts@2024-11-15' existing = if (!empty(cosmosAccountName)) {
+  name: cosmosAccountName
+}
+
+// Cosmos DB Built-in Data Contributor (a data-plane SQL role), scoped to the account.
+resource cosmosContributor 'Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments@2024-11-15' = if (!empty(cosmosAccountName)) {
+  parent: cosmos
+  name: guid(cosmosAccountName, principalId, 'cosmos-data-contributor')
+  properties: {
+    principalId: principalId
+    roleDefinitionId: '${cosmos.id}/sqlRoleDefinitions/00000000-0000-0000-0000-000000000002'
+    scope: cosmos.id
+  }
+}
+
+resource queueSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(senderPrincipalId)) {
+  name: guid(serviceBus.id, senderPrincipalId, roleIds.serviceBusDataSender)
+  scope: serviceBus
+  properties: {
+    principalId: senderPrincipalId
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.serviceBusDataSender)
+  }
+}
+
+resource topicSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(senderPrincipalId)) {
+  name: guid(topic.id, senderPrincipalId, roleIds.eventGridDataSender)
+  scope: topic
+  properties: {
+    principalId: senderPrincipalId
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.eventGridDataSender)
+  }
+}

@@ -1,0 +1,60 @@
+// Functions host storage, deployment package container, dedup tables and the Event Grid
+// dead-letter container. Shared keys are disabled: identities only.
+param name string
+param location string
+param tags object
+
+var deploymentContainer = 'app-package'
+var eventDeadLetterContainer = 'eventgrid-deadletters'
+
+resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {
+  name: name
+  location: location
+  tags: tags
+  kind: 'StorageV2'
+  sku: { name: 'Standard_LRS' }
+  properties: {
+    allowSharedKeyAccess: false
+    allowBlobPublicAccess: false
+    minimumTlsVersion: 'TLS1_2'
+    supportsHttpsTrafficOnly: true
+    defaultToOAuthAuthentication: true
+  }
+}
+
+resource blobs 'Microsoft.Storage/storageAccounts/blobServices@2023-05-01' = {
+  parent: account
+  name: 'default'
+}
+
+resource packageContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
+  parent: blobs
+  name: deploymentContainer
+  properties: { publicAccess: 'None' }
+}
+
+resource deadLetters 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
+  parent: blobs
+  name: eventDeadLetterContainer
+  properties: { publicAccess: 'None' }
+}
+
+resource tables 'Microsoft.Storage/storageAccounts/tableServices@2023-05-01' = {
+  parent: account
+  name: 'default'
+}
+
+resource ordersTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' = {
+  parent: tables
+  name: 'orders'
+}
+
+resource deadLetterTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' = {
+  parent: tables
+  name: 'deadletters'
+}
+
+output name string = account.name
+output tableEndpoint string = account.properties.primaryEndpoints.table
+output deploymentContainerUrl string = '${account.properties.primaryEndpoints.blob}${deploymentContainer}'
+output eventDeadLetterContainer string = eventDeadLetterContainer

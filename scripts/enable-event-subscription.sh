@@ -1,0 +1,8 @@
+#!/bin/sh
+# azd postdeploy hook: the Event Grid subscription targets the order_events function,
+# which exists only once the code is deployed. Provision once more with it enabled.
+set -eu
+if [ "$(azd env get-value DEPLOY_EVENT_SUBSCRIPTION 2>/dev/null || true)" != "true" ]; then
+  azd env set DEPLOY_EVENT_SUBSCRIPTION true
+  azd provision --no-prompt
+fi

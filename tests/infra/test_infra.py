@@ -1,0 +1,155 @@
+"""infra/ without a Bicep compiler: every template parses, the security policies hold on
+the parsed tree (and fail on deliberately broken copies), and the retention check."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from tools.infra_checks import (
+    INFRA,
+    ROOT,
+    bicep_files,
+    parameter_values,
+    parse,
+    policy_violations,
+    retention_check,
+    timespan,
+)
+
+HOST = json.loads((ROOT / "host.json").read_text())
+
+
+def test_every_template_parses() -> None:
+    files = bicep_files(INFRA)
+    assert len(files) >= 9
+    for path in files:
+        assert isinstance(parse(path), dict), path
+
+
+def test_the_templates_meet_every_policy() -> None:
+    assert policy_violations(INFRA) == []
+
+
+BREAKAGES = [
+    ("modules/servicebus.bicep", "requiresDuplicateDetection: true", "requiresDuplicateDetection: false",
+     "duplicate detection off"),
+    ("modules/servicebus.bicep", "name: 'Standard', tier: 'Standard'", "name: 'Basic', tier: 'Basic'",
+     "Standard or Premium"),
+    ("modules/servicebus.bicep", "disableLocalAuth: true", "disableLocalAuth: false", "local (SAS) auth"),
+    ("modules/storage.bicep", "allowSharedKeyAccess: false", "allowSharedKeyAccess: true", "shared keys"),
+    ("modules/cosmos.bicep", "disableLocalAuth: true", "disableLocalAuth: false", "Cosmos DB keys"),
+    ("modules/eventgrid.bicep", "inputSchema: 'CloudEventSchemaV1_0'", "inputSchema: 'EventGridSchema'",
+     "not CloudEvents"),
+    ("modules/monitoring.bicep", "DisableLocalAuth: true", "DisableLocalAuth: false", "App Insights"),
+    ("modules/roles.bicep", "  scope: serviceBus\n", "", "not scoped to a resource"),
+    ("modules/functionapp.bicep", "PYTHON_ISOLATE_WORKER_DEPENDENCIES: '1'",
+     "PYTHON_ISOLATE_WORKER_DEPENDENCIES: '1'\n  Storage: listKeys(storageAccountName, '2023-05-01').keys[0].value",
+     "secret material"),
+    ("main.bicep", "ServiceBusConnection__fullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace",
+     "ServiceBusConnection: 'Endpoint=sb://x/'", "connection string"),
+    ("main.bicep", "defaultTtlSeconds: dedupRetentionDays * 86400", "defaultTtlSeconds: 86400",
+     "Cosmos defaultTtl not from the retention"),
+    ("main.bicep", "DEDUP_RETENTION: 'P${dedupRetentionDays}D'", "DEDUP_RETENTION: 'P30D'",
+     "DEDUP_RETENTION not from the parameter"),
+    ("modules/eventgrid-subscription.bicep", "endpointType: 'AzureFunction'", "endpointType: 'WebHook'",
+     "not delivered to the function"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("file", "old", "new", "expected"), BREAKAGES, ids=[b[3] for b in BREAKAGES])
+def test_a_broken_copy_fails_the_policies(tmp_path: Path, file: str, old: str, new: str, expected: str) -> None:
+    broken = tmp_path / "infra"
+    shutil.copytree(INFRA, broken)
+    target = broken / file
+    text = target.read_text()
+    assert old in text, f"{file} no longer contains {old!r}: update this test"
+    target.write_text(text.replace(old, new, 1))
+    violations = policy_violations(broken)
+    assert any(expected in violation for violation in violations), violations
+
+
+def test_a_template_with_a_syntax_error_does_not_parse(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.bicep"
+    broken.write_text((INFRA / "modules/servicebus.bicep").read_text().replace("properties: {", "properties: {{", 1))
+    with pytest.raises(Exception):  # noqa: B017 - the parser reports syntax errors in several types
+        parse(broken)
+
+
+# -- retention -------------------------------------------------------------------------
+
+GOOD = {
+    "dedupRetentionDays": 30, "lockDuration": "PT1M", "maxDeliveryCount": 10, "messageTimeToLive": "P14D",
+    "eventTimeToLiveInMinutes": 1440, "deadLetterResubmitDays": 7,
+}  # fmt: skip
+
+
+def test_the_repository_parameters_pass_the_retention_check() -> None:
+    report = retention_check(parameter_values(INFRA), HOST)
+    assert report.ok, report.explain()
+
+
+def test_retention_covers_ttl_deliveries_and_the_resubmit_margin() -> None:
+    report = retention_check(GOOD, HOST)
+    # 14 days of TTL + 10 deliveries x 5 min (renewal beats the 1 min lock) + 7 days margin
+    assert report.required == timedelta(days=21, minutes=50)
+    assert report.ok
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"dedupRetentionDays": 14},  # shorter than the message TTL alone
+        {"messageTimeToLive": "P30D"},  # the queue keeps messages longer than the markers
+        {"deadLetterResubmitDays": 30},  # operators resubmit after the markers are gone
+        {"messageTimeToLive": "P20D", "maxDeliveryCount": 2000},  # 2000 deliveries x 5 min of lock
+    ],
+)
+def test_markers_expiring_before_the_broker_stops_redelivering_fail(change: dict[str, object]) -> None:
+    report = retention_check({**GOOD, **change}, HOST)
+    assert not report.ok
+    assert "FAIL" in report.explain()
+
+
+def test_host_timespans() -> None:
+    assert timespan("00:05:00") == timedelta(minutes=5)
+    assert timespan("1.02:00:30") == timedelta(days=1, hours=2, seconds=30)
+
+
+def test_the_check_retention_command_fails_on_bad_parameters(tmp_path: Path) -> None:
+    broken = tmp_path / "infra"
+    shutil.copytree(INFRA, broken)
+    parameters = json.loads((broken / "main.parameters.json").read_text())
+    parameters["parameters"]["dedupRetentionDays"]["value"] = 3
+    (broken / "main.parameters.json").write_text(json.dumps(parameters))
+    result = subprocess.run([str(ROOT / ".venv/bin/python"), "-m", "tools.infra_checks", "retention", str(broken)],
+                            cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 1 and "FAIL" in result.stdout
+
+
+# -- only where the tools exist ----------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("bicep") is None, reason="the Bicep CLI is not installed (it downloads its binary)")
+def test_the_templates_compile_with_the_bicep_cli() -> None:
+    result = subprocess.run(["bicep", "build", str(INFRA / "main.bicep"), "--stdout"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.skipif(
+    shutil.which("az") is None or not os.environ.get("AZURE_RESOURCE_GROUP"),
+    reason="what-if needs the Azure CLI, a login and AZURE_RESOURCE_GROUP",
+)
+def test_what_if_against_a_resource_group() -> None:
+    result = subprocess.run(
+        ["az", "deployment", "group", "what-if", "-g", os.environ["AZURE_RESOURCE_GROUP"], "-f",
+         str(INFRA / "main.bicep"), "-p", "environmentName=whatif"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,251 @@
+"""Checks on infra/ that need no Bicep compiler: the Bicep files are parsed (PyPI
+``pycep-parser``) and the security policies asserted on the parsed tree; and the
+retention check (``make check-retention``): dedup markers must outlive every redelivery.
+
+    python -m tools.infra_checks retention [infra_dir]
+    python -m tools.infra_checks policies [infra_dir]
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import isodate
+from pycep import BicepParser
+
+ROOT = Path(__file__).resolve().parent.parent
+INFRA = ROOT / "infra"
+
+
+def parse(path: Path) -> dict[str, Any]:
+    tree: dict[str, Any] = dict(BicepParser().parse(file_path=path))
+    return tree
+
+
+def bicep_files(infra: Path) -> list[Path]:
+    return sorted(infra.rglob("*.bicep"))
+
+
+# -- retention -------------------------------------------------------------------------
+
+
+def parameter_values(infra: Path) -> dict[str, Any]:
+    """Defaults from main.bicep, overridden by main.parameters.json (an azd
+    ``${NAME=default}`` value counts as its default)."""
+    values = {name: spec.get("default") for name, spec in parse(infra / "main.bicep")["parameters"].items()}
+    parameters_file = infra / "main.parameters.json"
+    if parameters_file.exists():
+        for name, spec in json.loads(parameters_file.read_text())["parameters"].items():
+            value = spec.get("value")
+            if isinstance(value, str) and (match := re.fullmatch(r"\$\{\w+(?:=(.*))?\}", value)):
+                value = match.group(1) if match.group(1) is not None else values.get(name)
+            values[name] = value
+    return values
+
+
+@dataclass(frozen=True)
+class Retention:
+    retention: timedelta
+    required: timedelta
+    parts: dict[str, timedelta]
+
+    @property
+    def ok(self) -> bool:
+        return self.retention >= self.required
+
+    def explain(self) -> str:
+        lines = [f"  {name}: {_days(value)}" for name, value in self.parts.items()]
+        verdict = "OK" if self.ok else "FAIL"
+        return "\n".join(
+            [
+                f"{verdict}: dedup retention {_days(self.retention)} "
+                f"{'>=' if self.ok else '<'} required {_days(self.required)}",
+                *lines,
+            ]
+        )
+
+
+def retention_check(values: dict[str, Any], host: dict[str, Any]) -> Retention:
+    """The longest time after a message was first processed in which a copy can still
+    arrive, plus the operators' margin for dead-letter resubmission:
+
+    - Service Bus: the message can wait up to its TTL, and each of ``maxDeliveryCount``
+      deliveries can hold it for the lock duration or, with the host's automatic
+      renewal, up to ``maxAutoLockRenewalDuration``.
+    - Event Grid: retries stop after ``eventTimeToLiveInMinutes``.
+    """
+    renewal = timespan(host.get("extensions", {}).get("serviceBus", {}).get("maxAutoLockRenewalDuration", "00:05:00"))
+    per_delivery = max(isodate.parse_duration(values["lockDuration"]), renewal)
+    service_bus = isodate.parse_duration(values["messageTimeToLive"]) + per_delivery * int(values["maxDeliveryCount"])
+    event_grid = timedelta(minutes=int(values["eventTimeToLiveInMinutes"]))
+    resubmit = timedelta(days=int(values["deadLetterResubmitDays"]))
+    parts = {
+        "Service Bus: message TTL + deliveries x lock (with renewal)": service_bus,
+        "Event Grid: event time to live": event_grid,
+        "dead-letter resubmission margin": resubmit,
+    }
+    required = max(service_bus, event_grid) + resubmit
+    return Retention(timedelta(days=int(values["dedupRetentionDays"])), required, parts)
+
+
+def timespan(text: str) -> timedelta:
+    """host.json durations are .NET TimeSpans: ``[d.]hh:mm:ss``."""
+    days, _, clock = text.partition(".") if "." in text.split(":")[0] else ("0", "", text)
+    hours, minutes, seconds = clock.split(":")
+    return timedelta(days=int(days), hours=int(hours), minutes=int(minutes), seconds=float(seconds))
+
+
+def _days(value: timedelta) -> str:
+    return f"{value.total_seconds() / 86400:.2f} days"
+
+
+# -- policies --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Resource:
+    file: str
+    symbol: str
+    type: str
+    config: dict[str, Any]
+
+    @property
+    def properties(self) -> dict[str, Any]:
+        return self.config.get("properties") or {}
+
+
+def _config(spec: dict[str, Any]) -> dict[str, Any]:
+    """A conditional declaration (``= if (...) {...}``) nests its body under config."""
+    config: dict[str, Any] = spec.get("config") or {}
+    return config["config"] if "condition" in config else config
+
+
+def resources(infra: Path) -> Iterator[Resource]:
+    for path in bicep_files(infra):
+        for symbol, spec in parse(path).get("resources", {}).items():
+            if not spec.get("existing"):
+                yield Resource(path.name, symbol, spec["type"], _config(spec))
+
+
+def _text(value: Any) -> str:
+    return json.dumps(value, default=str)
+
+
+SECRET_PATTERNS = re.compile(r"listKeys|listConnectionStrings|AccountKey=|SharedAccessKey|primaryKey|masterKey")
+
+
+def policy_violations(infra: Path = INFRA) -> list[str]:
+    found: list[str] = []
+    main = parse(infra / "main.bicep")
+    all_resources = list(resources(infra))
+
+    def by_type(type_: str) -> list[Resource]:
+        return [r for r in all_resources if r.type == type_]
+
+    def require(condition: bool, message: str) -> None:
+        if not condition:
+            found.append(message)
+
+    for path in bicep_files(infra):
+        for match in SECRET_PATTERNS.finditer(path.read_text()):
+            found.append(f"{path.name}: secret material {match.group(0)!r}: use managed identity")
+
+    namespaces = by_type("Microsoft.ServiceBus/namespaces")
+    require(bool(namespaces), "no Service Bus namespace")
+    for ns in namespaces:
+        tier = ns.config.get("sku", {}).get("name")
+        require(tier in ("Standard", "Premium"), f"{ns.symbol}: tier must be Standard or Premium (Basic: no detection)")
+        require(ns.properties.get("disableLocalAuth") is True, f"{ns.symbol}: Service Bus local (SAS) auth enabled")
+    queues = by_type("Microsoft.ServiceBus/namespaces/queues")
+    require(bool(queues), "no Service Bus queue")
+    for queue in queues:
+        require(queue.properties.get("requiresDuplicateDetection") is True, f"{queue.symbol}: duplicate detection off")
+        require("duplicateDetectionHistoryTimeWindow" in queue.properties, f"{queue.symbol}: no detection window")
+        require(queue.properties.get("deadLetteringOnMessageExpiration") is True,
+                f"{queue.symbol}: expired messages are dropped, not dead-lettered")  # fmt: skip
+
+    for account in by_type("Microsoft.Storage/storageAccounts"):
+        require(account.properties.get("allowSharedKeyAccess") is False, f"{account.symbol}: shared keys allowed")
+        require(account.properties.get("allowBlobPublicAccess") is False, f"{account.symbol}: public blob access")
+        require(account.properties.get("minimumTlsVersion") == "TLS1_2", f"{account.symbol}: TLS below 1.2")
+    for account in by_type("Microsoft.DocumentDB/databaseAccounts"):
+        require(account.properties.get("disableLocalAuth") is True, f"{account.symbol}: Cosmos DB keys enabled")
+    for component in by_type("Microsoft.Insights/components"):
+        require(component.properties.get("DisableLocalAuth") is True, f"{component.symbol}: App Insights local auth")
+    topics = by_type("Microsoft.EventGrid/topics")
+    require(bool(topics), "no Event Grid topic")
+    for topic in topics:
+        require(topic.properties.get("inputSchema") == "CloudEventSchemaV1_0", f"{topic.symbol}: not CloudEvents 1.0")
+        require(topic.properties.get("disableLocalAuth") is True, f"{topic.symbol}: Event Grid access keys enabled")
+    for sub in by_type("Microsoft.EventGrid/topics/eventSubscriptions"):
+        require(sub.properties.get("eventDeliverySchema") == "CloudEventSchemaV1_0", f"{sub.symbol}: not CloudEvents")
+        require(sub.properties.get("destination", {}).get("endpointType") == "AzureFunction",
+                f"{sub.symbol}: not delivered to the function")  # fmt: skip
+        require("retryPolicy" in sub.properties, f"{sub.symbol}: no retry policy")
+        require("deadLetterWithResourceIdentity" in sub.properties, f"{sub.symbol}: no dead-lettering")
+
+    for assignment in by_type("Microsoft.Authorization/roleAssignments"):
+        scope = assignment.config.get("scope")
+        require(isinstance(scope, str) and scope.isidentifier(),
+                f"{assignment.file}:{assignment.symbol}: role assignment not scoped to a resource")  # fmt: skip
+    for assignment in by_type("Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments"):
+        require("subscription" not in _text(assignment.properties.get("scope")),
+                f"{assignment.symbol}: Cosmos role scoped beyond the account")  # fmt: skip
+
+    for site in by_type("Microsoft.Web/sites"):
+        require(site.config.get("identity", {}).get("type") == "UserAssigned", f"{site.symbol}: no managed identity")
+        runtime = site.properties.get("functionAppConfig", {}).get("runtime", {})
+        require(runtime == {"name": "python", "version": "3.11"}, f"{site.symbol}: runtime is not Python 3.11")
+
+    settings = _app_settings(main)
+    for name in settings:
+        plain_connection = name in ("AzureWebJobsStorage", "ServiceBusConnection") or (
+            "connectionstring" in name.lower() and name != "APPLICATIONINSIGHTS_CONNECTION_STRING"
+        )
+        require(not plain_connection, f"app setting {name}: a connection string; use identity-based settings")
+    require("ServiceBusConnection__fullyQualifiedNamespace" in settings, "the trigger does not use managed identity")
+    require("dedupRetentionDays" in _text(settings.get("DEDUP_RETENTION")), "DEDUP_RETENTION not from the parameter")
+    cosmos = _config(main.get("modules", {}).get("cosmos", {})).get("params", {})
+    require("dedupRetentionDays" in _text(cosmos.get("defaultTtlSeconds")), "Cosmos defaultTtl not from the retention")
+    containers = by_type("Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers")
+    require(any(c.properties.get("resource", {}).get("defaultTtl") == "defaultTtlSeconds" for c in containers),
+            "no Cosmos container takes defaultTtl from the retention")  # fmt: skip
+
+    for path in bicep_files(infra):
+        for name in parse(path).get("outputs", {}):
+            require(not re.search(r"key|secret|password", name, re.IGNORECASE), f"{path.name}: output {name} leaks")
+    return found
+
+
+def _app_settings(main: dict[str, Any]) -> dict[str, Any]:
+    params = _config(main.get("modules", {}).get("functionApp", {})).get("params", {})
+    settings: dict[str, Any] = params.get("appSettings") or {}
+    return settings
+
+
+def main(argv: list[str]) -> int:
+    command = argv[1] if len(argv) > 1 else "policies"
+    infra = Path(argv[2]) if len(argv) > 2 else INFRA
+    if command == "retention":
+        report = retention_check(parameter_values(infra), json.loads((ROOT / "host.json").read_text()))
+        print(report.explain())
+        if not report.ok:
+            print("Markers would expire while the broker can still redeliver: raise dedupRetentionDays "
+                  "(infra/main.parameters.json) and DEDUP_RETENTION, or shorten the broker's windows.")  # fmt: skip
+        return 0 if report.ok else 1
+    violations = policy_violations(infra)
+    for violation in violations:
+        print("POLICY", violation)
+    print(f"{len(bicep_files(infra))} Bicep files parsed, {len(violations)} policy violations")
+    return 1 if violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
