@@ -4,8 +4,9 @@ binding → dedup module → settlement. The flow lives in shared/idempotency.""
 from __future__ import annotations
 
 import functools
+import logging
 import os
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import azure.functions as func
@@ -22,11 +23,22 @@ from shared.bindings import (
     stored_response,
     webhook_handshake,
 )
-from shared.idempotency import Handler, IdempotentConsumer
+from shared.idempotency import Handler, IdempotentConsumer, from_body_field, from_message_id
 from shared.idempotency.downstream import IdempotentHttp
+from shared.idempotency.keys import KeySource
 from shared.idempotency.reconcile import escalate_stale_claims
+from shared.idempotency.records import utcnow
 from shared.idempotency.settings import duration, open_store, retention, setting, step_policy
-from shared.orders import SCHEMA, SHIPPED_SCHEMA, order_handler, shipment_handler
+from shared.orders import (
+    SCHEMA,
+    SHIPPED_SCHEMA,
+    STATUS_SCHEMA,
+    invoice_handler,
+    order_handler,
+    picklist_handler,
+    shipment_handler,
+    status_handler,
+)
 
 app = func.FunctionApp()
 
@@ -36,6 +48,9 @@ class Consumers:
     orders: IdempotentConsumer  # Service Bus queue
     orders_api: IdempotentConsumer  # POST /api/orders with Idempotency-Key
     order_events: IdempotentConsumer  # Event Grid and POST /api/events (CloudEvents)
+    billing: IdempotentConsumer  # topic subscriber 1
+    shipping: IdempotentConsumer  # topic subscriber 2: same messages, its own markers
+    order_status: IdempotentConsumer  # event-carried state: versioned upserts, no marker
 
 
 @functools.cache
@@ -47,9 +62,11 @@ def consumers() -> Consumers:
     payments = IdempotentHttp(payment_api) if payment_api else None
     keep, steps = retention(), step_policy()
 
-    def consumer(name: str, handler: Handler, schema: dict[str, Any], *, http: bool = False) -> IdempotentConsumer:
+    def consumer(
+        name: str, handler: Handler, schema: dict[str, Any], *, http: bool = False, key: KeySource = from_message_id
+    ) -> IdempotentConsumer:
         # HTTP replays the stored response to its caller, and tells it of refusals.
-        return IdempotentConsumer(name, store, handler, schema=schema, retention=keep, steps=steps,
+        return IdempotentConsumer(name, store, handler, schema=schema, retention=keep, steps=steps, key_source=key,
                                   replay_results=http, record_refusals=not http)  # fmt: skip
 
     return Consumers(
@@ -61,6 +78,14 @@ def consumers() -> Consumers:
             http=True,
         ),
         order_events=consumer(setting("ORDER_EVENTS_CONSUMER_NAME", "order-events"), shipment_handler, SHIPPED_SCHEMA),
+        billing=consumer(setting("BILLING_CONSUMER_NAME", "billing"), invoice_handler, SCHEMA),
+        shipping=consumer(setting("SHIPPING_CONSUMER_NAME", "shipping"), picklist_handler, SCHEMA),
+        order_status=consumer(
+            setting("ORDER_STATUS_CONSUMER_NAME", "order-status"),
+            status_handler,
+            STATUS_SCHEMA,
+            key=from_body_field("orderId"),
+        ),
     )
 
 
@@ -68,6 +93,26 @@ def consumers() -> Consumers:
 @app.service_bus_queue_trigger(arg_name="msg", queue_name="%ORDERS_QUEUE%", connection="ServiceBusConnection")
 def orders(msg: func.ServiceBusMessage) -> None:
     acknowledge_or_retry(consumers().orders.process(servicebus_delivery(msg)))
+
+
+@app.function_name("billing")
+@app.service_bus_topic_trigger(arg_name="msg", topic_name="%ORDER_TOPIC%", subscription_name="%BILLING_SUBSCRIPTION%",
+                               connection="ServiceBusConnection")  # fmt: skip
+def billing(msg: func.ServiceBusMessage) -> None:
+    acknowledge_or_retry(consumers().billing.process(servicebus_delivery(msg)))
+
+
+@app.function_name("shipping")
+@app.service_bus_topic_trigger(arg_name="msg", topic_name="%ORDER_TOPIC%", subscription_name="%SHIPPING_SUBSCRIPTION%",
+                               connection="ServiceBusConnection")  # fmt: skip
+def shipping(msg: func.ServiceBusMessage) -> None:
+    acknowledge_or_retry(consumers().shipping.process(servicebus_delivery(msg)))
+
+
+@app.function_name("order_status")
+@app.service_bus_queue_trigger(arg_name="msg", queue_name="%ORDER_STATUS_QUEUE%", connection="ServiceBusConnection")
+def order_status(msg: func.ServiceBusMessage) -> None:
+    acknowledge_or_retry(consumers().order_status.process(servicebus_delivery(msg)))
 
 
 @app.function_name("order_events")
@@ -101,3 +146,12 @@ def events_api(req: func.HttpRequest) -> func.HttpResponse:
 def reconcile_claims(timer: func.TimerRequest) -> None:
     """Escalates two-phase claims whose lease expired more than DEDUP_STALE_AFTER ago."""
     escalate_stale_claims(consumers().orders.store, duration("DEDUP_STALE_AFTER", "PT1H"))
+
+
+@app.function_name("purge_markers")
+@app.timer_trigger(arg_name="timer", schedule="0 30 3 * * *", use_monitor=True)
+def purge_markers(timer: func.TimerRequest) -> None:
+    """Table Storage has no TTL: delete expired markers, at most DEDUP_PURGE_BUDGET a run."""
+    store = consumers().orders.store
+    purge = store.purge_expired(utcnow(), int(setting("DEDUP_PURGE_BUDGET", "20000")))
+    logging.getLogger("idempotency").info("dedup purge: scanned=%d deleted=%d requests=%d", *astuple(purge))

@@ -114,6 +114,10 @@ module functionApp 'modules/functionapp.bicep' = {
       ServiceBusConnection__credential: 'managedidentity'
       ServiceBusConnection__clientId: identity.outputs.clientId
       ORDERS_QUEUE: serviceBus.outputs.queueName
+      ORDER_STATUS_QUEUE: serviceBus.outputs.statusQueueName
+      ORDER_TOPIC: serviceBus.outputs.topicName
+      BILLING_SUBSCRIPTION: 'billing'
+      SHIPPING_SUBSCRIPTION: 'shipping'
       DEDUP_STORE: dedupStore
       DEDUP_STORAGE_ENDPOINT: storage.outputs.tableEndpoint
       DEDUP_RETENTION: 'P${dedupRetentionDays}D'

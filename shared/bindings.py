@@ -137,6 +137,7 @@ def stored_response(handler: Handler, status: int, location: str) -> Handler:
 
     def handle(payload: Any, context: Context) -> Effects:
         effects = handler(payload, context)
+        assert isinstance(effects, Effects), "an HTTP response is stored with a marker"
         headers = {"Location": location.format(**effects.result)}
         return Effects(effects.entities, {"status": status, "body": effects.result, "headers": headers})
 

@@ -165,11 +165,14 @@ def policy_violations(infra: Path = INFRA) -> list[str]:
         require(ns.properties.get("disableLocalAuth") is True, f"{ns.symbol}: Service Bus local (SAS) auth enabled")
     queues = by_type("Microsoft.ServiceBus/namespaces/queues")
     require(bool(queues), "no Service Bus queue")
-    for queue in queues:
-        require(queue.properties.get("requiresDuplicateDetection") is True, f"{queue.symbol}: duplicate detection off")
-        require("duplicateDetectionHistoryTimeWindow" in queue.properties, f"{queue.symbol}: no detection window")
-        require(queue.properties.get("deadLetteringOnMessageExpiration") is True,
-                f"{queue.symbol}: expired messages are dropped, not dead-lettered")  # fmt: skip
+    for entity in queues + by_type("Microsoft.ServiceBus/namespaces/topics"):
+        require(
+            entity.properties.get("requiresDuplicateDetection") is True, f"{entity.symbol}: duplicate detection off"
+        )
+        require("duplicateDetectionHistoryTimeWindow" in entity.properties, f"{entity.symbol}: no detection window")
+    for entity in queues + by_type("Microsoft.ServiceBus/namespaces/topics/subscriptions"):
+        require(entity.properties.get("deadLetteringOnMessageExpiration") is True,
+                f"{entity.symbol}: expired messages are dropped, not dead-lettered")  # fmt: skip
 
     for account in by_type("Microsoft.Storage/storageAccounts"):
         require(account.properties.get("allowSharedKeyAccess") is False, f"{account.symbol}: shared keys allowed")

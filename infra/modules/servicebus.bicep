@@ -33,6 +33,45 @@ resource orders 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = {
   }
 }
 
+// Event-carried order status (versioned upserts: ordering, not dedup, is the point).
+resource orderStatus 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = {
+  parent: namespace
+  name: 'order-status'
+  properties: {
+    requiresDuplicateDetection: true
+    duplicateDetectionHistoryTimeWindow: duplicateDetectionWindow
+    lockDuration: lockDuration
+    maxDeliveryCount: maxDeliveryCount
+    defaultMessageTimeToLive: messageTimeToLive
+    deadLetteringOnMessageExpiration: true
+  }
+}
+
+// Publish-subscribe: every subscription gets its own copy; billing and shipping each
+// track completion under their own consumer name in the shared dedup store.
+resource orderEvents 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' = {
+  parent: namespace
+  name: 'order-events'
+  properties: {
+    requiresDuplicateDetection: true
+    duplicateDetectionHistoryTimeWindow: duplicateDetectionWindow
+    defaultMessageTimeToLive: messageTimeToLive
+  }
+}
+
+resource subscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2024-01-01' = [for name in ['billing', 'shipping']: {
+  parent: orderEvents
+  name: name
+  properties: {
+    lockDuration: lockDuration
+    maxDeliveryCount: maxDeliveryCount
+    defaultMessageTimeToLive: messageTimeToLive
+    deadLetteringOnMessageExpiration: true
+  }
+}]
+
 output name string = namespace.name
 output fullyQualifiedNamespace string = '${namespace.name}.servicebus.windows.net'
 output queueName string = orders.name
+output statusQueueName string = orderStatus.name
+output topicName string = orderEvents.name

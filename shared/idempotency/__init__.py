@@ -3,7 +3,7 @@
 Imports nothing from azure.functions, so that any trigger (or a plain script) can use it.
 """
 
-from .consumer import Delivery, Effects, Handler, IdempotentConsumer, Outcome, Result
+from .consumer import Delivery, Effects, Handler, IdempotentConsumer, LatestState, Outcome, Result
 from .errors import (
     AlreadyClaimed,
     DownstreamRejected,
@@ -34,6 +34,7 @@ __all__ = [
     "Handler",
     "IdempotentConsumer",
     "InvalidMessage",
+    "LatestState",
     "Marker",
     "Outcome",
     "Result",

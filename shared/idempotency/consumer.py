@@ -29,7 +29,7 @@ from .fingerprint import fingerprint
 from .keys import DedupKey, KeySource, from_message_id
 from .records import JSON, Entity, utcnow
 from .steps import DEFAULT_STEPS, Context, StepPolicy
-from .store import CommitStatus, DeadLetter, DedupStore
+from .store import CommitStatus, DeadLetter, DedupStore, StateStatus
 
 log = logging.getLogger("idempotency")
 
@@ -84,10 +84,25 @@ class Effects:
     result: JSON = None
 
 
-Handler = Callable[[Any, Context], Effects]
-"""Decides the entities to commit with the marker; effects outside the transaction go
-through ``context.step`` (two-phase). Do not catch broad exceptions around a step: its
-errors (in flight, mismatch, lease lost) are the flow's to settle."""
+@dataclass(frozen=True)
+class LatestState:
+    """Event-carried state transfer: the message holds the absolute state and its version.
+    Applying it is naturally idempotent — written only when newer — so no dedup marker
+    is written at all. Prefer this wherever the message can carry the whole state."""
+
+    entity: Entity
+    version: int
+    result: JSON = None
+
+
+Handler = Callable[[Any, Context], Effects | LatestState]
+"""Decides the entities to commit with the marker (or the latest state to apply);
+effects outside the transaction go through ``context.step`` (two-phase). Do not catch
+broad exceptions around a step: its errors (in flight, mismatch, lease lost) are the
+flow's to settle."""
+
+_STATE_OUTCOMES = {StateStatus.APPLIED: Outcome.PROCESSED, StateStatus.SAME: Outcome.DUPLICATE,
+                   StateStatus.STALE: Outcome.STALE}  # fmt: skip
 
 
 def parse_json(body: bytes) -> Any:
@@ -153,6 +168,9 @@ class IdempotentConsumer:
             fp = fingerprint(payload)
             partition, expires_at = self._partition_for(key), utcnow() + self._retention
             effects = self._handler(payload, Context(key, partition, fp, self.store, self._steps, expires_at))
+            if isinstance(effects, LatestState):
+                status = self.store.upsert_if_newer(partition, effects.entity, effects.version)
+                return Result(_STATE_OUTCOMES[status], key, result=effects.result, fingerprint=fp)
             commit = self.store.commit(key, partition, fp, effects.entities, effects.result, expires_at)
         except InvalidMessage as exc:
             return Result(Outcome.INVALID, key, exc.reason, exc.detail)

@@ -15,6 +15,19 @@ from .keys import DedupKey
 from .records import JSON, Entity, Marker, State, StoredItem
 
 
+class StateStatus(StrEnum):
+    APPLIED = "applied"  # the incoming version was newer: written
+    SAME = "same"  # this version is already stored: a redelivery
+    STALE = "stale"  # a newer version is stored: ignored
+
+
+@dataclass(frozen=True)
+class Purge:
+    scanned: int
+    deleted: int
+    requests: int
+
+
 class CommitStatus(StrEnum):
     NEW = "new"  # marker and effects committed together, just now
     DUPLICATE = "duplicate"  # a marker with the same fingerprint exists: nothing written
@@ -96,6 +109,21 @@ class DedupStore(ABC):
     @abstractmethod
     def stale_claims(self, lease_expired_before: datetime, limit: int) -> list[Marker]:
         """In-progress markers whose lease ran out before the given time (a bounded scan)."""
+
+    # -- naturally idempotent writes: no marker ----------------------------------------
+
+    @abstractmethod
+    def upsert_if_newer(self, partition: str, entity: Entity, version: int) -> StateStatus:
+        """Write the absolute state only when ``version`` is newer than the stored one,
+        with a write conditional on what was read (ETag), never a blind read-modify-write:
+        of concurrent writers the highest version wins."""
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    @abstractmethod
+    def purge_expired(self, now: datetime, budget: int) -> Purge:
+        """Delete markers and guards that expired before ``now``, at most ``budget``
+        of them; never a business entity. A no-op where the store has native TTL."""
 
     # -- operators' records --------------------------------------------------------------
 

@@ -33,9 +33,10 @@ from azure.data.tables import TableClient, TableServiceClient, TableTransactionE
 from .errors import StoreUnavailable, VersionConflict
 from .keys import DedupKey, encode_key, guard_id, marker_id
 from .records import GUARD_KIND, JSON, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
-from .store import CommitResult, CommitStatus, DeadLetter, DedupStore
+from .store import CommitResult, CommitStatus, DeadLetter, DedupStore, Purge, StateStatus
 
 MAX_TRANSACTION_OPERATIONS = 100  # Table entity-group transaction limit
+STATE_VERSION = "StateVersion"  # the version of an entity written by upsert_if_newer
 _BODY_CHUNK = 64_000  # bytes per Edm.Binary property (limit 64 KiB)
 _MAX_BODY_CHUNKS = 14  # the whole entity must stay under 1 MiB
 
@@ -196,6 +197,74 @@ class TableStore(DedupStore):
                 if len(found) >= limit:
                     break
         return found
+
+    # -- naturally idempotent writes ----------------------------------------------------
+
+    def upsert_if_newer(self, partition: str, entity: Entity, version: int) -> StateStatus:
+        pk = encode_key(partition)
+        body = {**self._effect_entity(pk, entity), STATE_VERSION: version}
+        while True:  # each pass either writes conditionally or learns what is stored
+            try:
+                current = _call(lambda: self._table.get_entity(pk, body["RowKey"]))
+            except ResourceNotFoundError:
+                try:
+                    _call(lambda: self._table.create_entity(body))
+                    return StateStatus.APPLIED
+                except ResourceExistsError:
+                    continue  # another writer created it first: compare with theirs
+            stored = int(current.get(STATE_VERSION, -1))
+            if stored >= version:
+                return StateStatus.SAME if stored == version else StateStatus.STALE
+            try:
+                with _store_errors():
+                    self._table.update_entity(body, mode=UpdateMode.REPLACE, etag=current.metadata["etag"],
+                                              match_condition=MatchConditions.IfNotModified)  # fmt: skip
+                return StateStatus.APPLIED
+            except ResourceModifiedError:
+                continue  # changed since we read it: read again
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def purge_expired(self, now: datetime, budget: int) -> Purge:
+        """Markers live beside the business data, in every partition, so finding the
+        expired ones is a filtered scan (continuation tokens, pages of 1,000). Within a
+        page they are grouped by partition and deleted in transactions of up to 100 —
+        a marker and its guard go in one request — each delete conditional on the ETag
+        read, so a marker rewritten meanwhile (a takeover) is kept."""
+        query = self._table.query_entities(
+            "( Kind eq @marker or Kind eq @guard ) and ExpiresAt lt @now",  # the SDK splits on spaces
+            parameters={"marker": MARKER_KIND, "guard": GUARD_KIND, "now": now},
+            select=["PartitionKey", "RowKey"],
+            results_per_page=1000,
+        )
+        scanned = deleted = requests = 0
+        with _store_errors():
+            for page in query.by_page():
+                requests += 1
+                by_partition: dict[str, list[Any]] = {}
+                for entity in page:
+                    scanned += 1
+                    if deleted + sum(map(len, by_partition.values())) < budget:
+                        by_partition.setdefault(entity["PartitionKey"], []).append(entity)
+                for entities in by_partition.values():
+                    for start in range(0, len(entities), MAX_TRANSACTION_OPERATIONS):
+                        chunk = entities[start : start + MAX_TRANSACTION_OPERATIONS]
+                        deleted += self._delete_unchanged(chunk)
+                        requests += 1
+                if deleted >= budget:
+                    break
+        return Purge(scanned, deleted, requests)
+
+    def _delete_unchanged(self, entities: list[Any]) -> int:
+        operations: list[Any] = [
+            ("delete", e, {"etag": e.metadata["etag"], "match_condition": MatchConditions.IfNotModified})
+            for e in entities
+        ]
+        try:
+            self._table.submit_transaction(operations)
+        except (TableTransactionError, ResourceModifiedError, ResourceNotFoundError):
+            return 0  # one of them changed or vanished since the scan: the next run retries
+        return len(entities)
 
     # -- dead letters --------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.idempotency import Context, DedupStore, Effects, Entity, Handler, InvalidMessage
+from shared.idempotency import Context, DedupStore, Effects, Entity, Handler, InvalidMessage, LatestState
 from shared.idempotency.downstream import IdempotentHttp
 
 SCHEMA: dict[str, Any] = json.loads((Path(__file__).with_name("schema.json")).read_text())
@@ -83,3 +83,38 @@ def shipment_handler(event: dict[str, Any], context: Context) -> Effects:
     shipped = event["data"]
     record = {"orderId": shipped["orderId"], "carrier": shipped["carrier"], "trackingNumber": shipped["trackingNumber"]}
     return Effects(entities=[Entity("shipment", record)], result={"orderId": shipped["orderId"], "shipped": True})
+
+
+# -- publish-subscribe: two subscribers of the order topic, one store ---------------------
+
+
+def _same_order(order: dict[str, Any], context: Context) -> None:
+    if order["orderId"] != context.key.id:
+        raise InvalidMessage("key_mismatch", "the message's key is not its orderId")
+
+
+def invoice_handler(order: dict[str, Any], context: Context) -> Effects:
+    """Billing's own effect of an order: one invoice."""
+    _same_order(order, context)
+    invoice = {"orderId": order["orderId"], "customerId": order["customerId"], "amount": float(order["amount"]),
+               "currency": order["currency"]}  # fmt: skip
+    return Effects([Entity("invoice", invoice)], {"invoiced": invoice["amount"]})
+
+
+def picklist_handler(order: dict[str, Any], context: Context) -> Effects:
+    """Shipping's own effect of the same order: one pick list."""
+    _same_order(order, context)
+    lines = [f"{item['quantity']} x {item['sku']}" for item in order["items"]]
+    return Effects([Entity("picklist", {"orderId": order["orderId"], "lines": lines})], {"lines": len(lines)})
+
+
+# -- event-carried state: naturally idempotent, no marker ---------------------------------
+
+STATUS_SCHEMA: dict[str, Any] = json.loads((Path(__file__).with_name("status.schema.json")).read_text())
+
+
+def status_handler(change: dict[str, Any], context: Context) -> LatestState:
+    """``OrderStatusChanged {orderId, status, version}`` carries the absolute status: it
+    is applied as an upsert when its version is newer, ignored (``stale``) otherwise."""
+    state = {"orderId": change["orderId"], "status": change["status"]}
+    return LatestState(Entity("status", state), int(change["version"]), {"status": change["status"]})

@@ -37,9 +37,12 @@ def test_the_templates_meet_every_policy() -> None:
     assert policy_violations(INFRA) == []
 
 
+TOPIC_DETECTION = "'order-events'\n  properties: {\n    requiresDuplicateDetection: true"
 BREAKAGES = [
     ("modules/servicebus.bicep", "requiresDuplicateDetection: true", "requiresDuplicateDetection: false",
      "duplicate detection off"),
+    ("modules/servicebus.bicep", TOPIC_DETECTION, TOPIC_DETECTION.replace("true", "false"),
+     "orderEvents: duplicate detection off"),
     ("modules/servicebus.bicep", "name: 'Standard', tier: 'Standard'", "name: 'Basic', tier: 'Basic'",
      "Standard or Premium"),
     ("modules/servicebus.bicep", "disableLocalAuth: true", "disableLocalAuth: false", "local (SAS) auth"),
