@@ -42,6 +42,12 @@ from shared.orders import (
 
 app = func.FunctionApp()
 
+if os.environ.get("APPLICATIONINSIGHTS_CONNECTION_STRING"):  # on Azure: metrics, traces and logs to App Insights
+    from azure.identity import DefaultAzureCredential
+    from azure.monitor.opentelemetry import configure_azure_monitor
+
+    configure_azure_monitor(credential=DefaultAzureCredential())  # Entra ID ingestion: local auth is off
+
 
 @dataclass(frozen=True)
 class Consumers:
@@ -60,14 +66,14 @@ def consumers() -> Consumers:
     store = open_store(setting("ORDERS_TABLE", "orders"), setting("DEDUP_DEADLETTER_TABLE", "deadletters"))
     payment_api = os.environ.get("PAYMENT_API_URL")
     payments = IdempotentHttp(payment_api) if payment_api else None
-    keep, steps = retention(), step_policy()
+    keep, steps, cache = retention(), step_policy(), int(setting("DEDUP_CACHE_SIZE", "10000"))
 
     def consumer(
         name: str, handler: Handler, schema: dict[str, Any], *, http: bool = False, key: KeySource = from_message_id
     ) -> IdempotentConsumer:
         # HTTP replays the stored response to its caller, and tells it of refusals.
         return IdempotentConsumer(name, store, handler, schema=schema, retention=keep, steps=steps, key_source=key,
-                                  replay_results=http, record_refusals=not http)  # fmt: skip
+                                  replay_results=http, record_refusals=not http, cache_size=cache)  # fmt: skip
 
     return Consumers(
         orders=consumer(setting("ORDERS_CONSUMER_NAME", "orders"), order_handler(payments), SCHEMA),

@@ -43,12 +43,15 @@ def acknowledge_or_retry(result: Result) -> None:
 def servicebus_delivery(msg: func.ServiceBusMessage) -> Delivery:
     """Only the producer's MessageId may become the key; delivery count and the rest
     go to logs and dead-letter records."""
+    properties = dict(msg.application_properties or {})
+    traceparent = properties.get("traceparent") or properties.get("Diagnostic-Id")
     return Delivery(
         body=msg.get_body(),
         message_id=msg.message_id or None,
         correlation_id=msg.correlation_id or None,
         delivery_count=msg.delivery_count,
-        properties=dict(msg.application_properties or {}),
+        traceparent=str(traceparent) if traceparent else None,
+        properties=properties,
     )
 
 
@@ -69,6 +72,7 @@ def cloudevent_delivery(
         body=json.dumps(envelope, separators=(",", ":"), default=str).encode(),
         message_id=joined_identity(source, event_id) if source and event_id else None,
         correlation_id=attributes.get("traceparent"),
+        traceparent=attributes.get("traceparent"),
     )
 
 
@@ -126,8 +130,9 @@ def http_delivery(req: func.HttpRequest) -> Delivery | None:
     key = req.headers.get("Idempotency-Key")
     if not key:
         return None
+    traceparent = req.headers.get("traceparent")
     return Delivery(body=req.get_body(), message_id=joined_identity(caller_identity(req), key),
-                    correlation_id=req.headers.get("traceparent"))  # fmt: skip
+                    correlation_id=traceparent, traceparent=traceparent)  # fmt: skip
 
 
 def stored_response(handler: Handler, status: int, location: str) -> Handler:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -29,7 +32,7 @@ from .fingerprint import fingerprint
 from .keys import DedupKey, KeySource, from_message_id
 from .records import JSON, Entity, utcnow
 from .steps import DEFAULT_STEPS, Context, StepPolicy
-from .store import CommitStatus, DeadLetter, DedupStore, StateStatus
+from .store import Commit, CommitStatus, DeadLetter, DedupStore, StateStatus
 
 log = logging.getLogger("idempotency")
 
@@ -56,6 +59,7 @@ class Delivery:
     message_id: str | None = None
     correlation_id: str | None = None
     delivery_count: int | None = None
+    traceparent: str | None = None  # W3C trace context of the producer, when it sent one
     properties: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -115,6 +119,48 @@ def parse_json(body: bytes) -> Any:
         raise InvalidMessage("invalid_json", str(exc)[:500]) from exc
 
 
+@dataclass(frozen=True)
+class _Pending:
+    """A message decided by its handler, waiting for its commit."""
+
+    key: DedupKey
+    partition: str
+    fingerprint: str
+    effects: Effects
+    expires_at: datetime
+
+    @property
+    def commit(self) -> Commit:
+        return self.key, self.partition, self.fingerprint, self.effects.entities, self.effects.result, self.expires_at
+
+
+class CompletedKeys:
+    """A bounded, thread-safe LRU of (key → fingerprint) this instance saw completed. A
+    completed marker never goes back, so a hit with the same fingerprint is a duplicate
+    without asking the store; a miss proves nothing and goes to the store."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._keys: OrderedDict[DedupKey, str] = OrderedDict()
+        self._mutex = threading.Lock()
+
+    def get(self, key: DedupKey) -> str | None:
+        with self._mutex:
+            fp = self._keys.get(key)
+            if fp is not None:
+                self._keys.move_to_end(key)
+            return fp
+
+    def put(self, key: DedupKey, fp: str) -> None:
+        if self._size <= 0:
+            return
+        with self._mutex:
+            self._keys[key] = fp
+            self._keys.move_to_end(key)
+            while len(self._keys) > self._size:
+                self._keys.popitem(last=False)
+
+
 class IdempotentConsumer:
     """Stable key → atomic claim-and-commit → explicit outcome.
 
@@ -135,11 +181,14 @@ class IdempotentConsumer:
         partition_for: Callable[[DedupKey], str] = lambda key: key.id,
         replay_results: bool = False,
         record_refusals: bool = True,
+        cache_size: int = 10_000,
     ) -> None:
         """``replay_results``: a duplicate reads the stored result back (one more read,
         for duplicates only) — HTTP needs it, a queue does not. ``record_refusals``:
         invalid and conflicting messages are written to the dead-letter records before
-        they are acknowledged — a queue needs it, HTTP tells its caller instead."""
+        they are acknowledged — a queue needs it, HTTP tells its caller instead.
+        ``cache_size``: keys this instance saw completed, so that hot duplicates cost no
+        store request; never an in-progress key, never trusted to decide "new"."""
         self.name = name
         self.store = store
         self._handler = handler
@@ -150,47 +199,97 @@ class IdempotentConsumer:
         self._partition_for = partition_for
         self._replay = replay_results
         self._record_refusals = record_refusals
+        self._completed = CompletedKeys(0 if replay_results else cache_size)  # replays need the stored result
 
     def process(self, delivery: Delivery) -> Result:
-        started = time.perf_counter()
-        result = self._process(delivery)
-        if self._record_refusals and result.outcome in (Outcome.INVALID, Outcome.CONFLICT):
-            result = self._dead_letter(delivery, result)
-        telemetry.record(self.name, delivery, result, (time.perf_counter() - started) * 1000)
-        return result
+        return self.process_batch([delivery])[0]
 
-    def _process(self, delivery: Delivery) -> Result:
+    def process_batch(self, deliveries: Sequence[Delivery]) -> list[Result]:
+        """Each message is decided on its own; the commits of those that share a
+        partition go to the store together (``commit_many``: on Table Storage, up to 100
+        operations per transaction), and a conflict isolates only its own message."""
+        started = time.perf_counter()
+        with ExitStack() as spans:
+            current = [spans.enter_context(telemetry.span(self.name, d)) for d in deliveries]
+            decided = [self._decide(delivery) for delivery in deliveries]
+            waiting = [i for i, item in enumerate(decided) if isinstance(item, _Pending)]
+            results = [item if isinstance(item, Result) else None for item in decided]
+            committed = self._commit([item for item in decided if isinstance(item, _Pending)])
+            for i, outcome in zip(waiting, committed, strict=True):
+                results[i] = outcome
+            finished: list[Result] = []
+            for delivery, result, span in zip(deliveries, results, current, strict=True):
+                assert result is not None
+                if self._record_refusals and result.outcome in (Outcome.INVALID, Outcome.CONFLICT):
+                    result = self._dead_letter(delivery, result)
+                telemetry.record(self.name, delivery, result, (time.perf_counter() - started) * 1000, span)
+                finished.append(result)
+        return finished
+
+    def _decide(self, delivery: Delivery) -> Result | _Pending:
+        """Everything up to the commit: parse, key, validate, fingerprint, the cache of
+        completed keys, then the handler (and its two-phase steps)."""
         key: DedupKey | None = None
+        fp: str | None = None
         try:
             payload = parse_json(delivery.body)
             key = DedupKey(self.name, self._key_source(delivery.message_id, payload) or "")
             self._validate(payload)
             fp = fingerprint(payload)
+            if self._completed.get(key) == fp:
+                return Result(Outcome.DUPLICATE, key, "completed_recently", fingerprint=fp, stored_fingerprint=fp)
             partition, expires_at = self._partition_for(key), utcnow() + self._retention
             effects = self._handler(payload, Context(key, partition, fp, self.store, self._steps, expires_at))
             if isinstance(effects, LatestState):
                 status = self.store.upsert_if_newer(partition, effects.entity, effects.version)
                 return Result(_STATE_OUTCOMES[status], key, result=effects.result, fingerprint=fp)
-            commit = self.store.commit(key, partition, fp, effects.entities, effects.result, expires_at)
-        except InvalidMessage as exc:
+            return _Pending(key, partition, fp, effects, expires_at)
+        except Exception as exc:  # noqa: BLE001 - mapped to exactly one outcome below
+            return self._failure(exc, key, fp)
+
+    def _commit(self, pending: list[_Pending]) -> list[Result]:
+        if not pending:
+            return []
+        claiming = time.perf_counter()
+        try:
+            commits = self.store.commit_many(
+                [
+                    (p.key, p.partition, p.fingerprint, p.effects.entities, p.effects.result, p.expires_at)
+                    for p in pending
+                ]
+            )
+        except Exception as exc:  # noqa: BLE001 - nothing was committed that we know of: all retry
+            return [self._failure(exc, p.key, p.fingerprint) for p in pending]
+        per_message = (time.perf_counter() - claiming) * 1000 / len(pending)
+        results = []
+        for item, commit in zip(pending, commits, strict=True):
+            telemetry.claim_duration(self.name, per_message)
+            if commit.status is CommitStatus.MISMATCH:
+                results.append(self._mismatch(item.key, item.fingerprint, commit.stored_fingerprint))
+                continue
+            self._completed.put(item.key, item.fingerprint)
+            if commit.status is CommitStatus.NEW:
+                results.append(Result(Outcome.PROCESSED, item.key, result=item.effects.result,
+                                      fingerprint=item.fingerprint))  # fmt: skip
+            else:
+                results.append(self._duplicate(item.key, item.partition, item.fingerprint, commit.stored_fingerprint))
+        return results
+
+    def _failure(self, exc: Exception, key: DedupKey | None, fp: str | None) -> Result:
+        if isinstance(exc, InvalidMessage):
             return Result(Outcome.INVALID, key, exc.reason, exc.detail)
-        except DownstreamRejected as exc:
+        if isinstance(exc, DownstreamRejected):
             return Result(Outcome.INVALID, key, "downstream_rejected", str(exc)[:500])
-        except FingerprintMismatch as exc:
-            return self._mismatch(key, fp, exc.stored_fingerprint)
-        except InFlight:
+        if isinstance(exc, FingerprintMismatch):
+            return self._mismatch(key, fp or "", exc.stored_fingerprint)
+        if isinstance(exc, InFlight):
             return Result(Outcome.IN_FLIGHT, key, "claimed_elsewhere", "another delivery holds a live claim")
-        except (StoreUnavailable, DownstreamUnavailable, LeaseLost) as exc:
-            reason = {StoreUnavailable: "store_unavailable", DownstreamUnavailable: "downstream_unavailable"}
-            return Result(Outcome.TRANSIENT, key, reason.get(type(exc), "lease_lost"), str(exc)[:500])
-        except Exception as exc:  # a handler or store bug: never acknowledge it
-            log.exception("dedup handler failed for %s", key)
-            return Result(Outcome.TRANSIENT, key, "handler_error", repr(exc)[:500])
-        if commit.status is CommitStatus.NEW:
-            return Result(Outcome.PROCESSED, key, result=effects.result, fingerprint=fp)
-        if commit.status is CommitStatus.DUPLICATE:
-            return self._duplicate(key, partition, fp, commit.stored_fingerprint)
-        return self._mismatch(key, fp, commit.stored_fingerprint)
+        transient = {StoreUnavailable: "store_unavailable", DownstreamUnavailable: "downstream_unavailable",
+                     LeaseLost: "lease_lost"}  # fmt: skip
+        if type(exc) in transient:
+            return Result(Outcome.TRANSIENT, key, transient[type(exc)], str(exc)[:500])
+        log.error("dedup handler failed for %s", key, exc_info=exc)  # a bug: never acknowledge it
+        return Result(Outcome.TRANSIENT, key, "handler_error", repr(exc)[:500])
 
     def _duplicate(self, key: DedupKey, partition: str, fp: str, stored_fp: str | None) -> Result:
         if not self._replay:

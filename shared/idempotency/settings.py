@@ -10,6 +10,7 @@ import isodate
 from azure.cosmos import ContainerProxy, CosmosClient
 from azure.data.tables import TableServiceClient
 
+from . import telemetry
 from .cosmos_store import CosmosStore
 from .steps import StepPolicy
 from .store import DedupStore
@@ -60,6 +61,7 @@ def step_policy() -> StepPolicy:
 # Fail fast so that the broker, not the SDK, does the long waiting: a failed call is
 # retried a few times, then the message is abandoned and redelivered later.
 TRANSPORT: dict[str, Any] = {
+    "raw_request_hook": telemetry.count_store_request,
     "retry_total": 3,
     "retry_backoff_factor": 0.4,
     "retry_backoff_max": 4,
@@ -86,11 +88,12 @@ def cosmos_client() -> CosmosClient:
     """COSMOS_ENDPOINT with managed identity; COSMOS_KEY only for local emulators."""
     endpoint = setting("COSMOS_ENDPOINT")
     key = os.environ.get("COSMOS_KEY")
+    hook = telemetry.count_store_request
     if key:  # a local emulator: plain HTTP, a single region
-        return CosmosClient(endpoint, credential=key, enable_endpoint_discovery=False)
+        return CosmosClient(endpoint, credential=key, enable_endpoint_discovery=False, raw_request_hook=hook)
     from azure.identity import DefaultAzureCredential
 
-    return CosmosClient(endpoint, credential=DefaultAzureCredential())
+    return CosmosClient(endpoint, credential=DefaultAzureCredential(), raw_request_hook=hook)
 
 
 def open_store(table: str, dead_letter_table: str) -> DedupStore:

@@ -66,6 +66,10 @@ class DeadLetter:
         return digest.hexdigest()
 
 
+Commit = tuple[DedupKey, str, str, Sequence[Entity], JSON, datetime]
+"""The arguments of ``commit``: key, partition, fingerprint, effects, result, expiry."""
+
+
 class DedupStore(ABC):
     """Markers keyed by (consumer, message). A marker lives in the partition of the
     business data it guards, so that it commits with that data in one transaction."""
@@ -83,6 +87,11 @@ class DedupStore(ABC):
         expires_at: datetime,
     ) -> CommitResult:
         """Insert a completed marker and the effects in one transaction, or nothing."""
+
+    def commit_many(self, commits: Sequence[Commit]) -> list[CommitResult]:
+        """Several commits at once (a batch trigger). This default commits them one by
+        one; a store may group those that share a partition into fewer requests."""
+        return [self.commit(*commit) for commit in commits]
 
     # -- primitives of the two-phase path ------------------------------------------------
 

@@ -33,7 +33,7 @@ from azure.data.tables import TableClient, TableServiceClient, TableTransactionE
 from .errors import StoreUnavailable, VersionConflict
 from .keys import DedupKey, encode_key, guard_id, marker_id
 from .records import GUARD_KIND, JSON, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
-from .store import CommitResult, CommitStatus, DeadLetter, DedupStore, Purge, StateStatus
+from .store import Commit, CommitResult, CommitStatus, DeadLetter, DedupStore, Purge, StateStatus
 
 MAX_TRANSACTION_OPERATIONS = 100  # Table entity-group transaction limit
 STATE_VERSION = "StateVersion"  # the version of an entity written by upsert_if_newer
@@ -95,30 +95,75 @@ class TableStore(DedupStore):
         result: JSON,
         expires_at: datetime,
     ) -> CommitResult:
-        if len(effects) + 2 > MAX_TRANSACTION_OPERATIONS:
-            raise ValueError(f"a Table transaction holds at most {MAX_TRANSACTION_OPERATIONS - 2} effects")
-        pk = encode_key(partition)
-        now = utcnow()
-        marker = Marker(key, partition, State.COMPLETED, fingerprint, now, expires_at, result=result)
-        guard = {"PartitionKey": pk, "RowKey": guard_id(key, fingerprint), "Kind": GUARD_KIND, "ExpiresAt": expires_at}
-        operations: list[Any] = [("create", guard), ("create", self._marker_entity(marker))]
-        operations += [("create", self._effect_entity(pk, effect)) for effect in effects]
-        try:
-            with _store_errors():
-                self._table.submit_transaction(operations)
-        except TableTransactionError as exc:
-            if getattr(exc, "error_code", None) != "EntityAlreadyExists":
-                raise
-            if _failed_operation(exc) == 0:  # the guard (key, fingerprint) exists
-                return CommitResult(CommitStatus.DUPLICATE, fingerprint)
-            # The marker exists with another fingerprint, or the service did not say which
-            # operation failed: one read decides. No marker at all means a business entity
-            # outlived its marker (cleaned up after retention): it was applied already.
-            stored = self.get(key, partition)
-            if stored is None or stored.fingerprint == fingerprint:
-                return CommitResult(CommitStatus.DUPLICATE, stored.fingerprint if stored else None)
-            return CommitResult(CommitStatus.MISMATCH, stored.fingerprint)
-        return CommitResult(CommitStatus.NEW, fingerprint)
+        return self.commit_many([(key, partition, fingerprint, effects, result, expires_at)])[0]
+
+    def commit_many(self, commits: Sequence[Commit]) -> list[CommitResult]:
+        """Messages sharing a partition are committed together, in transactions of up to
+        100 operations. A transaction that fails on one message's operation drops that
+        message (the failing index says duplicate or mismatch) and goes again with the
+        rest. The same key twice in one call: the later copy waits for a later round."""
+        results: dict[int, CommitResult] = {}
+        remaining = list(range(len(commits)))
+        while remaining:
+            keys: set[DedupKey] = set()
+            this_round: list[int] = []
+            later: list[int] = []
+            for i in remaining:
+                (later if commits[i][0] in keys else this_round).append(i)
+                keys.add(commits[i][0])
+            groups: dict[str, list[int]] = {}
+            for i in this_round:
+                groups.setdefault(commits[i][1], []).append(i)
+            for partition, members in groups.items():
+                for chunk in _chunks(commits, members):
+                    results.update(self._transact(commits, partition, chunk))
+            remaining = later
+        return [results[i] for i in range(len(commits))]
+
+    def _transact(self, commits: Sequence[Commit], partition: str, chunk: list[int]) -> dict[int, CommitResult]:
+        results: dict[int, CommitResult] = {}
+        pk, now = encode_key(partition), utcnow()
+        while chunk:
+            operations: list[Any] = []
+            owners: list[tuple[int, int]] = []  # per operation: (message, position in the message)
+            for i in chunk:
+                key, _, fingerprint, effects, result, expires_at = commits[i]
+                marker = Marker(key, partition, State.COMPLETED, fingerprint, now, expires_at, result=result)
+                guard = {"PartitionKey": pk, "RowKey": guard_id(key, fingerprint), "Kind": GUARD_KIND,
+                         "ExpiresAt": expires_at}  # fmt: skip
+                entities = [guard, self._marker_entity(marker), *(self._effect_entity(pk, e) for e in effects)]
+                operations += [("create", entity) for entity in entities]
+                owners += [(i, position) for position in range(len(entities))]
+            try:
+                with _store_errors():
+                    self._table.submit_transaction(operations)
+            except TableTransactionError as exc:
+                if getattr(exc, "error_code", None) != "EntityAlreadyExists":
+                    raise
+                failed = _failed_operation(exc)
+                if failed is None and len(chunk) > 1:  # the service did not say which: one by one
+                    for i in chunk:
+                        results.update(self._transact(commits, partition, [i]))
+                    return results
+                i, position = owners[failed] if failed is not None else (chunk[0], None)
+                results[i] = self._taken(commits[i], partition, position)
+                chunk = [j for j in chunk if j != i]
+                continue
+            results.update({i: CommitResult(CommitStatus.NEW, commits[i][2]) for i in chunk})
+            break
+        return results
+
+    def _taken(self, commit: Commit, partition: str, position: int | None) -> CommitResult:
+        """A message's insert hit an existing entity. Its guard (position 0): the same
+        payload was committed. Otherwise one read of the marker decides; no marker at all
+        means a business entity outlived its marker (purged after retention): applied."""
+        key, fingerprint = commit[0], commit[2]
+        if position == 0:
+            return CommitResult(CommitStatus.DUPLICATE, fingerprint)
+        stored = self.get(key, partition)
+        if stored is None or stored.fingerprint == fingerprint:
+            return CommitResult(CommitStatus.DUPLICATE, stored.fingerprint if stored else None)
+        return CommitResult(CommitStatus.MISMATCH, stored.fingerprint)
 
     # -- two-phase primitives ------------------------------------------------------------
 
@@ -362,6 +407,23 @@ class TableStore(DedupStore):
 
 def _versioned(marker: Marker, meta: Any) -> Marker:
     return replace(marker, version=meta.get("etag"))
+
+
+def _chunks(commits: Sequence[Commit], members: list[int]) -> Iterator[list[int]]:
+    """Whole messages per transaction, at most 100 operations (guard + marker + effects)."""
+    chunk: list[int] = []
+    operations = 0
+    for i in members:
+        size = len(commits[i][3]) + 2
+        if size > MAX_TRANSACTION_OPERATIONS:
+            raise ValueError(f"a Table transaction holds at most {MAX_TRANSACTION_OPERATIONS - 2} effects")
+        if operations + size > MAX_TRANSACTION_OPERATIONS:
+            yield chunk
+            chunk, operations = [], 0
+        chunk.append(i)
+        operations += size
+    if chunk:
+        yield chunk
 
 
 def _failed_operation(exc: TableTransactionError) -> int | None:

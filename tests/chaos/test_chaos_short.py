@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from shared.idempotency import CommitResult, CommitStatus, DedupKey, Entity
+from shared.idempotency import CommitResult, CommitStatus, DedupKey, DedupStore, Entity
 from shared.idempotency.keys import encode_key
 from shared.idempotency.table_store import TableStore
 from tools.azurite import Azurite
@@ -59,6 +59,8 @@ class NoMarkerStore(TableStore):
         operations: list[Any] = [("upsert", self._effect_entity(pk, effect)) for effect in effects]
         self.table.submit_transaction(operations)
         return CommitResult(CommitStatus.NEW)
+
+    commit_many = DedupStore.commit_many  # one by one, through the broken commit
 
 
 def test_the_checker_catches_double_effects_of_a_consumer_without_markers(azurite: Azurite) -> None:

@@ -171,17 +171,17 @@ def test_markers_never_exist_without_their_effects(tables: tuple[TableClient, Ta
 def test_store_errors_are_retried_by_the_broker(tables: tuple[TableClient, TableClient], azurite: Azurite) -> None:
     order = an_order()
     consumer = function_app.consumers().orders
-    original = consumer.store.commit
+    original = consumer.store.commit_many
 
     def failing(*args: Any, **kwargs: Any) -> Any:
         raise StoreUnavailable("503 injected")
 
-    consumer.store.commit = failing  # type: ignore[method-assign]
+    consumer.store.commit_many = failing  # type: ignore[method-assign]
     try:
         with pytest.raises(RetryLater) as info:
             orders(servicebus_message(order, order["orderId"]))
         assert info.value.result.outcome.value == "transient"
     finally:
-        consumer.store.commit = original  # type: ignore[method-assign]
+        consumer.store.commit_many = original  # type: ignore[method-assign]
     orders(servicebus_message(order, order["orderId"], delivery_count=2))
     assert effects(tables[0], order["orderId"]) == (1, 1)

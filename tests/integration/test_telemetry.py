@@ -1,0 +1,111 @@
+"""Telemetry through an in-memory OpenTelemetry SDK: counts and attributes asserted."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import function_app
+from tests.functions import app_settings, servicebus_message, user_function
+from tools.azurite import Azurite
+
+READER = InMemoryMetricReader()
+SPANS = InMemorySpanExporter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sdk() -> None:
+    """The global providers can be set once per process; the app's instruments, created
+    through the API before that, start recording into them."""
+    metrics.set_meter_provider(MeterProvider(metric_readers=[READER]))
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(SPANS))
+    trace.set_tracer_provider(provider)
+
+
+def points() -> dict[tuple[str, tuple[tuple[str, Any], ...]], Any]:
+    found: dict[tuple[str, tuple[tuple[str, Any], ...]], Any] = {}
+    data = READER.get_metrics_data()
+    for resource in data.resource_metrics if data else []:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    value = getattr(point, "value", None)
+                    found[(metric.name, tuple(sorted(point.attributes.items())))] = (
+                        value if value is not None else point.count  # type: ignore[attr-defined]
+                    )
+    return found
+
+
+def delta(before: dict[Any, Any], after: dict[Any, Any], name: str, **attributes: Any) -> Any:
+    key = (name, tuple(sorted(attributes.items())))
+    return after.get(key, 0) - before.get(key, 0)
+
+
+def total(snapshot: dict[Any, Any], name: str) -> int:
+    return int(sum(value for (metric, _), value in snapshot.items() if metric == name))
+
+
+@pytest.fixture(params=["0", "10000"], ids=["cold", "hot"])
+def app(azurite: Azurite, request: pytest.FixtureRequest) -> Iterator[str]:
+    """cold: no cache of completed keys (a duplicate seen by another instance)."""
+    table = "tm" + uuid.uuid4().hex[:12]
+    with app_settings(DEDUP_STORAGE_CONNECTION=azurite.connection_string, ORDERS_TABLE=table,
+                      DEDUP_DEADLETTER_TABLE=table + "dl", DEDUP_CACHE_SIZE=request.param):  # fmt: skip
+        function_app.consumers()  # tables created before we count
+        yield request.param
+
+
+def test_outcomes_duplicates_latency_and_store_requests_are_counted(app: str) -> None:
+    orders = user_function("orders")
+    order = {"orderId": f"o-{uuid.uuid4().hex[:8]}", "customerId": "c", "amount": 3.0, "currency": "EUR",
+             "items": [{"sku": "a", "quantity": 1}]}  # fmt: skip
+    before = points()
+    orders(servicebus_message(order, order["orderId"]))
+    after_new = points()
+    orders(servicebus_message(order, order["orderId"], delivery_count=2))
+    orders(servicebus_message(order, order["orderId"], delivery_count=3))
+    after_duplicates = points()
+    orders(servicebus_message({**order, "amount": 4.0}, order["orderId"]))
+    after = points()
+
+    assert delta(before, after, "dedup.outcomes", consumer="orders", outcome="processed") == 1
+    assert delta(before, after, "dedup.outcomes", consumer="orders", outcome="duplicate") == 2
+    assert delta(before, after, "dedup.outcomes", consumer="orders", outcome="conflict") == 1
+    assert delta(before, after, "dedup.duplicates", consumer="orders") == 2
+    assert delta(before, after, "dedup.duration", consumer="orders", outcome="duplicate") == 2  # histogram count
+    # The physical limit: one store request for a new message, one for each duplicate —
+    # none when this instance saw the key completed (hot).
+    hot = app != "0"
+    assert delta(before, after, "dedup.claim.duration", consumer="orders") == (2 if hot else 4)
+    assert total(after_new, "dedup.store.requests") - total(before, "dedup.store.requests") == 1
+    assert total(after_duplicates, "dedup.store.requests") - total(after_new, "dedup.store.requests") == (
+        0 if hot else 2
+    )
+    # A mismatch: the commit, one read of the stored fingerprint, the dead-letter record.
+    assert total(after, "dedup.store.requests") - total(after_duplicates, "dedup.store.requests") == 3
+
+
+def test_a_span_per_message_continues_the_incoming_trace(app: str) -> None:
+    SPANS.clear()
+    trace_id = uuid.uuid4().hex
+    traceparent = f"00-{trace_id}-{'b7ad6b7169203331'}-01"
+    order = {"orderId": f"o-{uuid.uuid4().hex[:8]}", "customerId": "c", "amount": 3.0, "currency": "EUR",
+             "items": [{"sku": "a", "quantity": 1}]}  # fmt: skip
+    message = servicebus_message(order, order["orderId"])
+    message.application_properties["traceparent"] = traceparent  # type: ignore[index]
+    user_function("orders")(message)
+    [span] = [s for s in SPANS.get_finished_spans() if s.name == "dedup orders"]
+    assert f"{span.context.trace_id:032x}" == trace_id
+    assert span.parent is not None and f"{span.parent.span_id:016x}" == "b7ad6b7169203331"
+    assert span.attributes is not None and span.attributes["dedup.outcome"] == "processed"
+    assert span.attributes["dedup.key"] == order["orderId"]
