@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint typecheck chaos check-retention clean
+.PHONY: install demo test lint typecheck chaos bench check-retention clean
 
 install: $(VENV)/.installed node_modules/.installed
 
@@ -32,7 +32,11 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 
 typecheck: install
-	$(VENV)/bin/mypy shared function_app.py tools
+	$(VENV)/bin/mypy shared function_app.py tools bench
+
+# Store round trips and throughput per scenario; writes bench/results/latest.{json,md,png}.
+bench: install
+	$(PY) -m bench
 
 # Dedup markers must outlive every redelivery the infra parameters allow.
 check-retention: install

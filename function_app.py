@@ -6,11 +6,13 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import astuple, dataclass
 from typing import Any
 
 import azure.functions as func
 
+from shared import ledger
 from shared.bindings import (
     acknowledge_or_retry,
     cloudevent_response,
@@ -23,7 +25,7 @@ from shared.bindings import (
     stored_response,
     webhook_handshake,
 )
-from shared.idempotency import Handler, IdempotentConsumer, from_body_field, from_message_id
+from shared.idempotency import DedupKey, Handler, IdempotentConsumer, from_body_field, from_message_id
 from shared.idempotency.downstream import IdempotentHttp
 from shared.idempotency.keys import KeySource
 from shared.idempotency.reconcile import escalate_stale_claims
@@ -57,6 +59,7 @@ class Consumers:
     billing: IdempotentConsumer  # topic subscriber 1
     shipping: IdempotentConsumer  # topic subscriber 2: same messages, its own markers
     order_status: IdempotentConsumer  # event-carried state: versioned upserts, no marker
+    ledger: IdempotentConsumer  # batch trigger: postings committed per account, many per request
 
 
 @functools.cache
@@ -69,11 +72,18 @@ def consumers() -> Consumers:
     keep, steps, cache = retention(), step_policy(), int(setting("DEDUP_CACHE_SIZE", "10000"))
 
     def consumer(
-        name: str, handler: Handler, schema: dict[str, Any], *, http: bool = False, key: KeySource = from_message_id
+        name: str,
+        handler: Handler,
+        schema: dict[str, Any],
+        *,
+        http: bool = False,
+        key: KeySource = from_message_id,
+        partition: Callable[[DedupKey], str] = lambda key: key.id,
     ) -> IdempotentConsumer:
         # HTTP replays the stored response to its caller, and tells it of refusals.
         return IdempotentConsumer(name, store, handler, schema=schema, retention=keep, steps=steps, key_source=key,
-                                  replay_results=http, record_refusals=not http, cache_size=cache)  # fmt: skip
+                                  replay_results=http, record_refusals=not http, cache_size=cache,
+                                  partition_for=partition)  # fmt: skip
 
     return Consumers(
         orders=consumer(setting("ORDERS_CONSUMER_NAME", "orders"), order_handler(payments), SCHEMA),
@@ -91,6 +101,12 @@ def consumers() -> Consumers:
             status_handler,
             STATUS_SCHEMA,
             key=from_body_field("orderId"),
+        ),
+        ledger=consumer(
+            setting("LEDGER_CONSUMER_NAME", "ledger"),
+            ledger.posting_handler,
+            ledger.SCHEMA,
+            partition=ledger.account_of,
         ),
     )
 
@@ -119,6 +135,17 @@ def shipping(msg: func.ServiceBusMessage) -> None:
 @app.service_bus_queue_trigger(arg_name="msg", queue_name="%ORDER_STATUS_QUEUE%", connection="ServiceBusConnection")
 def order_status(msg: func.ServiceBusMessage) -> None:
     acknowledge_or_retry(consumers().order_status.process(servicebus_delivery(msg)))
+
+
+@app.function_name("ledger_batch")
+@app.service_bus_queue_trigger(arg_name="messages", queue_name="%LEDGER_QUEUE%", connection="ServiceBusConnection",
+                               cardinality="many")  # fmt: skip
+def ledger_batch(messages: list[func.ServiceBusMessage]) -> None:
+    """With the classic binding a batch completes or is abandoned as a whole: any message
+    that must be retried makes the whole batch come back, and its committed messages
+    are then cheap duplicates."""
+    for result in consumers().ledger.process_batch([servicebus_delivery(m) for m in messages]):
+        acknowledge_or_retry(result)
 
 
 @app.function_name("order_events")

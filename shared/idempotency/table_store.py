@@ -131,7 +131,7 @@ class TableStore(DedupStore):
                 marker = Marker(key, partition, State.COMPLETED, fingerprint, now, expires_at, result=result)
                 guard = {"PartitionKey": pk, "RowKey": guard_id(key, fingerprint), "Kind": GUARD_KIND,
                          "ExpiresAt": expires_at}  # fmt: skip
-                entities = [guard, self._marker_entity(marker), *(self._effect_entity(pk, e) for e in effects)]
+                entities = [guard, self._marker_entity(marker), *(self.effect_entity(pk, e) for e in effects)]
                 operations += [("create", entity) for entity in entities]
                 owners += [(i, position) for position in range(len(entities))]
             try:
@@ -204,7 +204,7 @@ class TableStore(DedupStore):
         pk = encode_key(marker.partition)
         fenced = {"etag": marker.version, "match_condition": MatchConditions.IfNotModified}
         operations: list[Any] = [("update", self._marker_entity(done), {"mode": UpdateMode.REPLACE, **fenced})]
-        operations += [("create", self._effect_entity(pk, effect)) for effect in effects]
+        operations += [("create", self.effect_entity(pk, effect)) for effect in effects]
         try:
             with _store_errors():
                 replies = self._table.submit_transaction(operations)
@@ -247,7 +247,7 @@ class TableStore(DedupStore):
 
     def upsert_if_newer(self, partition: str, entity: Entity, version: int) -> StateStatus:
         pk = encode_key(partition)
-        body = {**self._effect_entity(pk, entity), STATE_VERSION: version}
+        body = {**self.effect_entity(pk, entity), STATE_VERSION: version}
         while True:  # each pass either writes conditionally or learns what is stored
             try:
                 current = _call(lambda: self._table.get_entity(pk, body["RowKey"]))
@@ -361,28 +361,30 @@ class TableStore(DedupStore):
     # -- entity mapping ------------------------------------------------------------------
 
     def _marker_entity(self, marker: Marker) -> dict[str, Any]:
+        # Only what a reader needs: every property costs encoding time in each transaction.
         entity: dict[str, Any] = {
             "PartitionKey": encode_key(marker.partition),
             "RowKey": marker_id(marker.key),
             "Kind": MARKER_KIND,
-            "Partition": marker.partition,
             "Scope": marker.key.scope,
             "KeyId": marker.key.id,
-            "Step": marker.key.step,
             "State": marker.state.value,
             "Fingerprint": marker.fingerprint,
-            "CreatedAt": marker.created_at,
             "ExpiresAt": marker.expires_at,
-            "Result": json.dumps(marker.result, separators=(",", ":")),
         }
-        if marker.lease_until is not None:
-            entity["LeaseUntil"] = marker.lease_until
-        if marker.owner is not None:
-            entity["Owner"] = marker.owner
+        optional = {
+            "Step": marker.key.step or None,
+            "Result": None if marker.result is None else json.dumps(marker.result, separators=(",", ":")),
+            "LeaseUntil": marker.lease_until,
+            "Owner": marker.owner,
+            # the raw partition, for reconciliation's cross-partition scan of claims
+            "Partition": marker.partition if marker.state is State.IN_PROGRESS else None,
+        }
+        entity.update({name: value for name, value in optional.items() if value is not None})
         return entity
 
     @staticmethod
-    def _effect_entity(pk: str, effect: Entity) -> dict[str, Any]:
+    def effect_entity(pk: str, effect: Entity) -> dict[str, Any]:
         entity: dict[str, Any] = {"PartitionKey": pk, "RowKey": encode_key(effect.name)}
         for name, value in effect.data.items():
             # Tables hold scalars only: nested values are stored as JSON text.
@@ -396,7 +398,7 @@ class TableStore(DedupStore):
             partition=partition,
             state=State(entity["State"]),
             fingerprint=entity["Fingerprint"],
-            created_at=entity["CreatedAt"],
+            created_at=entity.metadata.get("timestamp") or entity["ExpiresAt"],
             expires_at=entity["ExpiresAt"],
             lease_until=entity.get("LeaseUntil"),
             result=json.loads(entity.get("Result") or "null"),

@@ -68,8 +68,10 @@ def record(consumer: str, delivery: Delivery, result: Result, duration_ms: float
         "fingerprint": result.fingerprint,
         "stored_fingerprint": result.stored_fingerprint,
     }
-    shown = " ".join(f"{name}={value!r}" for name, value in fields.items() if value is not None)
-    log.log(_LEVELS.get(outcome, logging.INFO), "dedup %s", shown, extra={"dedup": fields})
+    level = _LEVELS.get(outcome, logging.INFO)
+    if log.isEnabledFor(level):
+        shown = " ".join(f"{name}={value!r}" for name, value in fields.items() if value is not None)
+        log.log(level, "dedup %s", shown, extra={"dedup": fields})
     attributes = {"consumer": consumer, "outcome": outcome}
     _outcomes.add(1, attributes)
     _duration.record(duration_ms, attributes)

@@ -56,7 +56,7 @@ class NoMarkerStore(TableStore):
         expires_at: datetime,
     ) -> CommitResult:  # fmt: skip
         pk = encode_key(partition)
-        operations: list[Any] = [("upsert", self._effect_entity(pk, effect)) for effect in effects]
+        operations: list[Any] = [("upsert", self.effect_entity(pk, effect)) for effect in effects]
         self.table.submit_transaction(operations)
         return CommitResult(CommitStatus.NEW)
 

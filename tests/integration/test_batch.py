@@ -1,0 +1,97 @@
+"""The batch trigger (cardinality many): postings to one account commit many per request,
+and a conflict inside a batch isolates its message — on a real Azurite."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from azure.data.tables import TableServiceClient
+
+import function_app
+from shared.bindings import RetryLater
+from shared.idempotency import DedupStore
+from shared.idempotency.table_store import TableStore
+from shared.ledger import message_id
+from tests.functions import app_settings, servicebus_message, user_function
+from tools.azurite import Azurite
+
+ledger_batch = user_function("ledger_batch")
+
+
+@pytest.fixture
+def store(azurite: Azurite) -> Iterator[DedupStore]:
+    table = "lb" + uuid.uuid4().hex[:12]
+    with app_settings(DEDUP_STORAGE_CONNECTION=azurite.connection_string, ORDERS_TABLE=table,
+                      DEDUP_DEADLETTER_TABLE=table + "dl", DEDUP_CACHE_SIZE="0"):  # fmt: skip
+        yield function_app.consumers().ledger.store
+
+
+def posting(account: str, posting_id: str, amount: float = 10.0) -> tuple[dict[str, Any], str]:
+    body = {"accountId": account, "postingId": posting_id, "amount": amount, "currency": "EUR"}
+    return body, message_id(account, posting_id)
+
+
+def postings(store: DedupStore) -> dict[str, float]:
+    return {str(item.entity): item.data["amount"] for item in store.scan() if item.entity is not None}
+
+
+def count_requests(azurite: Azurite) -> list[str]:
+    """Give the app's consumer a store on the same tables whose client records every
+    HTTP request it sends (azure-core's raw_request_hook)."""
+    consumer = function_app.consumers().ledger
+    assert isinstance(consumer.store, TableStore)
+    sent: list[str] = []
+    service = TableServiceClient.from_connection_string(
+        azurite.connection_string, raw_request_hook=lambda request: sent.append(request.http_request.method)
+    )
+    consumer.store = TableStore(service, consumer.store.table.table_name, consumer.store.dead_letter_table)
+    return sent
+
+
+def test_a_batch_to_one_account_commits_many_postings_per_request(store: DedupStore, azurite: Azurite) -> None:
+    sent = count_requests(azurite)
+    messages = [servicebus_message(*posting("acc-1", f"p{i}")) for i in range(100)]
+    ledger_batch(messages)
+    assert len(postings(store)) == 100
+    assert len(sent) == 4  # 100 postings x 3 operations, at most 100 operations per transaction
+
+
+def test_a_conflict_inside_a_batch_isolates_only_its_message(store: DedupStore) -> None:
+    ledger_batch([servicebus_message(*posting("acc-2", "p1", 5.0)), servicebus_message(*posting("acc-2", "p2", 6.0))])
+    batch = [
+        servicebus_message(*posting("acc-2", "p1", 5.0)),  # duplicate of a committed posting
+        servicebus_message(*posting("acc-2", "p2", 99.0)),  # same key, another payload
+        servicebus_message(*posting("acc-2", "p3", 7.0)),  # new
+        servicebus_message(*posting("acc-2", "p3", 7.0)),  # the same new posting twice in one batch
+        servicebus_message(*posting("acc-3", "p1", 8.0)),  # another account: its own transaction
+    ]
+    ledger_batch(batch)
+    stored = sorted((item.data["accountId"], str(item.entity), item.data["amount"]) for item in store.scan()
+                    if item.entity is not None)  # fmt: skip
+    assert stored == [("acc-2", "posting|p1", 5.0), ("acc-2", "posting|p2", 6.0), ("acc-2", "posting|p3", 7.0),
+                      ("acc-3", "posting|p1", 8.0)]  # fmt: skip
+    [conflict] = store.dead_letters("ledger")
+    assert conflict.reason == "fingerprint_mismatch" and json.loads(conflict.body)["amount"] == 99.0
+
+
+def test_a_transient_failure_returns_the_whole_batch(store: DedupStore) -> None:
+    consumer = function_app.consumers().ledger
+    original = consumer.store.commit_many
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        from shared.idempotency import StoreUnavailable
+
+        raise StoreUnavailable("injected")
+
+    consumer.store.commit_many = failing  # type: ignore[method-assign]
+    try:
+        with pytest.raises(RetryLater):
+            ledger_batch([servicebus_message(*posting("acc-4", "p1"))])
+    finally:
+        consumer.store.commit_many = original  # type: ignore[method-assign]
+    ledger_batch([servicebus_message(*posting("acc-4", "p1"))])
+    assert len(postings(store)) == 1
