@@ -115,6 +115,7 @@ module functionApp 'modules/functionapp.bicep' = {
       ServiceBusConnection__clientId: identity.outputs.clientId
       ORDERS_QUEUE: serviceBus.outputs.queueName
       ORDER_STATUS_QUEUE: serviceBus.outputs.statusQueueName
+      LEDGER_QUEUE: serviceBus.outputs.ledgerQueueName
       ORDER_TOPIC: serviceBus.outputs.topicName
       BILLING_SUBSCRIPTION: 'billing'
       SHIPPING_SUBSCRIPTION: 'shipping'

@@ -33,10 +33,10 @@ resource orders 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = {
   }
 }
 
-// Event-carried order status (versioned upserts: ordering, not dedup, is the point).
-resource orderStatus 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = {
+// order-status: event-carried state (versioned upserts); ledger: the batch trigger.
+resource moreQueues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = [for name in ['order-status', 'ledger']: {
   parent: namespace
-  name: 'order-status'
+  name: name
   properties: {
     requiresDuplicateDetection: true
     duplicateDetectionHistoryTimeWindow: duplicateDetectionWindow
@@ -45,7 +45,7 @@ resource orderStatus 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = {
     defaultMessageTimeToLive: messageTimeToLive
     deadLetteringOnMessageExpiration: true
   }
-}
+}]
 
 // Publish-subscribe: every subscription gets its own copy; billing and shipping each
 // track completion under their own consumer name in the shared dedup store.
@@ -73,5 +73,6 @@ resource subscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptions@202
 output name string = namespace.name
 output fullyQualifiedNamespace string = '${namespace.name}.servicebus.windows.net'
 output queueName string = orders.name
-output statusQueueName string = orderStatus.name
+output statusQueueName string = moreQueues[0].name
+output ledgerQueueName string = moreQueues[1].name
 output topicName string = orderEvents.name
