@@ -30,7 +30,7 @@ from shared.idempotency.downstream import IdempotentHttp
 from shared.idempotency.keys import KeySource
 from shared.idempotency.reconcile import escalate_stale_claims
 from shared.idempotency.records import utcnow
-from shared.idempotency.settings import duration, open_store, retention, setting, step_policy
+from shared.idempotency.settings import app_store, duration, retention, setting, step_policy
 from shared.orders import (
     SCHEMA,
     SHIPPED_SCHEMA,
@@ -66,7 +66,7 @@ class Consumers:
 def consumers() -> Consumers:
     """Built on first use from app settings (README, Configuration). The consumers share
     one store; their names scope their keys, so none ever blocks another."""
-    store = open_store(setting("ORDERS_TABLE", "orders"), setting("DEDUP_DEADLETTER_TABLE", "deadletters"))
+    store = app_store()
     payment_api = os.environ.get("PAYMENT_API_URL")
     payments = IdempotentHttp(payment_api) if payment_api else None
     keep, steps, cache = retention(), step_policy(), int(setting("DEDUP_CACHE_SIZE", "10000"))

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     from azure.servicebus import ServiceBusSubQueue
 
     from client.producer import order_message, send_in_batches, servicebus_client
-    from shared.idempotency.settings import open_store, setting
+    from shared.idempotency.settings import app_store, setting
 
     plan = make_plan(args.orders, args.duplicate_share, args.mismatches)
     queue = os.environ.get("SERVICEBUS_QUEUE") or setting("ORDERS_QUEUE", "orders")
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         with client.get_queue_sender(queue) as sender:
             send_in_batches(sender, (order_message(order) for order in plan.orders))
             send_in_batches(sender, (order_message(order) for order in plan.duplicates + plan.mismatches))
-        store = open_store(setting("ORDERS_TABLE", "orders"), setting("DEDUP_DEADLETTER_TABLE", "deadletters"))
+        store = app_store(create=False)
         deadline = time.monotonic() + args.wait
         result = report(store, args.consumer, plan)
         while result.missing and time.monotonic() < deadline:

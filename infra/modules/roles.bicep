@@ -8,7 +8,7 @@ param appInsightsName string
 param cosmosAccountName string
 param eventGridTopicName string
 param eventGridPrincipalId string
-@description('Optional sender (smoke test, pipeline): may send to the queue and publish to the topic.')
+@description('Optional operator (smoke test, pipeline): may send to the queue, peek its dead letters, publish to the topic and read the dedup tables.')
 param senderPrincipalId string
 
 var roleIds = {
@@ -20,6 +20,7 @@ var roleIds = {
   storageQueueDataContributor: '974c5e8b-45b9-4653-ba55-5f855dd0fb88'
   monitoringMetricsPublisher: '3913510d-42f4-4e42-8a64-420c390055eb'
   eventGridDataSender: 'd5a91429-5739-47e2-a06b-3470a27159e7'
+  storageTableDataReader: '76199698-9eea-4c19-bc75-cec21354c6b6'
 }
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
@@ -131,5 +132,23 @@ resource topicSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (
   properties: {
     principalId: senderPrincipalId
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.eventGridDataSender)
+  }
+}
+
+resource queuePeeker 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(senderPrincipalId)) {
+  name: guid(serviceBus.id, senderPrincipalId, roleIds.serviceBusDataReceiver)
+  scope: serviceBus
+  properties: {
+    principalId: senderPrincipalId
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.serviceBusDataReceiver)
+  }
+}
+
+resource tableReader 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(senderPrincipalId)) {
+  name: guid(storage.id, senderPrincipalId, roleIds.storageTableDataReader)
+  scope: storage
+  properties: {
+    principalId: senderPrincipalId
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.storageTableDataReader)
   }
 }

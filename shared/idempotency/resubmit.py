@@ -22,6 +22,7 @@ from .errors import InvalidMessage
 from .fingerprint import fingerprint
 from .keys import DedupKey
 from .records import State
+from .settings import app_store
 from .store import DedupStore
 
 VERDICTS = {
@@ -85,9 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--key-field", default="orderId", help="the body field that holds the key (with --bodies)")
     args = parser.parse_args(argv)
 
-    from .settings import open_store, setting
+    store = app_store(create=False)
 
-    store = open_store(setting("ORDERS_TABLE", "orders"), setting("DEDUP_DEADLETTER_TABLE", "deadletters"))
     same_partition: Callable[[str], str] = lambda key_id: key_id  # noqa: E731 - the app's default partition rule
     if args.ids:
         lines = check_ids(store, args.consumer, args.ids, same_partition)

@@ -96,14 +96,16 @@ def cosmos_client() -> CosmosClient:
     return CosmosClient(endpoint, credential=DefaultAzureCredential(), raw_request_hook=hook)
 
 
-def open_store(table: str, dead_letter_table: str) -> DedupStore:
+def open_store(table: str, dead_letter_table: str, *, create: bool = True) -> DedupStore:
     """DEDUP_STORE=table (default): Table Storage, tables created if missing.
     DEDUP_STORE=cosmos: the COSMOS_CONTAINER container (default ``table``) of
-    COSMOS_DATABASE, provisioned by infra (data-plane roles cannot create containers)."""
+    COSMOS_DATABASE, provisioned by infra (data-plane roles cannot create containers).
+    ``create=False`` for read-only tools (a reader role cannot create tables)."""
     kind = setting("DEDUP_STORE", "table").lower()
     if kind == "table":
         store = TableStore(table_service(), table, dead_letter_table)
-        store.create_tables()
+        if create:
+            store.create_tables()
         return store
     if kind == "cosmos":
         database = cosmos_client().get_database_client(setting("COSMOS_DATABASE", "dedup"))
@@ -119,3 +121,10 @@ def partition_field(container: ContainerProxy) -> str:
     if path.count("/") != 1:
         raise ConfigurationError(f"partition key path {path!r}: use a top-level property such as /orderId")
     return str(path.lstrip("/"))
+
+
+def app_store(*, create: bool = True) -> DedupStore:
+    """The app's store: ORDERS_TABLE (or COSMOS_CONTAINER) and DEDUP_DEADLETTER_TABLE."""
+    return open_store(
+        setting("ORDERS_TABLE", "orders"), setting("DEDUP_DEADLETTER_TABLE", "deadletters"), create=create
+    )
