@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import function_app
+from tools.azurite import Azurite
 from tools.host import servicebus_message, user_function
 
-__all__ = ["app_settings", "servicebus_message", "user_function"]
+__all__ = ["app_settings", "fresh_app", "servicebus_message", "user_function"]
+
+
+@contextmanager
+def fresh_app(azurite: Azurite, **settings: str) -> Iterator[str]:
+    """The app on new tables of this Azurite, so that tests never see each other's data;
+    yields the table name."""
+    table = "t" + uuid.uuid4().hex[:16]
+    with app_settings(DEDUP_STORAGE_CONNECTION=azurite.connection_string, ORDERS_TABLE=table,
+                      DEDUP_DEADLETTER_TABLE=table + "dl", **settings):  # fmt: skip
+        yield table
 
 
 @contextmanager

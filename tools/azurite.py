@@ -20,6 +20,26 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def start_listening(tool: str, args: list[str], port: int, timeout: float) -> subprocess.Popen[bytes]:
+    """Start an npm-installed emulator and wait until it accepts connections on ``port``."""
+    binary = ROOT / "node_modules" / ".bin" / tool
+    if not binary.exists():
+        raise RuntimeError(f"{binary} is missing: run `npm ci` (make install does)")
+    process = subprocess.Popen([str(binary), *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{tool} exited with {process.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return process
+        except OSError:
+            time.sleep(0.05)
+    process.kill()
+    process.wait()
+    raise RuntimeError(f"{tool} did not listen on port {port} within {timeout}s")
+
+
 class Azurite:
     """One Azurite Table process. With ``location`` the data survives ``restart()``."""
 
@@ -36,27 +56,14 @@ class Azurite:
         )
 
     def start(self, timeout: float = 30.0) -> Azurite:
-        binary = ROOT / "node_modules" / ".bin" / "azurite-table"
-        if not binary.exists():
-            raise RuntimeError(f"{binary} is missing: run `npm ci` (make install does)")
         storage = ["--location", str(self.location)] if self.location else ["--inMemoryPersistence"]
-        self._process = subprocess.Popen(
-            [str(binary), "--tableHost", "127.0.0.1", "--tablePort", str(self.port),
-             *storage, "--disableTelemetry", "--silent"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise RuntimeError(f"azurite-table exited with {self._process.returncode}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"azurite-table did not listen on port {self.port} within {timeout}s")
+        self._process = start_listening(
+            "azurite-table",
+            ["--tableHost", "127.0.0.1", "--tablePort", str(self.port), *storage, "--disableTelemetry", "--silent"],
+            self.port,
+            timeout,
+        )
+        return self
 
     def stop(self) -> None:
         """SIGINT, which makes Azurite flush its database. Azurite persists with a 5 s

@@ -7,14 +7,12 @@ batches are not atomic, TTL is not enforced."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
-import time
 from typing import Any
 
 from azure.cosmos import ContainerProxy, CosmosClient, exceptions
 
-from tools.azurite import ROOT, free_port
+from tools.azurite import free_port, start_listening
 
 # The well-known key of Microsoft's Cosmos DB emulator (public; the server accepts any).
 EMULATOR_KEY = "C2y6yDjf5/R+ob0N8A7Cgv30VRDJIWEHLM+4QDU5DE2nQ9nDuVTqobD4b8mGGyPMbIZnqyMsEcaGQy67XIw/Jw=="
@@ -33,25 +31,9 @@ class CosmosEmulator:
         return CosmosClient(self.endpoint, credential=EMULATOR_KEY, enable_endpoint_discovery=False)
 
     def start(self, timeout: float = 30.0) -> CosmosEmulator:
-        binary = ROOT / "node_modules" / ".bin" / "cosmosdb-server"
-        if not binary.exists():
-            raise RuntimeError(f"{binary} is missing: run `npm ci` (make install does)")
-        self._process = subprocess.Popen(
-            [str(binary), "--host", "127.0.0.1", "--port", str(self.port), "--no-ssl"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise RuntimeError(f"cosmosdb-server exited with {self._process.returncode}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"cosmosdb-server did not listen on port {self.port} within {timeout}s")
+        args = ["--host", "127.0.0.1", "--port", str(self.port), "--no-ssl"]
+        self._process = start_listening("cosmosdb-server", args, self.port, timeout)
+        return self
 
     def stop(self) -> None:
         if self._process is not None and self._process.poll() is None:

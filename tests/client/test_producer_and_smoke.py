@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -17,7 +16,7 @@ from client.smoke import main, make_plan, report
 from shared.idempotency import DedupStore
 from shared.idempotency.keys import encode_key
 from shared.idempotency.table_store import TableStore
-from tests.functions import app_settings, servicebus_message, user_function
+from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
 
 ORDER = {"orderId": "o-42", "customerId": "c-1", "amount": 12.5, "currency": "EUR",
@@ -60,9 +59,7 @@ def test_the_plan_has_the_requested_shares() -> None:
 
 @pytest.fixture
 def store(azurite: Azurite) -> Iterator[DedupStore]:
-    table = "sm" + uuid.uuid4().hex[:12]
-    with app_settings(DEDUP_STORAGE_CONNECTION=azurite.connection_string, ORDERS_TABLE=table,
-                      DEDUP_DEADLETTER_TABLE=table + "dl"):  # fmt: skip
+    with fresh_app(azurite):
         yield function_app.consumers().orders.store
 
 

@@ -4,7 +4,6 @@ and a conflict inside a batch isolates its message — on a real Azurite."""
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +15,7 @@ from shared.bindings import RetryLater
 from shared.idempotency import DedupStore
 from shared.idempotency.table_store import TableStore
 from shared.ledger import message_id
-from tests.functions import app_settings, servicebus_message, user_function
+from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
 
 ledger_batch = user_function("ledger_batch")
@@ -24,9 +23,7 @@ ledger_batch = user_function("ledger_batch")
 
 @pytest.fixture
 def store(azurite: Azurite) -> Iterator[DedupStore]:
-    table = "lb" + uuid.uuid4().hex[:12]
-    with app_settings(DEDUP_STORAGE_CONNECTION=azurite.connection_string, ORDERS_TABLE=table,
-                      DEDUP_DEADLETTER_TABLE=table + "dl", DEDUP_CACHE_SIZE="0"):  # fmt: skip
+    with fresh_app(azurite, DEDUP_CACHE_SIZE="0"):
         yield function_app.consumers().ledger.store
 
 

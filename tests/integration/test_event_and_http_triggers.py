@@ -18,7 +18,7 @@ import function_app
 from shared.bindings import RetryLater
 from shared.idempotency import DedupKey, DedupStore, Marker, State, fingerprint, joined_identity
 from shared.idempotency.records import utcnow
-from tests.functions import app_settings, user_function
+from tests.functions import fresh_app, user_function
 from tools.azurite import Azurite
 from tools.payment_service import PaymentService
 
@@ -30,9 +30,7 @@ SHIPPED = "com.example.order.shipped"
 
 @pytest.fixture
 def store(azurite: Azurite) -> Iterator[DedupStore]:
-    table = "ev" + uuid.uuid4().hex[:12]
-    with app_settings(DEDUP_STORAGE_CONNECTION=azurite.connection_string, ORDERS_TABLE=table,
-                      DEDUP_DEADLETTER_TABLE=table + "dl"):  # fmt: skip
+    with fresh_app(azurite):
         yield function_app.consumers().orders.store
 
 
@@ -195,11 +193,7 @@ def test_a_forged_principal_header_is_ignored_without_easy_auth(store: DedupStor
 
 
 def test_a_request_in_flight_is_409_with_retry_after(azurite: Azurite) -> None:
-    table = "ev" + uuid.uuid4().hex[:12]
-    with PaymentService() as payments, app_settings(
-        DEDUP_STORAGE_CONNECTION=azurite.connection_string, ORDERS_TABLE=table, DEDUP_DEADLETTER_TABLE=table + "dl",
-        PAYMENT_API_URL=payments.url, DEDUP_IN_FLIGHT_WAIT="PT0S",
-    ):  # fmt: skip
+    with PaymentService() as payments, fresh_app(azurite, PAYMENT_API_URL=payments.url, DEDUP_IN_FLIGHT_WAIT="PT0S"):
         consumer = function_app.consumers().orders_api
         order, key = an_order(), uuid.uuid4().hex
         identity = joined_identity("key:" + hashlib.sha256(b"client-a-key").hexdigest()[:32], key)

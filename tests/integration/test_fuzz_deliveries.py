@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 
@@ -16,7 +15,7 @@ from hypothesis import strategies as st
 
 import function_app
 from shared.orders import effects_by_order
-from tests.functions import app_settings, servicebus_message, user_function
+from tests.functions import fresh_app, servicebus_message, user_function
 from tools import harness
 from tools.azurite import Azurite
 
@@ -93,11 +92,9 @@ def outcomes() -> Iterator[Outcomes]:
 
 
 def test_generated_deliveries_are_processed_or_dead_lettered(azurite: Azurite, outcomes: Outcomes) -> None:
-    table = "fz" + uuid.uuid4().hex[:12]
     consumer_fn = user_function("orders")
     delivered = Counter[str]()
-    with app_settings(DEDUP_STORAGE_CONNECTION=azurite.connection_string, ORDERS_TABLE=table,
-                      DEDUP_DEADLETTER_TABLE=table + "dl"):  # fmt: skip
+    with fresh_app(azurite):
         store = function_app.consumers().orders.store
 
         @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)

@@ -17,7 +17,7 @@ from shared.idempotency import StoreUnavailable
 from shared.idempotency.keys import encode_key
 from shared.idempotency.records import MARKER_KIND
 from shared.orders import OrderEffects, effects_by_order
-from tests.functions import app_settings, servicebus_message, user_function
+from tests.functions import app_settings, fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
 
 orders = user_function("orders")
@@ -35,12 +35,7 @@ def an_order(order_id: str | None = None, amount: float = 12.5) -> dict[str, Any
 
 @pytest.fixture
 def tables(azurite: Azurite) -> Iterator[tuple[TableClient, TableClient]]:
-    name = "o" + uuid.uuid4().hex[:12]
-    with app_settings(
-        DEDUP_STORAGE_CONNECTION=azurite.connection_string,
-        ORDERS_TABLE=name,
-        DEDUP_DEADLETTER_TABLE=name + "dl",
-    ):
+    with fresh_app(azurite) as name:
         service = TableServiceClient.from_connection_string(azurite.connection_string)
         function_app.consumers()  # creates the tables
         yield service.get_table_client(name), service.get_table_client(name + "dl")

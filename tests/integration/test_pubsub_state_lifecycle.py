@@ -17,7 +17,7 @@ from shared.idempotency import DedupKey, DedupStore, Entity, Marker, State, fing
 from shared.idempotency.records import GUARD_KIND, MARKER_KIND, utcnow
 from shared.idempotency.resubmit import check_bodies, check_ids
 from shared.idempotency.table_store import TableStore
-from tests.functions import app_settings, servicebus_message, user_function
+from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
 
 billing, shipping, order_status = (user_function(name) for name in ("billing", "shipping", "order_status"))
@@ -25,9 +25,7 @@ billing, shipping, order_status = (user_function(name) for name in ("billing", "
 
 @pytest.fixture
 def store(azurite: Azurite) -> Iterator[TableStore]:
-    table = "ps" + uuid.uuid4().hex[:12]
-    with app_settings(DEDUP_STORAGE_CONNECTION=azurite.connection_string, ORDERS_TABLE=table,
-                      DEDUP_DEADLETTER_TABLE=table + "dl"):  # fmt: skip
+    with fresh_app(azurite):
         store = function_app.consumers().orders.store
         assert isinstance(store, TableStore)
         yield store
@@ -65,9 +63,7 @@ def test_duplicates_are_suppressed_per_subscriber(store: TableStore) -> None:
 
 
 def test_a_consumer_identity_is_configuration_not_a_function_name(azurite: Azurite) -> None:
-    table = "ps" + uuid.uuid4().hex[:12]
-    with app_settings(DEDUP_STORAGE_CONNECTION=azurite.connection_string, ORDERS_TABLE=table,
-                      DEDUP_DEADLETTER_TABLE=table + "dl", BILLING_CONSUMER_NAME="finance"):  # fmt: skip
+    with fresh_app(azurite, BILLING_CONSUMER_NAME="finance"):
         order = an_order()
         billing(servicebus_message(order, order["orderId"]))  # the function is still named `billing`
         store = function_app.consumers().billing.store

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import function_app
-from tests.functions import app_settings, servicebus_message, user_function
+from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
 
 READER = InMemoryMetricReader()
@@ -58,9 +58,7 @@ def total(snapshot: dict[Any, Any], name: str) -> int:
 @pytest.fixture(params=["0", "10000"], ids=["cold", "hot"])
 def app(azurite: Azurite, request: pytest.FixtureRequest) -> Iterator[str]:
     """cold: no cache of completed keys (a duplicate seen by another instance)."""
-    table = "tm" + uuid.uuid4().hex[:12]
-    with app_settings(DEDUP_STORAGE_CONNECTION=azurite.connection_string, ORDERS_TABLE=table,
-                      DEDUP_DEADLETTER_TABLE=table + "dl", DEDUP_CACHE_SIZE=request.param):  # fmt: skip
+    with fresh_app(azurite, DEDUP_CACHE_SIZE=request.param):
         function_app.consumers()  # tables created before we count
         yield request.param
 

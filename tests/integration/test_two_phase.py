@@ -26,7 +26,7 @@ from shared.idempotency.reconcile import ESCALATION, escalate_stale_claims
 from shared.idempotency.records import utcnow
 from shared.idempotency.table_store import TableStore
 from shared.orders import SCHEMA, effects_by_order, order_handler
-from tests.functions import app_settings, servicebus_message, user_function
+from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
 from tools.faults import Crash
 from tools.payment_service import PaymentService
@@ -50,10 +50,7 @@ def payments() -> Iterator[PaymentService]:
 @pytest.fixture
 def app(azurite: Azurite, payments: PaymentService) -> Iterator[TableStore]:
     """The real app, with a payment API and a short lease."""
-    table = "tp" + uuid.uuid4().hex[:12]
-    with app_settings(DEDUP_STORAGE_CONNECTION=azurite.connection_string, ORDERS_TABLE=table,
-                      DEDUP_DEADLETTER_TABLE=table + "dl", PAYMENT_API_URL=payments.url,
-                      DEDUP_LEASE=SHORT_LEASE, DEDUP_IN_FLIGHT_WAIT="PT0S"):  # fmt: skip
+    with fresh_app(azurite, PAYMENT_API_URL=payments.url, DEDUP_LEASE=SHORT_LEASE, DEDUP_IN_FLIGHT_WAIT="PT0S"):
         store = function_app.consumers().orders.store
         assert isinstance(store, TableStore)
         yield store
