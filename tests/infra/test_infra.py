@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -131,7 +132,7 @@ def test_the_check_retention_command_fails_on_bad_parameters(tmp_path: Path) -> 
     parameters = json.loads((broken / "main.parameters.json").read_text())
     parameters["parameters"]["dedupRetentionDays"]["value"] = 3
     (broken / "main.parameters.json").write_text(json.dumps(parameters))
-    result = subprocess.run([str(ROOT / ".venv/bin/python"), "-m", "tools.infra_checks", "retention", str(broken)],
+    result = subprocess.run([sys.executable, "-m", "tools.infra_checks", "retention", str(broken)],
                             cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 1 and "FAIL" in result.stdout
 
