@@ -25,7 +25,7 @@ from azure.eventgrid import EventGridPublisherClient
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSender
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-SHIPPED = "com.example.order.shipped"
+from shared.orders import SHIPPED
 
 
 def order_message(order: dict[str, Any], *, correlation_id: str | None = None) -> ServiceBusMessage:

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 import azure.functions as func
 
 import function_app
+from shared.orders import SHIPPED
 from tools.host import user_function
-
-SHIPPED = "com.example.order.shipped"
 
 
 @dataclass

@@ -75,6 +75,7 @@ def effects_by_order(store: DedupStore, order_id: str | None = None) -> dict[str
     return found
 
 
+SHIPPED = "com.example.order.shipped"  # the CloudEvents type of a shipment
 SHIPPED_SCHEMA: dict[str, Any] = json.loads((Path(__file__).with_name("shipped.schema.json")).read_text())
 
 

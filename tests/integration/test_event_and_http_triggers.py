@@ -18,6 +18,7 @@ import function_app
 from shared.bindings import RetryLater
 from shared.idempotency import DedupKey, DedupStore, Marker, State, fingerprint, joined_identity
 from shared.idempotency.records import utcnow
+from shared.orders import SHIPPED
 from tests.functions import fresh_app, user_function
 from tools.azurite import Azurite
 from tools.payment_service import PaymentService
@@ -25,7 +26,6 @@ from tools.payment_service import PaymentService
 order_events = user_function("order_events")
 orders_api = user_function("orders_api")
 events_api = user_function("events_api")
-SHIPPED = "com.example.order.shipped"
 
 
 @pytest.fixture
