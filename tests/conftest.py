@@ -50,7 +50,7 @@ EMULATED: set[int] = set()
 
 
 def new_cosmos_store(request: pytest.FixtureRequest) -> CosmosStore:
-    """Fresh containers partitioned by /orderId: on real Cosmos DB when
+    """Fresh containers partitioned by /partitionKey: on real Cosmos DB when
     COSMOS_CONTRACT_ENDPOINT/COSMOS_CONTRACT_KEY are set, else on the local emulator."""
     endpoint, key = REAL_COSMOS
     if endpoint and key:
@@ -59,12 +59,12 @@ def new_cosmos_store(request: pytest.FixtureRequest) -> CosmosStore:
         client = request.getfixturevalue("cosmos_emulator").client()
     database = client.create_database_if_not_exists("contract")
     name = "c" + uuid.uuid4().hex[:16]
-    container = database.create_container(name, partition_key=PartitionKey("/orderId"), default_ttl=3600)
+    container = database.create_container(name, partition_key=PartitionKey("/partitionKey"), default_ttl=3600)
     dead = database.create_container(name + "dl", partition_key=PartitionKey("/scope"))
     if endpoint and key:
         request.addfinalizer(lambda: (database.delete_container(name), database.delete_container(name + "dl")))
-        return CosmosStore(container, dead, "orderId")
-    store = CosmosStore(emulated(container), emulated(dead), "orderId")
+        return CosmosStore(container, dead, "partitionKey")
+    store = CosmosStore(emulated(container), emulated(dead), "partitionKey")
     EMULATED.add(id(store))
     return store
 

@@ -39,7 +39,7 @@ def summary(report: Report) -> str:
 def use_cosmos_emulator(emulator: CosmosEmulator, container: str) -> None:
     """Provision what infra provisions on Azure, and point the app at it."""
     database = emulator.client().create_database_if_not_exists("dedup")
-    database.create_container_if_not_exists(container, PartitionKey("/orderId"), default_ttl=30 * 24 * 3600)
+    database.create_container_if_not_exists(container, PartitionKey("/partitionKey"), default_ttl=30 * 24 * 3600)
     database.create_container_if_not_exists(container + "dl", PartitionKey("/scope"))
     os.environ.update(
         DEDUP_STORE="cosmos",
@@ -75,7 +75,7 @@ def main() -> int:
     with ExitStack() as stack:
         azurite = stack.enter_context(Azurite())
         if os.environ.get("DEDUP_STORE", "table") == "cosmos":
-            print(f"Store: Cosmos DB (local emulator), container {config.table} partitioned by /orderId")
+            print(f"Store: Cosmos DB (local emulator), container {config.table} partitioned by /partitionKey")
             use_cosmos_emulator(stack.enter_context(CosmosEmulator()), config.table)
         else:
             print(f"Store: Azure Table Storage (Azurite), table {config.table}")

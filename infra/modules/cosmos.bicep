@@ -1,5 +1,6 @@
 // Cosmos DB for NoSQL, serverless, Entra ID only. The orders container is partitioned by
-// /orderId so a message's marker and documents share one logical partition (one
+// /partitionKey, which the store sets to the message's partition (the order id for the
+// orders consumer), so a message's marker and documents share one logical partition (one
 // transactional batch); its defaultTtl is the dedup retention (markers carry their own
 // ttl, business documents ttl -1).
 param name string
@@ -34,7 +35,7 @@ resource orders 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers@2
   properties: {
     resource: {
       id: 'orders'
-      partitionKey: { paths: ['/orderId'], kind: 'Hash' }
+      partitionKey: { paths: ['/partitionKey'], kind: 'Hash' }
       defaultTtl: defaultTtlSeconds
     }
   }

@@ -1,9 +1,10 @@
 """Azure Cosmos DB for NoSQL store.
 
-Layout: one container partitioned by the business key (``/orderId`` in the example), so
-that a message's marker and documents share one logical partition and commit in one
-transactional batch. Ids reuse the Table encoding (``dedup|<scope>|<id>``; documents by
-their encoded entity name).
+Layout: one container partitioned by ``/partitionKey``, a property the store owns and sets
+to the message's partition (the order id for the orders consumer), so that a message's
+marker and documents share one logical partition and commit in one transactional batch,
+and no business field (an event's ``orderId``, say) is ever taken for the partition.
+Ids reuse the Table encoding (``dedup|<scope>|<id>``; documents by their encoded name).
 
 - One business document: the document *is* the marker (the pattern's example). Its id is
   derived from the dedup key, it carries the fingerprint, and ``create_item`` claims and

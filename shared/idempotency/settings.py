@@ -116,10 +116,10 @@ def open_store(table: str, dead_letter_table: str, *, create: bool = True) -> De
 
 
 def partition_field(container: ContainerProxy) -> str:
-    """The property named by the container's partition key path (``/orderId``)."""
+    """The property named by the container's partition key path (``/partitionKey``)."""
     path = container.read()["partitionKey"]["paths"][0]
     if path.count("/") != 1:
-        raise ConfigurationError(f"partition key path {path!r}: use a top-level property such as /orderId")
+        raise ConfigurationError(f"partition key path {path!r}: use a top-level property such as /partitionKey")
     return str(path.lstrip("/"))
 
 

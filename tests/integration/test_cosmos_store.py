@@ -17,6 +17,7 @@ from shared.idempotency import CommitStatus, DedupKey, Entity, StoreUnavailable,
 from shared.idempotency.cosmos_store import CosmosStore, _store_errors
 from shared.idempotency.records import MARKER_KIND, utcnow
 from tests.conftest import EMULATED, REAL_COSMOS, new_cosmos_store
+from tools import other_triggers
 from tools.azurite import Azurite
 from tools.cosmos_emulator import CosmosEmulator
 from tools.demo import use_cosmos_emulator
@@ -61,7 +62,7 @@ def test_markers_and_guards_carry_the_retention_as_ttl_and_documents_never_expir
 def test_documents_may_not_set_store_fields(cosmos: CosmosStore) -> None:
     key = DedupKey("orders", "o-x")
     with pytest.raises(ValueError):
-        cosmos.commit(key, key.id, "fp", [Entity("order", {"orderId": "another"})], None, utcnow() + DAY)
+        cosmos.commit(key, key.id, "fp", [Entity("order", {"partitionKey": "another"})], None, utcnow() + DAY)
     with pytest.raises(ValueError):
         cosmos.commit(key, key.id, "fp", [Entity("order", {"ttl": 5})], None, utcnow() + DAY)
 
@@ -104,11 +105,12 @@ def test_cosmos_deletes_expired_markers_by_itself(cosmos: CosmosStore) -> None:
     assert sorted(str(item["entity"]) for item in items(cosmos, key.id)) == ["charge|1", "order"]
 
 
-def test_the_orders_function_runs_unchanged_on_cosmos(azurite: Azurite, cosmos_emulator: CosmosEmulator) -> None:
+def test_every_trigger_runs_unchanged_on_cosmos(azurite: Azurite, cosmos_emulator: CosmosEmulator) -> None:
     saved = dict(os.environ)
     try:
         use_cosmos_emulator(cosmos_emulator, "fnorders")
         report = run(RunConfig(messages=200, workers=4, dup_rate=0.5, seed=9, table="fnorders"), azurite)
+        triggers = other_triggers.drive(events=30, orders=30)  # Event Grid, CloudEvents and HTTP on Cosmos too
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -116,3 +118,4 @@ def test_the_orders_function_runs_unchanged_on_cosmos(azurite: Azurite, cosmos_e
     assert isinstance(report, Report) and report.violations == []
     assert (report.double_effects, report.lost, report.orphans) == (0, 0, 0)
     assert report.outcomes["duplicate"] > 0 and report.effects_applied == report.messages - report.dead_lettered
+    assert triggers.ok and (triggers.shipments, triggers.api_orders) == (30, 30)

@@ -59,7 +59,7 @@ def write_business_entity_only(store: DedupStore, partition: str, name: str, dat
         store.table.create_entity({"PartitionKey": encode_key(partition), "RowKey": encode_key(name), **data})
     else:
         assert isinstance(store, CosmosStore)
-        store.container.create_item({"id": encode_key(name), "orderId": partition, "entity": name, **data})
+        store.container.create_item({"id": encode_key(name), "partitionKey": partition, "entity": name, **data})
 
 
 def test_commit_writes_marker_and_effects_together(store: DedupStore) -> None:
