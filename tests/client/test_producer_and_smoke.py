@@ -50,6 +50,16 @@ def test_a_shipped_event_keeps_its_id_across_retries() -> None:
                                                                         "trackingNumber": "T-1"}  # fmt: skip
 
 
+def test_clients_are_built_from_settings_with_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    from client.producer import eventgrid_client, servicebus_client
+
+    monkeypatch.setenv("EVENTGRID_TOPIC_ENDPOINT", "https://topic.westeurope-1.eventgrid.azure.net/api/events")
+    monkeypatch.setenv("SERVICEBUS_FULLY_QUALIFIED_NAMESPACE", "ns.servicebus.windows.net")
+    monkeypatch.delenv("SERVICEBUS_CONNECTION_STRING", raising=False)
+    assert type(eventgrid_client()).__name__ == "EventGridPublisherClient"  # no request is sent yet
+    assert servicebus_client().fully_qualified_namespace == "ns.servicebus.windows.net"
+
+
 def test_the_plan_has_the_requested_shares() -> None:
     plan = make_plan(40, 0.25, 3, seed=1)
     assert len(plan.orders) == 40 and len(plan.duplicates) == 10 and len(plan.mismatches) == 3
