@@ -6,12 +6,14 @@ import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import function_app
+from shared.idempotency import IdempotentConsumer, StoreUnavailable
 from tools.azurite import Azurite
 from tools.host import servicebus_message, user_function
 
-__all__ = ["app_settings", "fresh_app", "servicebus_message", "user_function"]
+__all__ = ["app_settings", "fresh_app", "servicebus_message", "store_down", "user_function"]
 
 
 @contextmanager
@@ -22,6 +24,21 @@ def fresh_app(azurite: Azurite, **settings: str) -> Iterator[str]:
     with app_settings(DEDUP_STORAGE_CONNECTION=azurite.connection_string, ORDERS_TABLE=table,
                       DEDUP_DEADLETTER_TABLE=table + "dl", **settings):  # fmt: skip
         yield table
+
+
+@contextmanager
+def store_down(consumer: IdempotentConsumer) -> Iterator[None]:
+    """Every commit of this consumer fails as an unavailable store would (503)."""
+
+    def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("503 injected")
+
+    original = consumer.store.commit_many
+    consumer.store.commit_many = unavailable  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        consumer.store.commit_many = original  # type: ignore[method-assign]
 
 
 @contextmanager

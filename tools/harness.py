@@ -88,7 +88,6 @@ class Report:
     lock_expiries: int = 0
     locks_lost: int = 0
     resubmitted: int = 0
-    broker_dead_lettered: int = 0
     effects_applied: int = 0
     double_effects: int = 0
     lost: int = 0
@@ -163,7 +162,6 @@ def run(
 
     report.sends, report.dropped_by_detection = queue.sent, queue.dropped_by_detection
     report.deliveries, report.lock_expiries, report.locks_lost = queue.deliveries, queue.lock_expiries, queue.locks_lost
-    report.broker_dead_lettered = len(queue.dead)
     report.faults = plan.injected
     _verify(report, [logical[i] for i in sorted(accepted)], store, consumer.name, applied, queue)
     report.seconds = time.monotonic() - started

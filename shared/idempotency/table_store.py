@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import unquote
 
 from azure.core import MatchConditions
@@ -40,8 +40,6 @@ STATE_VERSION = "StateVersion"  # the version of an entity written by upsert_if_
 _BODY_CHUNK = 64_000  # bytes per Edm.Binary property (limit 64 KiB)
 _MAX_BODY_CHUNKS = 14  # the whole entity must stay under 1 MiB
 
-T = TypeVar("T")
-
 
 def is_transient(exc: HttpResponseError) -> bool:
     return exc.status_code in (408, 429) or (exc.status_code or 0) >= 500
@@ -58,11 +56,6 @@ def _store_errors() -> Iterator[None]:
         if is_transient(exc):
             raise StoreUnavailable(str(exc)) from exc
         raise
-
-
-def _call(fn: Callable[[], T]) -> T:
-    with _store_errors():
-        return fn()
 
 
 class TableStore(DedupStore):
@@ -169,28 +162,29 @@ class TableStore(DedupStore):
 
     def get(self, key: DedupKey, partition: str) -> Marker | None:
         try:
-            entity = _call(lambda: self._table.get_entity(encode_key(partition), marker_id(key)))
+            with _store_errors():
+                entity = self._table.get_entity(encode_key(partition), marker_id(key))
         except ResourceNotFoundError:
             return None
         return self._marker_from(entity, partition)
 
     def insert(self, marker: Marker) -> Marker | None:
         try:
-            meta = _call(lambda: self._table.create_entity(self._marker_entity(marker)))
+            with _store_errors():
+                meta = self._table.create_entity(self._marker_entity(marker))
         except ResourceExistsError:
             return None
         return _versioned(marker, meta)
 
     def replace(self, marker: Marker, if_version: str) -> Marker:
         try:
-            meta = _call(
-                lambda: self._table.update_entity(
+            with _store_errors():
+                meta = self._table.update_entity(
                     self._marker_entity(marker),
                     mode=UpdateMode.REPLACE,
                     etag=if_version,
                     match_condition=MatchConditions.IfNotModified,
                 )
-            )
         except (ResourceModifiedError, ResourceNotFoundError) as exc:
             raise VersionConflict(str(exc)) from exc
         return _versioned(marker, meta)
@@ -216,14 +210,13 @@ class TableStore(DedupStore):
         if marker.version is None:
             raise VersionConflict("only a stored marker can be released")
         try:
-            _call(
-                lambda: self._table.delete_entity(
+            with _store_errors():
+                self._table.delete_entity(
                     encode_key(marker.partition),
                     marker_id(marker.key),
                     etag=marker.version,
                     match_condition=MatchConditions.IfNotModified,
                 )
-            )
         except ResourceModifiedError as exc:
             raise VersionConflict(str(exc)) from exc
 
@@ -250,10 +243,12 @@ class TableStore(DedupStore):
         body = {**self.effect_entity(pk, entity), STATE_VERSION: version}
         while True:  # each pass either writes conditionally or learns what is stored
             try:
-                current = _call(lambda: self._table.get_entity(pk, body["RowKey"]))
+                with _store_errors():
+                    current = self._table.get_entity(pk, body["RowKey"])
             except ResourceNotFoundError:
                 try:
-                    _call(lambda: self._table.create_entity(body))
+                    with _store_errors():
+                        self._table.create_entity(body)
                     return StateStatus.APPLIED
                 except ResourceExistsError:
                     continue  # another writer created it first: compare with theirs
@@ -336,11 +331,13 @@ class TableStore(DedupStore):
             "StoredFingerprint": record.stored_fingerprint,
         }
         entity.update({name: value for name, value in optional.items() if value is not None})
-        _call(lambda: self._dead.upsert_entity(entity, mode=UpdateMode.REPLACE))
+        with _store_errors():
+            self._dead.upsert_entity(entity, mode=UpdateMode.REPLACE)
 
     def dead_letters(self, scope: str) -> list[DeadLetter]:
         query = self._dead.query_entities("PartitionKey eq @pk", parameters={"pk": encode_key(scope)})
-        return [_dead_letter_from(scope, entity) for entity in _call(lambda: list(query))]
+        with _store_errors():
+            return [_dead_letter_from(scope, entity) for entity in query]
 
     def scan(self, partition: str | None = None) -> Iterator[StoredItem]:
         if partition is None:

@@ -15,7 +15,7 @@ from shared.bindings import RetryLater
 from shared.idempotency import DedupStore
 from shared.idempotency.table_store import TableStore
 from shared.ledger import message_id
-from tests.functions import fresh_app, servicebus_message, user_function
+from tests.functions import fresh_app, servicebus_message, store_down, user_function
 from tools.azurite import Azurite
 
 ledger_batch = user_function("ledger_batch")
@@ -76,19 +76,7 @@ def test_a_conflict_inside_a_batch_isolates_only_its_message(store: DedupStore) 
 
 
 def test_a_transient_failure_returns_the_whole_batch(store: DedupStore) -> None:
-    consumer = function_app.consumers().ledger
-    original = consumer.store.commit_many
-
-    def failing(*args: Any, **kwargs: Any) -> Any:
-        from shared.idempotency import StoreUnavailable
-
-        raise StoreUnavailable("injected")
-
-    consumer.store.commit_many = failing  # type: ignore[method-assign]
-    try:
-        with pytest.raises(RetryLater):
-            ledger_batch([servicebus_message(*posting("acc-4", "p1"))])
-    finally:
-        consumer.store.commit_many = original  # type: ignore[method-assign]
+    with store_down(function_app.consumers().ledger), pytest.raises(RetryLater):
+        ledger_batch([servicebus_message(*posting("acc-4", "p1"))])
     ledger_batch([servicebus_message(*posting("acc-4", "p1"))])
     assert len(postings(store)) == 1

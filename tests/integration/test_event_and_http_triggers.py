@@ -19,7 +19,7 @@ from shared.bindings import RetryLater
 from shared.idempotency import DedupKey, DedupStore, Marker, State, fingerprint, joined_identity
 from shared.idempotency.records import utcnow
 from shared.orders import SHIPPED
-from tests.functions import fresh_app, user_function
+from tests.functions import fresh_app, store_down, user_function
 from tools.azurite import Azurite
 from tools.payment_service import PaymentService
 
@@ -87,20 +87,8 @@ def test_invalid_events_are_recorded_and_not_retried(store: DedupStore) -> None:
 
 
 def test_a_transient_failure_makes_event_grid_retry(store: DedupStore) -> None:
-    consumer = function_app.consumers().order_events
-    original = consumer.store
-    consumer.store = type("Down", (), {"__getattr__": lambda self, name: _raise_unavailable})()  # type: ignore[assignment]
-    try:
-        with pytest.raises(RetryLater):
-            order_events(cloud_event(uuid.uuid4().hex))
-    finally:
-        consumer.store = original
-
-
-def _raise_unavailable(*args: Any, **kwargs: Any) -> Any:
-    from shared.idempotency import StoreUnavailable
-
-    raise StoreUnavailable("injected")
+    with store_down(function_app.consumers().order_events), pytest.raises(RetryLater):
+        order_events(cloud_event(uuid.uuid4().hex))
 
 
 # -- HTTP with Idempotency-Key ---------------------------------------------------------

@@ -17,7 +17,7 @@ from shared.idempotency import StoreUnavailable
 from shared.idempotency.keys import encode_key
 from shared.idempotency.records import MARKER_KIND
 from shared.orders import OrderEffects, effects_by_order
-from tests.functions import app_settings, fresh_app, servicebus_message, user_function
+from tests.functions import app_settings, fresh_app, servicebus_message, store_down, user_function
 from tools.azurite import Azurite
 
 orders = user_function("orders")
@@ -165,18 +165,8 @@ def test_markers_never_exist_without_their_effects(tables: tuple[TableClient, Ta
 
 def test_store_errors_are_retried_by_the_broker(tables: tuple[TableClient, TableClient], azurite: Azurite) -> None:
     order = an_order()
-    consumer = function_app.consumers().orders
-    original = consumer.store.commit_many
-
-    def failing(*args: Any, **kwargs: Any) -> Any:
-        raise StoreUnavailable("503 injected")
-
-    consumer.store.commit_many = failing  # type: ignore[method-assign]
-    try:
-        with pytest.raises(RetryLater) as info:
-            orders(servicebus_message(order, order["orderId"]))
-        assert info.value.result.outcome.value == "transient"
-    finally:
-        consumer.store.commit_many = original  # type: ignore[method-assign]
+    with store_down(function_app.consumers().orders), pytest.raises(RetryLater) as info:
+        orders(servicebus_message(order, order["orderId"]))
+    assert info.value.result.outcome.value == "transient"
     orders(servicebus_message(order, order["orderId"], delivery_count=2))
     assert effects(tables[0], order["orderId"]) == (1, 1)
