@@ -3,8 +3,9 @@
 Every HTTP request the store clients send is counted (azure-core ``raw_request_hook``),
 every scenario runs BENCH_REPEATS times (default 3, interleaved so that the machine's
 noise hits all alike), and throughput is reported as a ratio to the baseline measured in
-the same run. Writes bench/results/latest.{json,md,png}; exits non-zero when a target is
-missed.
+the same run. The CPU each message costs the client (this process, SDK threads included)
+and Azurite is measured too, so that a run shows where added time goes. Writes
+bench/results/latest.{json,md,png}; exits non-zero when a target is missed.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class Measure:
     seconds: float
     requests: int
     latencies_ms: list[float]
+    client_cpu: float  # seconds of this process's CPU (SDK threads included)
+    store_cpu: float  # seconds of Azurite's CPU
 
 
 class Bench:
@@ -62,15 +65,18 @@ class Bench:
         store.create_tables()
         return store
 
-    def timed(self, calls: list[Callable[[], Any]], per_call: int = 1) -> Measure:
+    def timed(self, calls: list[Callable[[], Any]], sizes: list[int] | None = None) -> Measure:
+        """Run the calls one after another; ``sizes``: messages per call (default 1 each)."""
+        sizes = sizes or [1] * len(calls)
         self.sent = 0
         latencies = []
-        started = time.perf_counter()
-        for call in calls:
+        client, store, started = time.process_time(), self.azurite.cpu_seconds(), time.perf_counter()
+        for call, size in zip(calls, sizes, strict=True):
             t = time.perf_counter()
             call()
-            latencies += [(time.perf_counter() - t) * 1000 / per_call] * per_call
-        return Measure(len(calls) * per_call, time.perf_counter() - started, self.sent, latencies)
+            latencies += [(time.perf_counter() - t) * 1000 / size] * size
+        return Measure(sum(sizes), time.perf_counter() - started, self.sent, latencies,
+                       time.process_time() - client, self.azurite.cpu_seconds() - store)  # fmt: skip
 
 
 def orders(n: int, run: str) -> list[Delivery]:
@@ -154,7 +160,8 @@ def batch(size: int) -> Callable[[Bench], Measure]:
                                            "currency": "EUR"}).encode(), message_id=ledger.message_id(account, f"p{i}"))
                       for i in range(bench.n)]  # fmt: skip
         batches = [deliveries[i : i + size] for i in range(0, len(deliveries), size)]
-        return bench.timed([lambda b=b: flow.process_batch(b) for b in batches], per_call=size)  # type: ignore[misc]
+        calls = [lambda b=b: flow.process_batch(b) for b in batches]
+        return bench.timed(calls, [len(b) for b in batches])  # type: ignore[arg-type]
 
     return scenario
 
@@ -202,6 +209,8 @@ def main() -> int:
             "requests_per_message": round(statistics.median(m.requests / m.messages for m in measures), 4),
             "p50_ms": round(percentile(latencies, 0.5), 2),
             "p99_ms": round(percentile(latencies, 0.99), 2),
+            "client_cpu_ms": round(statistics.median(m.client_cpu * 1000 / m.messages for m in measures), 3),
+            "store_cpu_ms": round(statistics.median(m.store_cpu * 1000 / m.messages for m in measures), 3),
         })  # fmt: skip
     by_name = {row["scenario"]: row for row in rows}
     checks: dict[str, bool] = {
@@ -227,14 +236,17 @@ def write(report: dict[str, Any]) -> None:
     (RESULTS / "latest.json").write_text(json.dumps(report, indent=1) + "\n")
     lines = [
         f"Azurite, {report['messages_per_scenario']} messages per scenario, median of {report['repeats']} runs; "
-        "throughput as a ratio to the baseline measured in the same run.",
+        "throughput as a ratio to the baseline measured in the same run; CPU per message split between "
+        "this client (Python, Azure SDK) and Azurite.",
         "",
-        "| scenario | messages/s | x baseline | store requests / message | p50 ms | p99 ms |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| scenario | messages/s | x baseline | store requests / message | p50 ms | p99 ms "
+        "| client CPU ms / message | Azurite CPU ms / message |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["scenarios"]:
         lines.append(f"| {row['scenario']} | {row['messages_per_s']:.0f} | {row['ratio_to_baseline']:.2f} | "
-                     f"{row['requests_per_message']:.3f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} |")  # fmt: skip
+                     f"{row['requests_per_message']:.3f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | "
+                     f"{row['client_cpu_ms']:.2f} | {row['store_cpu_ms']:.2f} |")  # fmt: skip
     lines += ["", *[f"- {'PASS' if ok else 'MISS'}: {target}" for target, ok in report["targets"].items()]]
     (RESULTS / "latest.md").write_text("\n".join(lines) + "\n")
     chart(report["scenarios"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -78,6 +79,13 @@ class Azurite:
                 self._process.kill()
                 self._process.wait()
         self._process = None
+
+    def cpu_seconds(self) -> float:
+        """CPU time the Azurite process has used so far (Linux /proc), for the benchmark's
+        split of each message's cost between the client and the store."""
+        assert self._process is not None, "Azurite is not running"
+        fields = Path(f"/proc/{self._process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def restart(self) -> None:
         self.stop()
