@@ -13,6 +13,7 @@ def test_every_scenario_runs_and_costs_the_round_trips_it_reports(azurite: Azuri
     measures = {name: scenario(bench) for name, scenario in SCENARIOS.items()}
     per_message = {name: m.requests / m.messages for name, m in measures.items()}
 
+    assert per_message["raw transaction of 2 inserts"] == per_message["raw transaction of 4 inserts"] == 1.0
     assert per_message["baseline (effects, no dedup)"] == 1.0
     assert per_message["atomic (marker + effects)"] == 1.0
     assert per_message["two-phase (claim, call, complete, commit)"] == 3.0
