@@ -252,12 +252,7 @@ class IdempotentConsumer:
             return []
         claiming = time.perf_counter()
         try:
-            commits = self.store.commit_many(
-                [
-                    (p.key, p.partition, p.fingerprint, p.effects.entities, p.effects.result, p.expires_at)
-                    for p in pending
-                ]
-            )
+            commits = self.store.commit_many([p.commit for p in pending])
         except Exception as exc:  # noqa: BLE001 - nothing was committed that we know of: all retry
             return [self._failure(exc, p.key, p.fingerprint) for p in pending]
         per_message = (time.perf_counter() - claiming) * 1000 / len(pending)
