@@ -180,22 +180,6 @@ class CosmosStore(DedupStore):
             raise VersionConflict(f"operation {exc.error_index}: {_status_at(exc, exc.error_index)}") from exc
         return replace(done, version=replies[0]["resourceBody"]["_etag"])
 
-    def release(self, marker: Marker) -> None:
-        if marker.version is None:
-            raise VersionConflict("only a stored marker can be released")
-        try:
-            with _store_errors():
-                self._container.delete_item(
-                    marker_id(marker.key),
-                    partition_key=marker.partition,
-                    etag=marker.version,
-                    match_condition=MatchConditions.IfNotModified,
-                )
-        except exceptions.CosmosAccessConditionFailedError as exc:
-            raise VersionConflict(str(exc)) from exc
-        except exceptions.CosmosResourceNotFoundError:
-            pass  # gone already (expired): nothing to release
-
     def stale_claims(self, lease_expired_before: datetime, limit: int) -> list[Marker]:
         query = (
             "SELECT * FROM c WHERE c.kind = @kind AND c.state = @state AND c.leaseUntil < @cutoff"

@@ -112,10 +112,6 @@ class DedupStore(ABC):
         transaction, only if the marker is still at ``marker.version``."""
 
     @abstractmethod
-    def release(self, marker: Marker) -> None:
-        """Delete the marker only if it is still at ``marker.version``."""
-
-    @abstractmethod
     def stale_claims(self, lease_expired_before: datetime, limit: int) -> list[Marker]:
         """In-progress markers whose lease ran out before the given time (a bounded scan)."""
 

@@ -206,20 +206,6 @@ class TableStore(DedupStore):
             raise VersionConflict(str(exc)) from exc
         return _versioned(done, replies[0])
 
-    def release(self, marker: Marker) -> None:
-        if marker.version is None:
-            raise VersionConflict("only a stored marker can be released")
-        try:
-            with _store_errors():
-                self._table.delete_entity(
-                    encode_key(marker.partition),
-                    marker_id(marker.key),
-                    etag=marker.version,
-                    match_condition=MatchConditions.IfNotModified,
-                )
-        except ResourceModifiedError as exc:
-            raise VersionConflict(str(exc)) from exc
-
     def stale_claims(self, lease_expired_before: datetime, limit: int) -> list[Marker]:
         # Markers live beside the business data, in every partition: this is a filtered
         # scan, bounded by ``limit``; run it from a timer, never on the message path.

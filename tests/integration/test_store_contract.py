@@ -204,7 +204,7 @@ def test_racing_takeovers_of_a_stale_claim_have_one_winner(store: DedupStore) ->
     assert stored is not None and stored.owner == winners[0]
 
 
-def test_completion_and_release_with_a_stale_version_are_rejected(store: DedupStore) -> None:
+def test_completion_and_replacement_with_a_stale_version_are_rejected(store: DedupStore) -> None:
     needs_real_batches(store)  # completion replaces the marker in a batch
     k = key()
     first = store.claim(in_progress(k, lease=-HOUR / 2, owner="slow"), utcnow())
@@ -212,18 +212,10 @@ def test_completion_and_release_with_a_stale_version_are_rejected(store: DedupSt
     with pytest.raises(VersionConflict):
         store.complete(first, {"charged": 2}, [Entity("order", {"by": "slow"})])
     with pytest.raises(VersionConflict):
-        store.release(first)
+        store.replace(replace(first, lease_until=utcnow()), first.version or "")
     assert "order" not in partition_rows(store, k.id)
     store.complete(second, {"charged": 1}, [Entity("order", {"by": "fast"})])
     assert entity(store, k.id, "order")["by"] == "fast"
-
-
-def test_release_with_the_current_version_deletes(store: DedupStore) -> None:
-    k = key()
-    claimed = store.claim(in_progress(k), utcnow())
-    store.release(claimed)
-    assert store.get(k, k.id) is None
-    assert store.claim(in_progress(k, owner="next"), utcnow()).owner == "next"
 
 
 @pytest.mark.parametrize(
