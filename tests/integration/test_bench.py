@@ -21,4 +21,6 @@ def test_every_scenario_runs_and_costs_the_round_trips_it_reports(azurite: Azuri
     assert per_message["duplicates 90%, hot cache"] == 2 / 20  # the 2 new messages only
     assert per_message["batch of 10"] == 2 / 20
     assert per_message["batch of 100"] == 1 / 20
-    assert all(m.messages == 20 and m.client_cpu > 0 and m.store_cpu >= 0 for m in measures.values())
+    assert all(m.messages == 20 for m in measures.values())
+    # both sides of the CPU split are read (Azurite's in clock ticks: summed over the run)
+    assert sum(m.client_cpu for m in measures.values()) > 0 and sum(m.store_cpu for m in measures.values()) > 0
