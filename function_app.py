@@ -8,6 +8,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import astuple, dataclass
+import typing
 from typing import Any
 
 import azure.functions as func
@@ -140,7 +141,7 @@ def order_status(msg: func.ServiceBusMessage) -> None:
 @app.function_name("ledger_batch")
 @app.service_bus_queue_trigger(arg_name="messages", queue_name="%LEDGER_QUEUE%", connection="ServiceBusConnection",
                                cardinality="many")  # fmt: skip
-def ledger_batch(messages: list[func.ServiceBusMessage]) -> None:
+def ledger_batch(messages: typing.List[func.ServiceBusMessage]) -> None:  # noqa: UP006 - the worker rejects list[...]
     """With the classic binding a batch completes or is abandoned as a whole: any message
     that must be retried makes the whole batch come back, and its committed messages
     are then cheap duplicates."""

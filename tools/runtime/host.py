@@ -1,0 +1,294 @@
+"""The Functions host's side of the FunctionRpc gRPC stream, played against one real Python
+worker process: start it as the host does, then StartStream → WorkerInitRequest →
+FunctionsMetadataRequest → FunctionLoadRequest → InvocationRequest (or, for the Flex/Linux
+Consumption start path, a placeholder worker specialised by FunctionEnvironmentReloadRequest).
+
+The protocol follows Azure/azure-functions-host src/WebJobs.Script.Grpc/Channel/GrpcWorkerChannel.cs
+(the message order, and the capabilities the host announces) and the worker's FunctionRpc.proto.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+
+from tools.runtime.build import CACHE, PACKAGES, Runtime
+
+HOST_VERSION = "4.1037.0"  # reported to the worker, which only logs it
+MAX_MESSAGE = 2_147_483_647  # the host's --grpcMaxMessageLength
+TIMEOUT = 120.0
+# What a v4 host announces in WorkerInitRequest (GrpcWorkerChannel.SendWorkerInitRequest).
+HOST_CAPABILITIES = {
+    "RpcHttpTriggerMetadataRemoved": "true",
+    "RpcHttpBodyOnly": "true",
+    "RawHttpBodyBytes": "true",
+    "TypedDataCollection": "true",
+}
+
+
+def rpc() -> tuple[ModuleType, ModuleType]:
+    """FunctionRpc_pb2 and FunctionRpc_pb2_grpc, generated from the worker's own .proto files
+    (tools/runtime/build.py copies them to .runtime/host-stubs/functionrpc)."""
+    stubs = CACHE / "host-stubs"
+    if str(stubs) not in sys.path:
+        sys.path.append(str(stubs))
+    return importlib.import_module("functionrpc.FunctionRpc_pb2"), importlib.import_module(
+        "functionrpc.FunctionRpc_pb2_grpc"
+    )
+
+
+@dataclass
+class WorkerLog:
+    category: str
+    level: int
+    message: str
+    invocation_id: str
+    exception: str = ""
+
+
+@dataclass
+class Function:
+    function_id: str
+    name: str
+    metadata: Any  # RpcFunctionMetadata as the worker indexed it
+    bindings: list[dict[str, Any]] = field(default_factory=list)  # raw_bindings, parsed
+
+
+class WorkerHost:
+    """One worker process and its gRPC stream. ``settings`` are the app settings the host
+    passes as environment variables. With ``placeholder=True`` the worker starts as on a
+    Flex/Linux Consumption placeholder and is specialised by ``specialize()``."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        settings: Mapping[str, str],
+        *,
+        placeholder: bool = False,
+        on_log: Callable[[WorkerLog], None] | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.settings = dict(settings)
+        self.placeholder = placeholder
+        self.on_log = on_log
+        self.pb, self._grpc = rpc()
+        self.logs: list[WorkerLog] = []
+        self.functions: dict[str, Function] = {}
+        self.request_id = str(uuid.uuid4())
+        self.worker_id = str(uuid.uuid4())
+        self._outbox: queue.Queue[Any] = queue.Queue()
+        self._pending: dict[str, futures.Future[Any]] = {}
+        self._mutex = threading.Lock()
+        self._started = threading.Event()
+        self._server: grpc.Server | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self.output = CACHE / f"worker-{self.worker_id[:8]}.log"
+
+    # -- process and stream ------------------------------------------------------------------
+
+    def start(self) -> WorkerHost:
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=4),
+            options=[("grpc.max_send_message_length", MAX_MESSAGE), ("grpc.max_receive_message_length", MAX_MESSAGE)],
+        )
+        handler = type("Host", (self._grpc.FunctionRpcServicer,), {"EventStream": self._event_stream})()
+        self._grpc.add_FunctionRpcServicer_to_server(handler, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        self._server = server
+        self._process = subprocess.Popen(
+            self._command(port), cwd=self._app_root(), env=self._environment(), stdout=self.output.open("wb"),
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        if not self._started.wait(TIMEOUT) or self._process.poll() is not None:
+            self.close()
+            raise RuntimeError(f"the worker did not open its stream; its output:\n{self.worker_output()}")
+        return self
+
+    def _command(self, port: int) -> list[str]:
+        """As the host's worker process factory starts it: the worker path from
+        worker.config.json, then both the old and the new argument names."""
+        ids = ["--workerId", self.worker_id, "--requestId", self.request_id]
+        return [
+            str(self.runtime.python), str(self.runtime.worker / "worker.py"), "--host", "127.0.0.1",
+            "--port", str(port), *ids, "--grpcMaxMessageLength", str(MAX_MESSAGE),
+            "--functions-uri", f"http://127.0.0.1:{port}/", "--functions-worker-id", self.worker_id,
+            "--functions-request-id", self.request_id, "--functions-grpc-max-message-length", str(MAX_MESSAGE),
+        ]  # fmt: skip
+
+    def _app_root(self) -> Path:
+        if self.placeholder:  # the placeholder site has no app content yet
+            empty = CACHE / "placeholder-wwwroot"
+            empty.mkdir(parents=True, exist_ok=True)
+            return empty
+        return self.runtime.app
+
+    def _environment(self) -> dict[str, str]:
+        """What the host hands its worker on Linux: its own environment (a few basics here)
+        plus the app settings, and the PYTHONPATH worker.py computes on Azure
+        (the app's .python_packages first, then the worker's own folder)."""
+        base = {name: os.environ[name] for name in ("PATH", "HOME", "LANG", "TZ") if name in os.environ}
+        env = {
+            **base,
+            "FUNCTIONS_WORKER_RUNTIME": "python",
+            "AzureWebJobsScriptRoot": str(self._app_root()),
+            "PYTHONPATH": f"{self.runtime.app / PACKAGES}:{self.runtime.worker}",
+            "PYTHONUNBUFFERED": "1",
+        }
+        if self.placeholder:
+            return {**env, "WEBSITE_PLACEHOLDER_MODE": "1", "CONTAINER_NAME": "placeholder",
+                    "PYTHON_ISOLATE_WORKER_DEPENDENCIES": "1"}  # fmt: skip
+        return {**env, **self.settings}
+
+    def _event_stream(self, requests: Iterator[Any], context: Any) -> Iterator[Any]:
+        threading.Thread(target=self._receive, args=(requests,), name="host-receive", daemon=True).start()
+        while True:
+            message = self._outbox.get()
+            if message is None:
+                return
+            yield message
+
+    def _receive(self, requests: Iterator[Any]) -> None:
+        try:
+            for message in requests:
+                self._dispatch(message)
+        except grpc.RpcError:
+            pass  # the stream ended: the worker exited or we closed it
+        with self._mutex:
+            for waiting in self._pending.values():
+                waiting.set_exception(RuntimeError(f"the worker's stream ended; its output:\n{self.worker_output()}"))
+            self._pending.clear()
+
+    def _dispatch(self, message: Any) -> None:
+        kind = message.WhichOneof("content")
+        if kind == "start_stream":
+            self._started.set()
+        elif kind == "rpc_log":
+            log = message.rpc_log
+            entry = WorkerLog(log.category, log.level, log.message, log.invocation_id, log.exception.message)
+            self.logs.append(entry)
+            if self.on_log is not None:
+                self.on_log(entry)
+        else:
+            payload = getattr(message, kind)
+            key = payload.invocation_id if kind == "invocation_response" else kind
+            if kind == "function_load_response":
+                key = f"{kind}:{payload.function_id}"
+            with self._mutex:
+                waiting = self._pending.pop(key, None)
+            if waiting is not None:
+                waiting.set_result(payload)
+
+    def _request(self, key: str, **content: Any) -> Any:
+        waiting: futures.Future[Any] = futures.Future()
+        with self._mutex:
+            self._pending[key] = waiting
+        self._outbox.put(self.pb.StreamingMessage(request_id=self.request_id, **content))
+        return waiting.result(TIMEOUT)
+
+    def close(self) -> None:
+        self._outbox.put(None)
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(15)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        if self._server is not None:
+            self._server.stop(grace=None)
+
+    def worker_output(self) -> str:
+        return self.output.read_text(errors="replace")[-5000:] if self.output.exists() else ""
+
+    def __enter__(self) -> WorkerHost:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the host's requests -----------------------------------------------------------------
+
+    def init(self) -> Any:
+        """WorkerInitRequest with the capabilities a v4 host announces."""
+        request = self.pb.WorkerInitRequest(
+            host_version=HOST_VERSION,
+            worker_directory=str(self.runtime.worker),
+            function_app_directory=str(self._app_root()),
+            capabilities=HOST_CAPABILITIES,
+        )
+        return self._request("worker_init_response", worker_init_request=request)
+
+    def specialize(self) -> Any:
+        """FunctionEnvironmentReloadRequest: the placeholder becomes this app, with its settings."""
+        env = {**self._environment(), **self.settings, "AzureWebJobsScriptRoot": str(self.runtime.app),
+               "WEBSITE_PLACEHOLDER_MODE": "0"}  # fmt: skip
+        request = self.pb.FunctionEnvironmentReloadRequest(
+            environment_variables=env, function_app_directory=str(self.runtime.app)
+        )
+        return self._request("function_environment_reload_response", function_environment_reload_request=request)
+
+    def index(self) -> Any:
+        """FunctionsMetadataRequest: the worker imports function_app.py and indexes it."""
+        request = self.pb.FunctionsMetadataRequest(function_app_directory=str(self.runtime.app))
+        response = self._request("function_metadata_response", functions_metadata_request=request)
+        for metadata in response.function_metadata_results:
+            bindings = [json.loads(raw) for raw in metadata.raw_bindings]
+            self.functions[metadata.name] = Function(metadata.function_id, metadata.name, metadata, bindings)
+        return response
+
+    def load(self, name: str) -> Any:
+        function = self.functions[name]
+        request = self.pb.FunctionLoadRequest(function_id=function.function_id, metadata=function.metadata)
+        return self._request(f"function_load_response:{function.function_id}", function_load_request=request)
+
+    def start_app(self) -> WorkerHost:
+        """The whole start sequence; raises when any step fails."""
+        for step in (self.init, *((self.specialize,) if self.placeholder else ()), self.index):
+            response = step()
+            if response.result.status != self.pb.StatusResult.Success:
+                raise RuntimeError(f"{step.__name__} failed: {response.result.exception.message}")
+        for name in self.functions:
+            loaded = self.load(name)
+            if loaded.result.status != self.pb.StatusResult.Success:
+                raise RuntimeError(f"loading {name} failed: {loaded.result.exception.message}")
+        return self
+
+    def invoke(self, name: str, input_data: Mapping[str, Any], trigger_metadata: Mapping[str, Any]) -> Any:
+        """InvocationRequest: ``input_data`` maps binding names to TypedData."""
+        invocation_id = f"{uuid.uuid4()}"
+        request = self.pb.InvocationRequest(
+            invocation_id=invocation_id,
+            function_id=self.functions[name].function_id,
+            input_data=[self.pb.ParameterBinding(name=key, data=value) for key, value in input_data.items()],
+            trigger_metadata=dict(trigger_metadata),
+            trace_context=self.pb.RpcTraceContext(trace_parent=f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"),
+            retry_context=self.pb.RetryContext(retry_count=0, max_retry_count=0),
+        )
+        return self._request(invocation_id, invocation_request=request)
+
+    def failed(self, response: Any) -> str | None:
+        """The exception text of a failed invocation, None on success."""
+        if response.result.status == self.pb.StatusResult.Success:
+            return None
+        return str(response.result.exception.message)
+
+
+def log_level(level: int) -> int:
+    """RpcLog.Level → logging level."""
+    return {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING}.get(level, logging.ERROR)
