@@ -6,9 +6,9 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import typing
 from collections.abc import Callable
 from dataclasses import astuple, dataclass
-import typing
 from typing import Any
 
 import azure.functions as func
