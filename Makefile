@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint typecheck chaos bench check-retention clean
+.PHONY: install demo test lint typecheck chaos bench check-retention worker clean
 
 install: $(VENV)/.installed node_modules/.installed
 
@@ -42,8 +42,14 @@ bench: install
 check-retention: install
 	$(PY) -m tools.infra_checks retention
 
+# The real Azure Functions Python worker for tests/runtime (online: GitHub release 4.34.0,
+# every file checked against tools/runtime/python-worker-4.34.0.sha256). Offline, set
+# FUNCTIONS_PYTHON_WORKER to the release archive or folder instead.
+worker: install
+	$(PY) -m tools.runtime.build
+
 test: lint typecheck check-retention
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache .hypothesis .runtime

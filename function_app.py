@@ -45,6 +45,14 @@ from shared.orders import (
 
 app = func.FunctionApp()
 
+# Service Bus bodies reach the function as the producer's bytes. With the default (string)
+# the host also merges a JSON body's top-level fields into the trigger metadata, where a body
+# field named "MessageId" would replace the broker's MessageId, the dedup key; a batch would
+# be re-serialised, and a body that is not JSON would fail the whole batch before our code.
+BODY_AS_BYTES = func.DataType.BINARY
+# The worker logs at INFO: keep the SDKs' per-request HTTP logging out of the app's logs.
+logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
+
 if os.environ.get("APPLICATIONINSIGHTS_CONNECTION_STRING"):  # on Azure: metrics, traces and logs to App Insights
     from azure.identity import DefaultAzureCredential
     from azure.monitor.opentelemetry import configure_azure_monitor
@@ -113,34 +121,36 @@ def consumers() -> Consumers:
 
 
 @app.function_name("orders")
-@app.service_bus_queue_trigger(arg_name="msg", queue_name="%ORDERS_QUEUE%", connection="ServiceBusConnection")
+@app.service_bus_queue_trigger(arg_name="msg", queue_name="%ORDERS_QUEUE%", connection="ServiceBusConnection",
+                               data_type=BODY_AS_BYTES)  # fmt: skip
 def orders(msg: func.ServiceBusMessage) -> None:
     acknowledge_or_retry(consumers().orders.process(servicebus_delivery(msg)))
 
 
 @app.function_name("billing")
 @app.service_bus_topic_trigger(arg_name="msg", topic_name="%ORDER_TOPIC%", subscription_name="%BILLING_SUBSCRIPTION%",
-                               connection="ServiceBusConnection")  # fmt: skip
+                               connection="ServiceBusConnection", data_type=BODY_AS_BYTES)  # fmt: skip
 def billing(msg: func.ServiceBusMessage) -> None:
     acknowledge_or_retry(consumers().billing.process(servicebus_delivery(msg)))
 
 
 @app.function_name("shipping")
 @app.service_bus_topic_trigger(arg_name="msg", topic_name="%ORDER_TOPIC%", subscription_name="%SHIPPING_SUBSCRIPTION%",
-                               connection="ServiceBusConnection")  # fmt: skip
+                               connection="ServiceBusConnection", data_type=BODY_AS_BYTES)  # fmt: skip
 def shipping(msg: func.ServiceBusMessage) -> None:
     acknowledge_or_retry(consumers().shipping.process(servicebus_delivery(msg)))
 
 
 @app.function_name("order_status")
-@app.service_bus_queue_trigger(arg_name="msg", queue_name="%ORDER_STATUS_QUEUE%", connection="ServiceBusConnection")
+@app.service_bus_queue_trigger(arg_name="msg", queue_name="%ORDER_STATUS_QUEUE%", connection="ServiceBusConnection",
+                               data_type=BODY_AS_BYTES)  # fmt: skip
 def order_status(msg: func.ServiceBusMessage) -> None:
     acknowledge_or_retry(consumers().order_status.process(servicebus_delivery(msg)))
 
 
 @app.function_name("ledger_batch")
 @app.service_bus_queue_trigger(arg_name="messages", queue_name="%LEDGER_QUEUE%", connection="ServiceBusConnection",
-                               cardinality="many")  # fmt: skip
+                               cardinality="many", data_type=BODY_AS_BYTES)  # fmt: skip
 def ledger_batch(messages: typing.List[func.ServiceBusMessage]) -> None:  # noqa: UP006 - the worker rejects list[...]
     """With the classic binding a batch completes or is abandoned as a whole: any message
     that must be retried makes the whole batch come back, and its committed messages

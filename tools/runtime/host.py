@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import threading
@@ -28,17 +29,21 @@ from typing import Any
 import grpc
 
 from tools.runtime.build import CACHE, PACKAGES, Runtime
+from tools.runtime.triggers import Invocation, typed
 
 HOST_VERSION = "4.1037.0"  # reported to the worker, which only logs it
 MAX_MESSAGE = 2_147_483_647  # the host's --grpcMaxMessageLength
 TIMEOUT = 120.0
-# What a v4 host announces in WorkerInitRequest (GrpcWorkerChannel.SendWorkerInitRequest).
-HOST_CAPABILITIES = {
-    "RpcHttpTriggerMetadataRemoved": "true",
-    "RpcHttpBodyOnly": "true",
-    "RawHttpBodyBytes": "true",
-    "TypedDataCollection": "true",
-}
+AZURE_APP_ROOT = Path("/home/site/wwwroot")  # where worker.py looks for the app on Azure
+# Run in a private mount namespace (root only): a tmpfs over /home, the given folder at
+# /home/site/wwwroot, then the worker there. Nothing outside the worker process sees it.
+MOUNT_APP_ROOT = (
+    'mount -t tmpfs none /home && mkdir -p /home/site/wwwroot && mount --bind "$0" /home/site/wwwroot'
+    ' && cd /home/site/wwwroot && exec "$@"'
+)
+# What a v4 host announces in WorkerInitRequest (host src/WebJobs.Script.Grpc/Channel/
+# GrpcWorkerChannel.cs, SendWorkerInitRequest); HostVersion and the directories are set beside it.
+HOST_CAPABILITIES = {"MultiStream": "10"}
 
 
 def rpc() -> tuple[ModuleType, ModuleType]:
@@ -81,11 +86,13 @@ class WorkerHost:
         *,
         placeholder: bool = False,
         on_log: Callable[[WorkerLog], None] | None = None,
+        hash_seed: str = "",
     ) -> None:
         self.runtime = runtime
         self.settings = dict(settings)
         self.placeholder = placeholder
         self.on_log = on_log
+        self.hash_seed = hash_seed  # fixes the worker's set iteration order (see the placeholder test)
         self.pb, self._grpc = rpc()
         self.logs: list[WorkerLog] = []
         self.functions: dict[str, Function] = {}
@@ -98,6 +105,11 @@ class WorkerHost:
         self._server: grpc.Server | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self.output = CACHE / f"worker-{self.worker_id[:8]}.log"
+        # A placeholder runs as on Azure (CONTAINER_NAME set, so worker.py takes its Azure path
+        # and expects the app at /home/site/wwwroot) before the app's content is there: an empty
+        # folder mounted at that path in the worker's own mount namespace, filled by specialize().
+        self.app = AZURE_APP_ROOT if placeholder else runtime.app
+        self._mount = CACHE / f"site-{self.worker_id[:8]}"
 
     # -- process and stream ------------------------------------------------------------------
 
@@ -111,10 +123,15 @@ class WorkerHost:
         port = server.add_insecure_port("127.0.0.1:0")
         server.start()
         self._server = server
-        self._process = subprocess.Popen(
-            self._command(port), cwd=self._app_root(), env=self._environment(), stdout=self.output.open("wb"),
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        command = self._command(port)
+        if self.placeholder:
+            self._mount.mkdir(parents=True, exist_ok=True)
+            command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", MOUNT_APP_ROOT,
+                       str(self._mount), *command]  # fmt: skip
+        with self.output.open("wb") as output:
+            self._process = subprocess.Popen(
+                command, cwd=self.runtime.app, env=self._environment(), stdout=output, stderr=subprocess.STDOUT
+            )
         if not self._started.wait(TIMEOUT) or self._process.poll() is not None:
             self.close()
             raise RuntimeError(f"the worker did not open its stream; its output:\n{self.worker_output()}")
@@ -131,13 +148,6 @@ class WorkerHost:
             "--functions-request-id", self.request_id, "--functions-grpc-max-message-length", str(MAX_MESSAGE),
         ]  # fmt: skip
 
-    def _app_root(self) -> Path:
-        if self.placeholder:  # the placeholder site has no app content yet
-            empty = CACHE / "placeholder-wwwroot"
-            empty.mkdir(parents=True, exist_ok=True)
-            return empty
-        return self.runtime.app
-
     def _environment(self) -> dict[str, str]:
         """What the host hands its worker on Linux: its own environment (a few basics here)
         plus the app settings, and the PYTHONPATH worker.py computes on Azure
@@ -146,13 +156,14 @@ class WorkerHost:
         env = {
             **base,
             "FUNCTIONS_WORKER_RUNTIME": "python",
-            "AzureWebJobsScriptRoot": str(self._app_root()),
-            "PYTHONPATH": f"{self.runtime.app / PACKAGES}:{self.runtime.worker}",
+            "AzureWebJobsScriptRoot": str(self.app),
+            "PYTHONPATH": f"{self.app / PACKAGES}:{self.runtime.worker}",
             "PYTHONUNBUFFERED": "1",
+            **({"PYTHONHASHSEED": self.hash_seed} if self.hash_seed else {}),
         }
         if self.placeholder:
-            return {**env, "WEBSITE_PLACEHOLDER_MODE": "1", "CONTAINER_NAME": "placeholder",
-                    "PYTHON_ISOLATE_WORKER_DEPENDENCIES": "1"}  # fmt: skip
+            # no app settings yet: they arrive with FunctionEnvironmentReloadRequest
+            return {**env, "WEBSITE_PLACEHOLDER_MODE": "1", "CONTAINER_NAME": "placeholder"}
         return {**env, **self.settings}
 
     def _event_stream(self, requests: Iterator[Any], context: Any) -> Iterator[Any]:
@@ -212,6 +223,7 @@ class WorkerHost:
                 self._process.wait()
         if self._server is not None:
             self._server.stop(grace=None)
+        shutil.rmtree(self._mount, ignore_errors=True)
 
     def worker_output(self) -> str:
         return self.output.read_text(errors="replace")[-5000:] if self.output.exists() else ""
@@ -229,23 +241,24 @@ class WorkerHost:
         request = self.pb.WorkerInitRequest(
             host_version=HOST_VERSION,
             worker_directory=str(self.runtime.worker),
-            function_app_directory=str(self._app_root()),
+            function_app_directory=str(self.app),
             capabilities=HOST_CAPABILITIES,
         )
         return self._request("worker_init_response", worker_init_request=request)
 
     def specialize(self) -> Any:
         """FunctionEnvironmentReloadRequest: the placeholder becomes this app, with its settings."""
-        env = {**self._environment(), **self.settings, "AzureWebJobsScriptRoot": str(self.runtime.app),
-               "WEBSITE_PLACEHOLDER_MODE": "0"}  # fmt: skip
+        for entry in self.runtime.app.iterdir():  # the content arrives at /home/site/wwwroot
+            (self._mount / entry.name).symlink_to(entry)
+        env = {**self._environment(), **self.settings, "WEBSITE_PLACEHOLDER_MODE": "0"}
         request = self.pb.FunctionEnvironmentReloadRequest(
-            environment_variables=env, function_app_directory=str(self.runtime.app)
+            environment_variables=env, function_app_directory=str(self.app)
         )
         return self._request("function_environment_reload_response", function_environment_reload_request=request)
 
     def index(self) -> Any:
         """FunctionsMetadataRequest: the worker imports function_app.py and indexes it."""
-        request = self.pb.FunctionsMetadataRequest(function_app_directory=str(self.runtime.app))
+        request = self.pb.FunctionsMetadataRequest(function_app_directory=str(self.app))
         response = self._request("function_metadata_response", functions_metadata_request=request)
         for metadata in response.function_metadata_results:
             bindings = [json.loads(raw) for raw in metadata.raw_bindings]
@@ -262,25 +275,39 @@ class WorkerHost:
         for step in (self.init, *((self.specialize,) if self.placeholder else ()), self.index):
             response = step()
             if response.result.status != self.pb.StatusResult.Success:
-                raise RuntimeError(f"{step.__name__} failed: {response.result.exception.message}")
+                raise RuntimeError(f"{step.__name__} failed: {self.exception(response)}")
         for name in self.functions:
             loaded = self.load(name)
             if loaded.result.status != self.pb.StatusResult.Success:
-                raise RuntimeError(f"loading {name} failed: {loaded.result.exception.message}")
+                raise RuntimeError(f"loading {name} failed: {self.exception(loaded)}")
         return self
 
-    def invoke(self, name: str, input_data: Mapping[str, Any], trigger_metadata: Mapping[str, Any]) -> Any:
-        """InvocationRequest: ``input_data`` maps binding names to TypedData."""
-        invocation_id = f"{uuid.uuid4()}"
+    def invoke(self, name: str, invocation: Invocation) -> Any:
+        """InvocationRequest as host src/WebJobs.Script.Grpc/Extensions/
+        ScriptInvocationContextExtensions.cs ToRpcInvocationRequest builds it: one
+        ParameterBinding per input, the binding data as trigger_metadata, the Activity's trace
+        context; no retry_context (the app declares no retry policy)."""
+        invocation_id = str(uuid.uuid4())
         request = self.pb.InvocationRequest(
             invocation_id=invocation_id,
             function_id=self.functions[name].function_id,
-            input_data=[self.pb.ParameterBinding(name=key, data=value) for key, value in input_data.items()],
-            trigger_metadata=dict(trigger_metadata),
+            input_data=[
+                self.pb.ParameterBinding(name=key, data=typed(self.pb, value))
+                for key, value in invocation.inputs.items()
+            ],
+            trigger_metadata={key: typed(self.pb, value) for key, value in invocation.metadata.items()},
             trace_context=self.pb.RpcTraceContext(trace_parent=f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"),
-            retry_context=self.pb.RetryContext(retry_count=0, max_retry_count=0),
         )
         return self._request(invocation_id, invocation_request=request)
+
+    def trigger(self, name: str) -> dict[str, Any]:
+        """The function's trigger binding, as the worker indexed it."""
+        return next(b for b in self.functions[name].bindings if str(b["type"]).endswith("Trigger"))
+
+    @staticmethod
+    def exception(response: Any) -> str:
+        error = response.result.exception
+        return f"{error.message}\n{error.stack_trace}".strip()
 
     def failed(self, response: Any) -> str | None:
         """The exception text of a failed invocation, None on success."""

@@ -1,0 +1,360 @@
+"""Runtime conformance: the app run by the real Azure Functions Python worker (release 4.34.0),
+started as the host starts it on Linux, over its FunctionRpc gRPC stream, with the invocation
+data shaped as the host and its extensions send it (tools/runtime/triggers.py cites the
+sources), against a real Azurite. What lands in the store is read back from Azurite.
+
+Runs when FUNCTIONS_PYTHON_WORKER names the release (CI sets it) or `make worker` fetched it;
+skips otherwise, and never skips when the variable is set."""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from azure.data.tables import TableServiceClient
+
+from shared.idempotency.table_store import TableStore
+from shared.ledger import message_id as posting_message_id
+from shared.orders import SHIPPED, OrderEffects, effects_by_order
+from tools.azurite import Azurite
+from tools.runtime import build
+from tools.runtime.host import WorkerHost
+from tools.runtime.triggers import (
+    HostBindingError,
+    Http,
+    ServiceBusMessage,
+    cloudevent,
+    http,
+    http_result,
+    servicebus,
+    servicebus_batch,
+    timer,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCUMENTED = json.loads((ROOT / "local.settings.json.example").read_text())["Values"]
+FUNCTION_KEY = "a-function-key"
+
+
+@pytest.fixture(scope="module")
+def runtime() -> build.Runtime:
+    if build.configured() is None:
+        pytest.skip(f"set {build.SOURCE_SETTING} to the worker release {build.RELEASE} archive, or run `make worker`")
+    return build.prepare()  # with the variable set, any failure here is an error, never a skip
+
+
+@pytest.fixture(scope="module")
+def store_server() -> Iterator[Azurite]:
+    """This suite's own Azurite, persisted to disk so that the outage test can stop it."""
+    with tempfile.TemporaryDirectory(prefix="runtime-azurite-") as data, Azurite(location=Path(data)) as azurite:
+        yield azurite
+
+
+@pytest.fixture(scope="module")
+def table(store_server: Azurite) -> str:
+    return "rt" + uuid.uuid4().hex[:12]
+
+
+def app_settings(azurite: Azurite, table: str) -> dict[str, str]:
+    """The documented local settings, pointed at this Azurite."""
+    return {**DOCUMENTED, "DEDUP_STORAGE_CONNECTION": azurite.connection_string, "ORDERS_TABLE": table,
+            "DEDUP_DEADLETTER_TABLE": table + "dl", "DEDUP_IN_FLIGHT_WAIT": "PT0S"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def worker(runtime: build.Runtime, store_server: Azurite, table: str) -> Iterator[WorkerHost]:
+    with WorkerHost(runtime, app_settings(store_server, table)) as host:
+        yield host.start_app()
+
+
+@pytest.fixture(scope="module")
+def store(store_server: Azurite, table: str) -> TableStore:
+    """The test's own view of the tables the worker writes."""
+    service = TableServiceClient.from_connection_string(store_server.connection_string)
+    return TableStore(service, table, table + "dl")
+
+
+def an_order(order_id: str, amount: float = 12.5, **extra: Any) -> bytes:
+    order = {"orderId": order_id, "customerId": "c-1", "amount": amount, "currency": "EUR",
+             "items": [{"sku": "book", "quantity": 1}], **extra}  # fmt: skip
+    return json.dumps(order).encode()
+
+
+def new_id() -> str:
+    return "o-" + uuid.uuid4().hex[:12]
+
+
+def deliver(worker: WorkerHost, function: str, body: bytes, message_id: str | None, **fields: Any) -> str | None:
+    """One Service Bus delivery; the failure text, or None when the invocation succeeded
+    (the host then completes the message)."""
+    message = ServiceBusMessage(body, message_id, **fields)
+    return worker.failed(worker.invoke(function, servicebus(worker.trigger(function), message)))
+
+
+def effects(store: TableStore, order_id: str) -> OrderEffects:
+    return effects_by_order(store, order_id).get(order_id, OrderEffects())
+
+
+def dead_letter_reasons(store: TableStore, scope: str, message_id: str) -> list[str]:
+    return [d.reason for d in store.dead_letters(scope) if d.message_id == message_id]
+
+
+# -- indexing ------------------------------------------------------------------------------------
+
+EXPECTED = {  # function: (trigger type, the binding fields Azure needs)
+    "orders": ("serviceBusTrigger", {"queueName": "%ORDERS_QUEUE%", "dataType": "BINARY"}),
+    "order_status": ("serviceBusTrigger", {"queueName": "%ORDER_STATUS_QUEUE%", "dataType": "BINARY"}),
+    "billing": ("serviceBusTrigger", {"topicName": "%ORDER_TOPIC%", "subscriptionName": "%BILLING_SUBSCRIPTION%"}),
+    "shipping": ("serviceBusTrigger", {"topicName": "%ORDER_TOPIC%", "subscriptionName": "%SHIPPING_SUBSCRIPTION%"}),
+    "ledger_batch": ("serviceBusTrigger", {"queueName": "%LEDGER_QUEUE%", "cardinality": "MANY", "dataType": "BINARY"}),
+    "order_events": ("eventGridTrigger", {}),
+    "orders_api": ("httpTrigger", {"route": "orders", "methods": ["POST"], "authLevel": "FUNCTION"}),
+    "events_api": ("httpTrigger", {"route": "events", "methods": ["POST", "OPTIONS"], "authLevel": "FUNCTION"}),
+    "reconcile_claims": ("timerTrigger", {"schedule": "0 */15 * * * *", "useMonitor": True}),
+    "purge_markers": ("timerTrigger", {"schedule": "0 30 3 * * *", "useMonitor": True}),
+}
+
+
+def test_the_worker_indexes_and_loads_every_function(worker: WorkerHost) -> None:
+    assert set(worker.functions) == set(EXPECTED)
+    for name, (trigger_type, fields) in EXPECTED.items():
+        trigger = worker.trigger(name)
+        assert trigger["type"] == trigger_type and trigger["direction"] == "IN", name
+        assert {key: trigger.get(key) for key in fields} == fields, name
+        if trigger_type == "serviceBusTrigger":
+            assert trigger["connection"] == "ServiceBusConnection", name
+        outputs = [b for b in worker.functions[name].bindings if b["direction"] == "OUT"]
+        assert outputs == ([{"direction": "OUT", "type": "http", "name": "$return"}] if trigger_type == "httpTrigger"
+                           else []), name  # fmt: skip
+
+
+def test_every_setting_a_binding_names_is_documented_and_deployed(worker: WorkerHost) -> None:
+    """%NAME% expressions and connection prefixes resolve from local.settings.json.example
+    and from the app settings that infra/main.bicep deploys."""
+    bicep = (ROOT / "infra" / "main.bicep").read_text() + (ROOT / "infra/modules/functionapp.bicep").read_text()
+    named: set[str] = set()
+    for function in worker.functions.values():
+        for binding in function.bindings:
+            named |= {m for value in binding.values() if isinstance(value, str) for m in re.findall(r"%(\w+)%", value)}
+    assert named == {"ORDERS_QUEUE", "ORDER_STATUS_QUEUE", "LEDGER_QUEUE", "ORDER_TOPIC", "BILLING_SUBSCRIPTION",
+                     "SHIPPING_SUBSCRIPTION"}  # fmt: skip
+    for name in named:
+        assert name in DOCUMENTED, name
+        assert re.search(rf"^\s*{name}:", bicep, re.MULTILINE), f"{name} is not an app setting in infra"
+    assert "ServiceBusConnection" in DOCUMENTED
+    assert "ServiceBusConnection__fullyQualifiedNamespace:" in bicep  # managed identity, no key
+
+
+def test_without_dependency_isolation_the_workers_own_azure_functions_fails_indexing(
+    runtime: build.Runtime, store_server: Azurite, table: str
+) -> None:
+    """Why PYTHON_ISOLATE_WORKER_DEPENDENCIES=1 is a documented setting (and set in infra): the
+    worker bundles azure-functions 1.22, which has no func.CloudEvent."""
+    settings = {**app_settings(store_server, table), "PYTHON_ISOLATE_WORKER_DEPENDENCIES": "0"}
+    with WorkerHost(runtime, settings) as host:
+        assert host.init().result.status == host.pb.StatusResult.Success
+        indexed = host.index()
+    assert indexed.result.status == host.pb.StatusResult.Failure
+    assert "CloudEvent" in indexed.result.exception.message
+
+
+# -- Service Bus ---------------------------------------------------------------------------------
+
+
+def test_servicebus_queue_processes_once_and_dead_letters_what_it_refuses(
+    worker: WorkerHost, store: TableStore
+) -> None:
+    order_id = new_id()
+    assert deliver(worker, "orders", an_order(order_id), order_id) is None
+    assert deliver(worker, "orders", an_order(order_id), order_id, delivery_count=2) is None  # redelivery
+    assert (effects(store, order_id).orders, effects(store, order_id).charges) == (1, 1)
+
+    assert deliver(worker, "orders", an_order(order_id, amount=99), order_id) is None  # settled: a dead letter
+    assert dead_letter_reasons(store, "orders", order_id) == ["fingerprint_mismatch"]
+    assert effects(store, order_id).charges == 1
+
+    broken = new_id()
+    assert deliver(worker, "orders", b'{"orderId": "x", ', broken) is None
+    assert dead_letter_reasons(store, "orders", broken) == ["invalid_json"]
+    assert effects(store, broken).orders == 0
+
+
+def test_a_body_field_cannot_replace_the_brokers_message_id(worker: WorkerHost, store: TableStore) -> None:
+    """With a string body the host would merge "MessageId" from the JSON into the trigger
+    metadata; the binary data type keeps the broker's MessageId as the key."""
+    first, second = new_id(), new_id()
+    assert deliver(worker, "orders", an_order(first, MessageId="forged"), first) is None
+    assert deliver(worker, "orders", an_order(second, MessageId="forged"), second) is None
+    # The schema refuses the extra field: each is dead-lettered under its own MessageId.
+    assert (
+        dead_letter_reasons(store, "orders", first)
+        == dead_letter_reasons(store, "orders", second)
+        == ["schema_violation"]
+    )
+    assert dead_letter_reasons(store, "orders", "forged") == []
+
+
+def test_two_topic_subscribers_each_apply_the_message_once(worker: WorkerHost, store: TableStore) -> None:
+    order_id = new_id()
+    for _ in range(2):
+        assert deliver(worker, "billing", an_order(order_id), order_id, subject="order.placed") is None
+        assert deliver(worker, "shipping", an_order(order_id), order_id, subject="order.placed") is None
+    entities = [item.entity for item in store.scan(order_id) if item.entity in ("invoice", "picklist")]
+    assert sorted(entities) == ["invoice", "picklist"]
+
+
+def test_batch_with_cardinality_many_commits_once_and_replays_from_the_cache(
+    worker: WorkerHost, store: TableStore
+) -> None:
+    account = "acct-" + uuid.uuid4().hex[:8]
+    messages = [
+        ServiceBusMessage(
+            json.dumps({"accountId": account, "postingId": f"p-{i}", "amount": i + 1, "currency": "EUR"}).encode(),
+            posting_message_id(account, f"p-{i}"),
+            sequence_number=i,
+        )
+        for i in range(3)
+    ]
+    messages.append(ServiceBusMessage(b"not json", posting_message_id(account, "bad"), sequence_number=3))
+    trigger = worker.trigger("ledger_batch")
+    assert worker.failed(worker.invoke("ledger_batch", servicebus_batch(trigger, messages))) is None
+    logged = len(worker.logs)
+    assert worker.failed(worker.invoke("ledger_batch", servicebus_batch(trigger, messages))) is None  # the replay
+    postings = [item for item in store.scan(account) if (item.entity or "").startswith("posting")]
+    assert len(postings) == 3
+    assert dead_letter_reasons(store, "ledger", posting_message_id(account, "bad")) == ["invalid_json"]
+    replay = [log.message for log in worker.logs[logged:] if log.category == "idempotency"]
+    assert len(replay) == 4
+    assert sum("reason='completed_recently'" in line for line in replay) == 3  # no store request
+
+
+def test_the_default_string_batch_would_fail_in_the_host_on_a_body_that_is_not_json() -> None:
+    """Why the batch trigger declares binary bodies: with the default type the host cannot
+    bind a batch holding one non-JSON body, and the whole batch would loop to the DLQ
+    without a dead-letter record of ours."""
+    with pytest.raises(HostBindingError):
+        servicebus_batch({"name": "messages"}, [ServiceBusMessage(b"not json", "m-1")])
+
+
+# -- Event Grid, HTTP, timers --------------------------------------------------------------------
+
+
+def shipped(event_id: str, order_id: str, tracking: str = "T-1") -> dict[str, Any]:
+    return {"specversion": "1.0", "id": event_id, "source": "/warehouse/eu", "type": SHIPPED,
+            "subject": f"orders/{order_id}", "time": "2026-11-30T10:00:00Z",
+            "data": {"orderId": order_id, "carrier": "DHL", "trackingNumber": tracking}}  # fmt: skip
+
+
+def shipments(store: TableStore, order_id: str) -> int:
+    return sum(item.entity == "shipment" for item in store.scan() if item.data.get("orderId") == order_id)
+
+
+def test_event_grid_cloudevent_applies_once(worker: WorkerHost, store: TableStore) -> None:
+    event_id, order_id = uuid.uuid4().hex, new_id()
+    trigger = worker.trigger("order_events")
+    for _ in range(2):
+        assert worker.failed(worker.invoke("order_events", cloudevent(trigger, shipped(event_id, order_id)))) is None
+    assert shipments(store, order_id) == 1
+    other = cloudevent(trigger, shipped(event_id, order_id, tracking="T-2"))
+    assert worker.failed(worker.invoke("order_events", other)) is None  # accepted: recorded as a dead letter
+    assert shipments(store, order_id) == 1
+
+
+def post(worker: WorkerHost, function: str, path: str, body: bytes, **headers: str) -> tuple[int, dict[str, str], Any]:
+    request = Http("POST", path, {"Content-Type": "application/json", "x-functions-key": FUNCTION_KEY, **headers}, body)
+    response = worker.invoke(function, http(worker.trigger(function), request))
+    assert worker.failed(response) is None
+    status, response_headers, raw = http_result(worker.pb, response)
+    return status, response_headers, json.loads(raw) if raw else None
+
+
+def test_http_orders_route_replays_refuses_and_validates(worker: WorkerHost, store: TableStore) -> None:
+    order_id, key = new_id(), uuid.uuid4().hex
+    status, headers, body = post(worker, "orders_api", "/api/orders", an_order(order_id), **{"Idempotency-Key": key})
+    assert (status, headers["Location"], body["orderId"]) == (201, f"/api/orders/{order_id}", order_id)
+    status, headers, again = post(worker, "orders_api", "/api/orders", an_order(order_id), **{"Idempotency-Key": key})
+    assert (status, headers.get("Idempotent-Replayed"), again) == (201, "true", body)
+    status, headers, _ = post(worker, "orders_api", "/api/orders", an_order(order_id, 1), **{"Idempotency-Key": key})
+    assert status == 422 and headers["content-type"] == "application/problem+json"
+    assert post(worker, "orders_api", "/api/orders", an_order(new_id()))[0] == 400  # no Idempotency-Key
+    assert post(worker, "orders_api", "/api/orders", b"{", **{"Idempotency-Key": uuid.uuid4().hex})[0] == 400
+    assert effects_by_order(store)[order_id].charges == 1
+
+
+def test_http_events_route_accepts_a_cloudevent_once_and_answers_the_handshake(
+    worker: WorkerHost, store: TableStore
+) -> None:
+    event_id, order_id = uuid.uuid4().hex, new_id()
+    body = json.dumps(shipped(event_id, order_id)).encode()
+    headers = {"Content-Type": "application/cloudevents+json"}
+    assert post(worker, "events_api", "/api/events", body, **headers)[0] == 200
+    status, replayed, _ = post(worker, "events_api", "/api/events", body, **headers)
+    assert (status, replayed.get("Idempotent-Replayed")) == (200, "true")
+    assert shipments(store, order_id) == 1
+    handshake = Http("OPTIONS", "/api/events", {"WebHook-Request-Origin": "eventgrid.azure.net"})
+    response = worker.invoke("events_api", http(worker.trigger("events_api"), handshake))
+    status, answer, _ = http_result(worker.pb, response)
+    assert (status, answer["WebHook-Allowed-Origin"]) == (200, "eventgrid.azure.net")
+
+
+@pytest.mark.parametrize("function", ["reconcile_claims", "purge_markers"])
+def test_timers_run(worker: WorkerHost, function: str) -> None:
+    for past_due in (False, True):
+        assert worker.failed(worker.invoke(function, timer(worker.trigger(function), past_due=past_due))) is None
+
+
+# -- failures the host must see ------------------------------------------------------------------
+
+
+def test_store_down_fails_the_invocation_so_the_host_abandons(
+    worker: WorkerHost, store_server: Azurite, store: TableStore
+) -> None:
+    order_id = new_id()
+    store_server.stop()
+    try:
+        failure = deliver(worker, "orders", an_order(order_id), order_id)
+    finally:
+        store_server.start()
+    assert failure is not None and "transient" in failure
+    assert deliver(worker, "orders", an_order(order_id), order_id, delivery_count=2) is None  # the redelivery
+    assert effects(store, order_id).charges == 1
+
+
+# Worker 4.34 specialises a placeholder with dependency isolation only for some orders of its
+# module cache: clearing it can drop the ``azurefunctions`` namespace package before its
+# ``azurefunctions.extensions`` child, and load_binding_registry then fails with KeyError.
+# The order follows the worker process's string hashing, so these tests fix PYTHONHASHSEED.
+SPECIALISES, FAILS = "2", "0"
+
+
+def test_a_flex_consumption_placeholder_specialises_into_the_app(
+    runtime: build.Runtime, store_server: Azurite, table: str, store: TableStore
+) -> None:
+    """Flex/Linux Consumption start: the worker starts as a placeholder (CONTAINER_NAME,
+    WEBSITE_PLACEHOLDER_MODE=1) before the app is mounted at /home/site/wwwroot, and becomes
+    the app through FunctionEnvironmentReloadRequest."""
+    settings = app_settings(store_server, table)
+    with WorkerHost(runtime, settings, placeholder=True, hash_seed=SPECIALISES) as host:
+        host.start_app()
+        assert set(host.functions) == set(EXPECTED)
+        order_id = new_id()
+        assert deliver(host, "orders", an_order(order_id), order_id) is None
+    assert effects(store, order_id).orders == 1
+
+
+def test_the_worker_4_34_placeholder_defect_is_still_there(
+    runtime: build.Runtime, store_server: Azurite, table: str
+) -> None:
+    """The platform limitation the README states; when a newer worker fixes it, this fails
+    and the README's note goes."""
+    with WorkerHost(runtime, app_settings(store_server, table), placeholder=True, hash_seed=FAILS) as host:
+        host.init()
+        reloaded = host.specialize()
+    assert reloaded.result.status == host.pb.StatusResult.Failure
+    assert "KeyError: 'azurefunctions'" in host.exception(reloaded)
