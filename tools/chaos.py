@@ -3,7 +3,9 @@ injected faults and a store outage; exits non-zero on any violated invariant.
 
 Knobs (environment): CHAOS_MESSAGES (5000), CHAOS_WORKERS (8), CHAOS_DUP_RATE (0.3),
 CHAOS_FAULT_RATE (0.05), CHAOS_SEED (random when unset), CHAOS_OUTAGE (1),
-CHAOS_PAYMENTS (0; 1 = charge through a local payment API, a two-phase step).
+CHAOS_PAYMENTS (0; 1 = charge through a local payment API, a two-phase step), CHAOS_RUNTIME
+(process; worker = deliver through the real Functions Python worker: store faults then cannot
+be injected inside it, delivery faults and the outage still are).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def config_from_env() -> RunConfig:
         outage=env("CHAOS_OUTAGE", "1") == "1",
         payments=env("CHAOS_PAYMENTS", "0") == "1",
         table="chaosorders",
+        runtime=env("CHAOS_RUNTIME", "process"),
     )
 
 
@@ -55,6 +58,7 @@ def as_json(report: Report) -> dict[str, object]:
         "locks_lost": report.locks_lost,
         "resubmitted_from_dlq": report.resubmitted,
         "seconds": round(report.seconds, 1),
+        "runtime": report.config.runtime,
     }
 
 

@@ -15,7 +15,7 @@ from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, MetricsData, PeriodicExportingMetricReader
 
-from tools import other_triggers
+from tools import other_triggers, runtimes
 from tools.azurite import Azurite
 from tools.cosmos_emulator import EMULATOR_KEY, CosmosEmulator
 from tools.harness import Report, RunConfig, run
@@ -71,7 +71,8 @@ def main() -> int:
     reader = PeriodicExportingMetricReader(ConsoleMetricExporter(formatter=compact), export_interval_millis=3_600_000)
     provider = MeterProvider(metric_readers=[reader])
     metrics.set_meter_provider(provider)
-    config = RunConfig(messages=1200, workers=8, dup_rate=0.5, seed=7, table="demoorders")
+    runtime = os.environ.get("DEMO_RUNTIME", "process")
+    config = RunConfig(messages=1200, workers=8, dup_rate=0.5, seed=7, table="demoorders", runtime=runtime)
     with ExitStack() as stack:
         azurite = stack.enter_context(Azurite())
         if os.environ.get("DEDUP_STORE", "table") == "cosmos":
@@ -79,8 +80,10 @@ def main() -> int:
             use_cosmos_emulator(stack.enter_context(CosmosEmulator()), config.table)
         else:
             print(f"Store: Azure Table Storage (Azurite), table {config.table}")
+        print(f"Runtime: {'the real Azure Functions Python worker (gRPC)' if runtime == 'worker' else 'in process'}")
         report = run(config, azurite)
-        triggers = other_triggers.drive()
+        with runtimes.started(runtime) as functions:
+            triggers = other_triggers.drive(functions)
     print(summary(report))
     print(triggers.summary())
     provider.shutdown()  # exports once, now: the JSON line must stay the last

@@ -17,7 +17,6 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 from azure.data.tables import TableServiceClient
 
@@ -29,12 +28,11 @@ from shared.idempotency.records import GUARD_KIND
 from shared.idempotency.settings import TRANSPORT
 from shared.idempotency.table_store import TableStore
 from shared.orders import effects_by_order
-from tools import workload
+from tools import runtimes, workload
 from tools.azurite import Azurite
 from tools.broker import Lock, PeekLockQueue
 from tools.cosmos_emulator import emulated
 from tools.faults import WORKER_FAULTS, Crash, FaultPlan, FaultyTransport
-from tools.host import servicebus_message, user_function
 from tools.payment_service import PaymentService
 
 
@@ -73,6 +71,7 @@ class RunConfig:
     invalid_rate: float = 0.01
     table: str = "orders"
     payments: bool = False  # charge through a local payment API (two-phase step)
+    runtime: str = "process"  # or "worker": the real Functions Python worker (store faults then stay out of reach)
 
 
 @dataclass
@@ -152,8 +151,14 @@ def run(
         if isinstance(consumer.store, CosmosStore):  # faults are injected on the Table transport only
             store: DedupStore = emulated_view(consumer.store)
         else:
-            store = _attach_store(consumer, azurite, plan, config.fault_rate > 0, break_store or TableStore)
-        _deliver_all(config, azurite, queue, user_function(target.function), plan, report)
+            faulty = config.fault_rate > 0 and config.runtime == "process"
+            store = _attach_store(consumer, azurite, plan, faulty, break_store or TableStore)
+        runtime = stack.enter_context(runtimes.started(config.runtime))
+
+        def deliver(lock: Lock) -> None:
+            runtime.servicebus(target.function, lock.message.body, lock.message.message_id, lock.delivery_count)
+
+        _deliver_all(config, azurite, queue, deliver, plan, report)
         applied = target.applied(store)
         if payments is not None:  # one accepted charge per order, and one posting
             charges = payments.charges_per_order()
@@ -168,13 +173,16 @@ def run(
     return report
 
 
+Deliver = Callable[[Lock], None]
+
+
 def _deliver_all(
-    config: RunConfig, azurite: Azurite, queue: PeekLockQueue, function: Any, plan: FaultPlan, report: Report
+    config: RunConfig, azurite: Azurite, queue: PeekLockQueue, deliver: Deliver, plan: FaultPlan, report: Report
 ) -> None:
     with _counting_outcomes(report.outcomes):
         for round_ in range(6):  # the first pass, then operators' resubmissions
             outage = _start_outage(config, azurite, queue, report) if round_ == 0 and config.outage else None
-            _run_workers(config, queue, function, plan)
+            _run_workers(config, queue, deliver, plan)
             if outage is not None:
                 outage.join()
             if not queue.dead or round_ == 5:
@@ -225,7 +233,7 @@ def _attach_store(
     return TableStore(clean, table, dead)
 
 
-def _run_workers(config: RunConfig, queue: PeekLockQueue, function: Any, plan: FaultPlan) -> None:
+def _run_workers(config: RunConfig, queue: PeekLockQueue, deliver: Deliver, plan: FaultPlan) -> None:
     def work() -> None:
         while True:
             lock = queue.receive(timeout=0.5)
@@ -233,7 +241,7 @@ def _run_workers(config: RunConfig, queue: PeekLockQueue, function: Any, plan: F
                 if queue.drained():
                     return
                 continue
-            _deliver(lock, queue, function, plan)
+            _settle(lock, queue, deliver, plan)
 
     threads = [threading.Thread(target=work, name=f"worker-{i}") for i in range(config.workers)]
     for thread in threads:
@@ -242,10 +250,9 @@ def _run_workers(config: RunConfig, queue: PeekLockQueue, function: Any, plan: F
         thread.join()
 
 
-def _deliver(lock: Lock, queue: PeekLockQueue, function: Any, plan: FaultPlan) -> None:
-    binding = servicebus_message(lock.message.body, lock.message.message_id, delivery_count=lock.delivery_count)
+def _settle(lock: Lock, queue: PeekLockQueue, deliver: Deliver, plan: FaultPlan) -> None:
     try:
-        function(binding)
+        deliver(lock)
     except Crash:
         return  # the process died: no settlement, the lock will expire
     except Exception:  # noqa: BLE001 - the host abandons on any exception

@@ -16,15 +16,21 @@ import function_app
 
 
 @functools.cache
-def _functions() -> dict[str, Callable[..., Any]]:
-    # get_functions() validates the app and may only be called once per app object.
+def indexed() -> tuple[Any, ...]:
+    """The app's functions as the worker's indexing sees them. get_functions() validates the
+    app and may only be called once per app object."""
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # it warns that auth levels apply to HTTP functions only
     try:
-        return {str(fn.get_function_name()): fn.get_user_function() for fn in function_app.app.get_functions()}
+        return tuple(function_app.app.get_functions())
     finally:
         root.setLevel(level)
+
+
+@functools.cache
+def _functions() -> dict[str, Callable[..., Any]]:
+    return {str(fn.get_function_name()): fn.get_user_function() for fn in indexed()}
 
 
 def user_function(name: str) -> Callable[..., Any]:

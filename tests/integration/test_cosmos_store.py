@@ -22,6 +22,7 @@ from tools.azurite import Azurite
 from tools.cosmos_emulator import CosmosEmulator
 from tools.demo import use_cosmos_emulator
 from tools.harness import Report, RunConfig, run
+from tools.runtimes import InProcess
 
 DAY = timedelta(days=1)
 
@@ -108,7 +109,9 @@ def test_every_trigger_runs_unchanged_on_cosmos(azurite: Azurite, cosmos_emulato
     try:
         use_cosmos_emulator(cosmos_emulator, "fnorders")
         report = run(RunConfig(messages=200, workers=4, dup_rate=0.5, seed=9, table="fnorders"), azurite)
-        triggers = other_triggers.drive(events=30, orders=30)  # Event Grid, CloudEvents and HTTP on Cosmos too
+        triggers = other_triggers.drive(
+            InProcess(), events=30, orders=30
+        )  # Event Grid, CloudEvents and HTTP on Cosmos too
     finally:
         os.environ.clear()
         os.environ.update(saved)

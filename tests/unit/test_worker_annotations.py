@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-import function_app
+from tools.host import indexed
 
 
 def worker_accepts(annotation: object) -> bool:
@@ -25,7 +25,7 @@ def worker_accepts(annotation: object) -> bool:
 
 def functions() -> list[tuple[str, Callable[..., Any], set[str]]]:
     found = []
-    for fn in function_app.app.get_functions():
+    for fn in indexed():
         names = {binding.name for binding in fn.get_bindings() if binding.name != "$return"}
         found.append((fn.get_function_name(), fn.get_user_function(), names))
     return found
