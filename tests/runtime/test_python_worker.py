@@ -23,6 +23,7 @@ from shared.idempotency.table_store import TableStore
 from shared.ledger import message_id as posting_message_id
 from shared.orders import SHIPPED, OrderEffects, effects_by_order
 from tools.azurite import Azurite
+from tools.harness import RunConfig, run
 from tools.runtime import build
 from tools.runtime.host import WorkerHost
 from tools.runtime.triggers import (
@@ -358,3 +359,17 @@ def test_the_worker_4_34_placeholder_defect_is_still_there(
         reloaded = host.specialize()
     assert reloaded.result.status == host.pb.StatusResult.Failure
     assert "KeyError: 'azurefunctions'" in host.exception(reloaded)
+
+
+def test_the_demo_and_chaos_harness_deliver_through_the_worker(runtime: build.Runtime, store_server: Azurite) -> None:
+    """DEMO_RUNTIME=worker / CHAOS_RUNTIME=worker: competing deliveries, duplicates, lost
+    acknowledgements and a store outage, through the worker; the checker reads Azurite."""
+    config = RunConfig(messages=200, workers=4, dup_rate=0.4, fault_rate=0.05, seed=20261130, outage=True,
+                       table="rt" + uuid.uuid4().hex[:12], runtime="worker")  # fmt: skip
+    report = run(config, store_server)
+    assert report.violations == []
+    assert (report.double_effects, report.lost, report.orphans) == (0, 0, 0)
+    assert report.effects_applied == report.messages - report.dead_lettered
+    assert report.outcomes["processed"] == report.effects_applied  # counted from the worker's own log lines
+    assert report.outcomes["duplicate"] > 0 and report.outcomes["transient"] > 0  # the outage, abandoned
+    assert report.store_restarts == 1 and set(report.faults) <= {"crash_before_ack", "lost_ack"}
