@@ -78,6 +78,6 @@ def store(request: pytest.FixtureRequest, azurite: Azurite) -> DedupStore:
 def needs_real_batches(store: DedupStore) -> None:
     if id(store) in EMULATED:
         pytest.skip(
-            "the local Cosmos emulator's transactional batch is not atomic and rejects replace "
-            "operations: set COSMOS_CONTRACT_ENDPOINT and COSMOS_CONTRACT_KEY to run this against Cosmos DB"
+            "the local Cosmos emulator's transactional batch is not atomic: set COSMOS_CONTRACT_ENDPOINT and "
+            "COSMOS_CONTRACT_KEY to run this against Cosmos DB"
         )

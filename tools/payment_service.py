@@ -92,10 +92,16 @@ class PaymentService:
                 return _reply(request, 409, {"title": "a request with this key is in progress"})
             else:
                 return _reply(request, *entry.response, replayed=True)
-        if self._fault(key, "before") == "fail":
+        fault = self._fault(key, "before")
+        if fault == "fail":
             with self._mutex:
                 del self._keys[key]  # nothing was charged: the key may be used again
             return _reply(request, 503, {"title": "unavailable (injected)"})
+        if fault == "decline":  # final: the key keeps this answer
+            declined = (402, {"title": "card declined", "detail": "issuer said no (ref 7781)"})
+            with self._mutex:
+                entry.response = declined
+            return _reply(request, *declined)
         charge = {"id": f"ch_{next(self._ids)}", **json.loads(raw)}
         with self._mutex:
             self.accepted.append(charge)

@@ -201,6 +201,17 @@ class IdempotentConsumer:
         self._record_refusals = record_refusals
         self._completed = CompletedKeys(0 if replay_results else cache_size)  # replays need the stored result
 
+    def identify(self, delivery: Delivery) -> tuple[DedupKey, str, str]:
+        """Key, partition and fingerprint as processing derives them, or InvalidMessage
+        when processing would dead-letter the message; touches no store."""
+        payload = parse_json(delivery.body)
+        key = DedupKey(self.name, self._key_source(delivery.message_id, payload) or "")
+        self._validate(payload)
+        return key, self._partition_for(key), fingerprint(payload)
+
+    def partition_of(self, key: DedupKey) -> str:
+        return self._partition_for(key)
+
     def process(self, delivery: Delivery) -> Result:
         return self.process_batch([delivery])[0]
 

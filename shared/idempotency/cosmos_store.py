@@ -163,23 +163,6 @@ class CosmosStore(DedupStore):
             raise VersionConflict(str(exc)) from exc
         return replace(marker, version=item["_etag"])
 
-    def complete(self, marker: Marker, result: JSON, effects: Sequence[Entity] = ()) -> Marker:
-        if marker.version is None:
-            raise VersionConflict("only a stored marker can be completed")
-        if len(effects) + 1 > MAX_BATCH_OPERATIONS:
-            raise ValueError(f"a Cosmos batch holds at most {MAX_BATCH_OPERATIONS - 1} documents")
-        done = replace(marker, state=State.COMPLETED, lease_until=None, result=result)
-        operations: list[Any] = [
-            ("replace", (marker_id(marker.key), self._marker_item(done)), {"if_match_etag": marker.version})
-        ]
-        operations += [("create", (self._document(marker.partition, effect),)) for effect in effects]
-        try:
-            with _store_errors():
-                replies = self._container.execute_item_batch(operations, partition_key=marker.partition)
-        except exceptions.CosmosBatchOperationError as exc:
-            raise VersionConflict(f"operation {exc.error_index}: {_status_at(exc, exc.error_index)}") from exc
-        return replace(done, version=replies[0]["resourceBody"]["_etag"])
-
     def stale_claims(self, lease_expired_before: datetime, limit: int) -> list[Marker]:
         query = (
             "SELECT * FROM c WHERE c.kind = @kind AND c.state = @state AND c.leaseUntil < @cutoff"

@@ -18,6 +18,8 @@ GUARD_KIND = "dedup-guard"
 class State(StrEnum):
     IN_PROGRESS = "in_progress"  # claimed; an external effect may be under way
     COMPLETED = "completed"  # effects committed; the result can be replayed
+    REFUSED = "refused"  # a step's call was refused for good (a final 4xx): never called again
+    ESCALATED = "escalated"  # in progress long past its lease: operators were alerted, once
 
 
 def utcnow() -> datetime:
@@ -46,12 +48,21 @@ class Marker:
     result: JSON = None
     version: str | None = field(default=None, compare=False)  # the store's ETag
 
+    @property
+    def claimed(self) -> bool:
+        """Not final yet: in progress, escalated or not."""
+        return self.state in (State.IN_PROGRESS, State.ESCALATED)
+
+    @property
+    def final(self) -> bool:
+        return self.state in (State.COMPLETED, State.REFUSED)
+
     def reclaimable(self, now: datetime) -> bool:
-        """An expired marker, or an in-progress claim whose owner's lease has run out,
-        may be taken over — always with a write fenced by ``version``."""
+        """An expired marker, or a claim whose owner's lease has run out, may be taken
+        over — always with a write fenced by ``version``."""
         if self.expires_at <= now:
             return True
-        return self.state is State.IN_PROGRESS and self.lease_until is not None and self.lease_until <= now
+        return self.claimed and self.lease_until is not None and self.lease_until <= now
 
 
 @dataclass(frozen=True)

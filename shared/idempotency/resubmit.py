@@ -1,12 +1,14 @@
-"""What would resubmitting dead-lettered messages do? Reads the store only.
+"""What would resubmitting dead-lettered messages do? Reads the store only, and judges
+each message by the consumer's own rules (key source, schema, partition), as processing would.
 
     python -m shared.idempotency.resubmit --consumer orders --ids o-1 o-2
-    python -m shared.idempotency.resubmit --consumer orders --bodies dead-letters.jsonl [--key-field orderId]
+    python -m shared.idempotency.resubmit --consumer orders --bodies dead-letters.jsonl [--message-id-field orderId]
 
-With ids it tells completed / in progress / not processed; with bodies (one JSON message
-body per line, as exported from the dead-letter queue) it also compares fingerprints, so
-it can tell a resubmit that would be a duplicate from one that would be a conflict.
-The store comes from the app settings (DEDUP_STORE, ORDERS_TABLE, ...), as in the app.
+With ids it tells completed / refused / in progress / not processed; with bodies (one JSON
+message body per line, as exported from the dead-letter queue) it also validates them and
+compares fingerprints, so it can tell a resubmit that would be a duplicate from one that
+would be a conflict, or dead-lettered again as invalid (with the reason). The consumer and
+its store come from the app (function_app.consumers(), i.e. the app settings).
 """
 
 from __future__ import annotations
@@ -14,22 +16,24 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .consumer import parse_json
+from .consumer import Delivery, parse_json
 from .errors import InvalidMessage
-from .fingerprint import fingerprint
 from .keys import DedupKey
-from .records import State
-from .settings import app_store
-from .store import DedupStore
+from .records import Marker
+
+if TYPE_CHECKING:
+    from .consumer import IdempotentConsumer
 
 VERDICTS = {
     "duplicate": "completed with this payload: a resubmit is acknowledged as a duplicate",
     "conflict": "completed with another payload: a resubmit is refused as a conflict",
     "completed": "completed: a resubmit is acknowledged as a duplicate if its payload is the same",
     "in_progress": "in progress (two-phase): a resubmit waits for or takes over the claim",
+    "refused": "a step was refused for good downstream: a resubmit is dead-lettered again",
     "new": "not processed: a resubmit is processed",
     "invalid": "not a valid message: a resubmit is dead-lettered again",
 }
@@ -39,42 +43,56 @@ VERDICTS = {
 class Line:
     key: str
     verdict: str
+    reason: str = ""
 
     def __str__(self) -> str:
-        return f"{self.key}\t{self.verdict}\t{VERDICTS[self.verdict]}"
+        why = f" ({self.reason})" if self.reason else ""
+        return f"{self.key}\t{self.verdict}\t{VERDICTS[self.verdict]}{why}"
 
 
-def check_ids(store: DedupStore, scope: str, ids: Iterable[str], partition_for: Callable[[str], str]) -> list[Line]:
+def _state(marker: Marker | None) -> str:
+    if marker is None:
+        return "new"
+    return "in_progress" if marker.claimed else marker.state.value
+
+
+def check_ids(consumer: IdempotentConsumer, ids: Iterable[str]) -> list[Line]:
     lines = []
     for message_id in ids:
-        marker = store.get(DedupKey(scope, message_id), partition_for(message_id))
-        verdict = "new" if marker is None else "in_progress" if marker.state is State.IN_PROGRESS else "completed"
-        lines.append(Line(message_id, verdict))
+        try:
+            key = DedupKey(consumer.name, message_id)
+        except InvalidMessage as exc:
+            lines.append(Line(message_id[:60], "invalid", exc.reason))
+            continue
+        lines.append(Line(message_id, _state(consumer.store.get(key, consumer.partition_of(key)))))
     return lines
 
 
-def check_bodies(
-    store: DedupStore, scope: str, bodies: Iterable[bytes], key_field: str, partition_for: Callable[[str], str]
-) -> list[Line]:
+def check_bodies(consumer: IdempotentConsumer, bodies: Iterable[bytes], message_id_field: str | None) -> list[Line]:
+    """``message_id_field``: the body field holding the message's MessageId, when the DLQ
+    export has bodies only (for a consumer keyed by MessageId)."""
     lines = []
     for body in bodies:
         try:
-            payload = parse_json(body)
-            key_id = payload.get(key_field) if isinstance(payload, dict) else None
-            key = DedupKey(scope, key_id if isinstance(key_id, str) else "")
-            fp = fingerprint(payload)
-        except InvalidMessage:
-            lines.append(Line(body[:60].decode("utf-8", "replace"), "invalid"))
+            message_id = _field(body, message_id_field)
+            key, partition, fp = consumer.identify(Delivery(body=body, message_id=message_id))
+        except InvalidMessage as exc:
+            lines.append(Line(body[:60].decode("utf-8", "replace"), "invalid", f"{exc.reason}: {exc.detail[:200]}"))
             continue
-        marker = store.get(key, partition_for(key.id))
-        if marker is None:
-            verdict = "new"
-        elif marker.state is State.IN_PROGRESS:
-            verdict = "in_progress"
-        else:
+        marker = consumer.store.get(key, partition)
+        verdict = _state(marker)
+        if marker is not None and verdict == "completed":
             verdict = "duplicate" if marker.fingerprint == fp else "conflict"
         lines.append(Line(key.id, verdict))
     return lines
+
+
+def _field(body: bytes, name: str | None) -> str | None:
+    if name is None:
+        return None
+    payload = parse_json(body)
+    value = payload.get(name) if isinstance(payload, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,18 +101,20 @@ def main(argv: list[str] | None = None) -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--ids", nargs="+", help="message ids (the dedup keys)")
     source.add_argument("--bodies", help="a file of message bodies, one JSON document per line")
-    parser.add_argument("--key-field", default="orderId", help="the body field that holds the key (with --bodies)")
+    parser.add_argument("--message-id-field", help="with --bodies: the body field that holds the MessageId")
     args = parser.parse_args(argv)
 
-    store = app_store(create=False)
+    import function_app  # the app's consumers, built from its settings
 
-    same_partition: Callable[[str], str] = lambda key_id: key_id  # noqa: E731 - the app's default partition rule
+    found = [c for c in vars(function_app.consumers()).values() if c.name == args.consumer]
+    if not found:
+        parser.error(f"no consumer named {args.consumer!r} in function_app")
     if args.ids:
-        lines = check_ids(store, args.consumer, args.ids, same_partition)
+        lines = check_ids(found[0], args.ids)
     else:
         with open(args.bodies, "rb") as handle:
             bodies = [line.strip() for line in handle if line.strip()]
-        lines = check_bodies(store, args.consumer, bodies, args.key_field, same_partition)
+        lines = check_bodies(found[0], bodies, args.message_id_field)
     for line in lines:
         print(line)
     counts = {verdict: sum(line.verdict == verdict for line in lines) for verdict in VERDICTS}

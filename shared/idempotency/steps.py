@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from .errors import AlreadyClaimed, FingerprintMismatch, InFlight, LeaseLost, VersionConflict
+from .errors import AlreadyClaimed, DownstreamRejected, FingerprintMismatch, InFlight, LeaseLost, VersionConflict
 from .keys import DedupKey
 from .records import JSON, Marker, State, utcnow
 from .store import DedupStore
@@ -63,8 +63,13 @@ class Context:
         claimed = self._claim(key)
         if claimed.state is State.COMPLETED:
             return claimed.result
+        if claimed.state is State.REFUSED:  # known: the service said no for good
+            raise DownstreamRejected(int(claimed.result["status"]), str(claimed.result["detail"]))
         try:
             result = call(key.downstream_key)
+        except DownstreamRejected as refused:
+            self._complete(claimed, {"status": refused.status, "detail": refused.detail}, State.REFUSED)
+            raise
         except Exception:
             self._end_lease(claimed)
             raise
@@ -84,21 +89,21 @@ class Context:
             if isinstance(existing, Marker):
                 if existing.fingerprint != self._fingerprint:
                     raise FingerprintMismatch(existing.fingerprint)
-                if existing.state is State.COMPLETED:
+                if existing.final:
                     return existing
             if time.monotonic() + pause > deadline:
                 raise InFlight(existing)
             time.sleep(pause)
             pause = min(pause * 2, 2.0)
 
-    def _complete(self, claimed: Marker, result: JSON) -> JSON:
+    def _complete(self, claimed: Marker, result: JSON, state: State = State.COMPLETED) -> JSON:
         try:
-            self._store.complete(claimed, result)
+            self._store.complete(claimed, result, state)
         except VersionConflict:
             # Either our completion was applied and its response lost (we still own it),
             # or another delivery took the claim over: then it owns the step, not us.
             current = self._store.get(claimed.key, claimed.partition)
-            if current is None or current.owner != self._owner or current.state is not State.COMPLETED:
+            if current is None or current.owner != self._owner or current.state is not state:
                 raise LeaseLost(str(claimed.key)) from None
         return result
 

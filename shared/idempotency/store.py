@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
 
@@ -107,11 +107,6 @@ class DedupStore(ABC):
         """Overwrite a marker only at ``if_version``; VersionConflict otherwise."""
 
     @abstractmethod
-    def complete(self, marker: Marker, result: JSON, effects: Sequence[Entity] = ()) -> Marker:
-        """Mark completed with its result, and write the effects in the same
-        transaction, only if the marker is still at ``marker.version``."""
-
-    @abstractmethod
     def stale_claims(self, lease_expired_before: datetime, limit: int) -> list[Marker]:
         """In-progress markers whose lease ran out before the given time (a bounded scan)."""
 
@@ -148,6 +143,15 @@ class DedupStore(ABC):
 
     # -- built on the primitives ---------------------------------------------------------
 
+    def complete(self, marker: Marker, result: JSON, state: State = State.COMPLETED) -> Marker:
+        """Make a claim final (completed, or refused) with its result, only if the marker
+        is still at ``marker.version``: one conditional replace of one item, since a
+        step's completion carries no business effects."""
+        if marker.version is None:
+            raise VersionConflict("only a stored marker can be completed")
+        done = replace(marker, state=state, lease_until=None, result=result)
+        return self.replace(done, marker.version)
+
     def claim(self, marker: Marker, now: datetime) -> Marker:
         """Claim ``marker.key`` in progress. A live marker raises AlreadyClaimed; an
         expired one (or one whose lease ran out, for the same payload) is taken over with
@@ -161,7 +165,7 @@ class DedupStore(ABC):
             existing = self.get(marker.key, marker.partition)
             if existing is None:
                 continue
-            if marker.owner is not None and existing.owner == marker.owner and existing.state is State.IN_PROGRESS:
+            if marker.owner is not None and existing.owner == marker.owner and existing.claimed:
                 return existing  # our own insert, whose response was lost and retried
             other_payload = existing.fingerprint != marker.fingerprint and existing.expires_at > now
             if other_payload or not existing.reclaimable(now) or existing.version is None:

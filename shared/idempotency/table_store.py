@@ -189,23 +189,6 @@ class TableStore(DedupStore):
             raise VersionConflict(str(exc)) from exc
         return _versioned(marker, meta)
 
-    def complete(self, marker: Marker, result: JSON, effects: Sequence[Entity] = ()) -> Marker:
-        if marker.version is None:
-            raise VersionConflict("only a stored marker can be completed")
-        if len(effects) + 1 > MAX_TRANSACTION_OPERATIONS:
-            raise ValueError(f"a Table transaction holds at most {MAX_TRANSACTION_OPERATIONS - 1} effects")
-        done = replace(marker, state=State.COMPLETED, lease_until=None, result=result)
-        pk = encode_key(marker.partition)
-        fenced = {"etag": marker.version, "match_condition": MatchConditions.IfNotModified}
-        operations: list[Any] = [("update", self._marker_entity(done), {"mode": UpdateMode.REPLACE, **fenced})]
-        operations += [("create", self.effect_entity(pk, effect)) for effect in effects]
-        try:
-            with _store_errors():
-                replies = self._table.submit_transaction(operations)
-        except (TableTransactionError, ResourceModifiedError, ResourceNotFoundError) as exc:
-            raise VersionConflict(str(exc)) from exc
-        return _versioned(done, replies[0])
-
     def stale_claims(self, lease_expired_before: datetime, limit: int) -> list[Marker]:
         # Markers live beside the business data, in every partition: this is a filtered
         # scan, bounded by ``limit``; run it from a timer, never on the message path.
@@ -361,7 +344,7 @@ class TableStore(DedupStore):
             "LeaseUntil": marker.lease_until,
             "Owner": marker.owner,
             # the raw partition, for reconciliation's cross-partition scan of claims
-            "Partition": marker.partition if marker.state is State.IN_PROGRESS else None,
+            "Partition": marker.partition if marker.claimed else None,
         }
         entity.update({name: value for name, value in optional.items() if value is not None})
         return entity

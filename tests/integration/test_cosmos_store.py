@@ -109,9 +109,7 @@ def test_every_trigger_runs_unchanged_on_cosmos(azurite: Azurite, cosmos_emulato
     try:
         use_cosmos_emulator(cosmos_emulator, "fnorders")
         report = run(RunConfig(messages=200, workers=4, dup_rate=0.5, seed=9, table="fnorders"), azurite)
-        triggers = other_triggers.drive(
-            InProcess(), events=30, orders=30
-        )  # Event Grid, CloudEvents and HTTP on Cosmos too
+        triggers = other_triggers.drive(InProcess(), events=30, orders=30)  # Event Grid, CloudEvents, HTTP
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -120,3 +118,20 @@ def test_every_trigger_runs_unchanged_on_cosmos(azurite: Azurite, cosmos_emulato
     assert (report.double_effects, report.lost, report.orphans) == (0, 0, 0)
     assert report.outcomes["duplicate"] > 0 and report.effects_applied == report.messages - report.dead_lettered
     assert triggers.ok and (triggers.shipments, triggers.api_orders) == (30, 30)
+
+
+def test_two_phase_steps_complete_on_the_cosmos_emulator(azurite: Azurite, cosmos_emulator: CosmosEmulator) -> None:
+    """A step's completion is one ETag-conditional replace of one item (no batch), so the
+    payments path works on the local emulator: one charge and one order per message."""
+    saved = dict(os.environ)
+    try:
+        use_cosmos_emulator(cosmos_emulator, "payorders")
+        config = RunConfig(messages=60, workers=4, dup_rate=0.5, seed=11, table="payorders", payments=True)
+        report = run(config, azurite)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        function_app.consumers.cache_clear()
+    assert report.violations == [] and (report.double_effects, report.lost, report.orphans) == (0, 0, 0)
+    assert report.payment_charges == report.effects_applied == report.messages - report.dead_lettered
+    assert report.outcomes["transient"] == 0  # no delivery had to be abandoned

@@ -178,11 +178,14 @@ def test_the_resubmission_report_tells_what_a_resubmit_would_do(store: TableStor
     store.claim(Marker(claimed, claimed.id, State.IN_PROGRESS, "fp", now, now + timedelta(days=1),
                        lease_until=now + timedelta(minutes=5), owner="w"), now)  # fmt: skip
 
-    by_id = check_ids(store, "orders", [done["orderId"], fresh["orderId"], "o-claimed"], lambda k: k)
+    consumer = function_app.consumers().orders
+    by_id = check_ids(consumer, [done["orderId"], fresh["orderId"], "o-claimed"])
     assert [line.verdict for line in by_id] == ["completed", "new", "in_progress"]
 
+    unknown_field = json.dumps({**an_order(), "coupon": "X"}).encode()  # valid JSON the schema refuses
     bodies = [json.dumps(done).encode(), json.dumps({**other, "amount": 1.0}).encode(), json.dumps(fresh).encode(),
-              b"not json"]  # fmt: skip
-    by_body = check_bodies(store, "orders", bodies, "orderId", lambda k: k)
-    assert [line.verdict for line in by_body] == ["duplicate", "conflict", "new", "invalid"]
+              b"not json", unknown_field]  # fmt: skip
+    by_body = check_bodies(consumer, bodies, "orderId")
+    assert [line.verdict for line in by_body] == ["duplicate", "conflict", "new", "invalid", "invalid"]
+    assert [line.reason.split(":")[0] for line in by_body[3:]] == ["invalid_json", "schema_violation"]
     assert fingerprint(done)  # the report compares RFC 8785 fingerprints, as the consumer does

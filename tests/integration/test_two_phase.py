@@ -214,12 +214,41 @@ def test_reconciliation_escalates_stuck_claims_and_leaves_live_ones(app: TableSt
 
     escalated = escalate_stale_claims(app, timedelta(hours=1))
     assert [m.key for m in escalated] == [stuck]
-    escalate_stale_claims(app, timedelta(hours=1))  # the next run: still one record
+    assert escalate_stale_claims(app, timedelta(hours=1)) == []  # the next run: nothing new, no new alert
     records = [r for r in app.dead_letters("orders") if r.reason == ESCALATION]
     assert [r.key_id for r in records] == [stuck.id]
-    for key in (stuck, recent, live):  # never marked completed, never deleted
-        marker = app.get(key, key.id)
-        assert marker is not None and marker.state is State.IN_PROGRESS
+    states = {key: app.get(key, key.id).state for key in (stuck, recent, live)}  # type: ignore[union-attr]
+    assert states == {stuck: State.ESCALATED, recent: State.IN_PROGRESS, live: State.IN_PROGRESS}
+
+
+def test_reconciliation_moves_on_past_each_page_of_stuck_claims(app: TableStore) -> None:
+    """Escalated claims leave the scan: with 26 stuck claims and 10 a run, three runs
+    escalate 10, 10 and 6 distinct claims, and a fourth finds none."""
+    now = utcnow()
+    keys = [DedupKey("orders", f"o-stuck-{i:02d}-{uuid.uuid4().hex[:6]}", "charge") for i in range(26)]
+    for key in keys:
+        app.claim(Marker(key, key.id, State.IN_PROGRESS, "fp", now, now + timedelta(days=1),
+                         lease_until=now - timedelta(hours=3), owner="w"), now)  # fmt: skip
+    runs = [escalate_stale_claims(app, timedelta(hours=1), page=4, budget=10) for _ in range(4)]
+    assert [len(run) for run in runs] == [10, 10, 6, 0]
+    assert {m.key for run in runs for m in run} == set(keys)
+    assert len([r for r in app.dead_letters("orders") if r.reason == ESCALATION]) == 26
+
+
+def test_a_declined_charge_is_final_not_stuck(app: TableStore, payments: PaymentService) -> None:
+    """A 402 is known to have happened: the step is recorded refused (never called again),
+    the message is dead-lettered with the reason, and reconciliation has nothing to escalate."""
+    order = an_order()
+    payments.hook = lambda key, phase: "decline" if phase == "before" else None
+    orders(servicebus_message(order, order["orderId"]))
+    payments.hook = None
+    orders(servicebus_message(order, order["orderId"], delivery_count=2))  # e.g. a DLQ resubmission
+    assert payments.requests[charge_key(order["orderId"])] == 1
+    marker = step_marker(app, order["orderId"])
+    assert marker is not None and marker.state is State.REFUSED and marker.result["status"] == 402
+    assert [r.reason for r in app.dead_letters("orders")] == ["downstream_rejected"]  # one record, idempotent
+    assert effects_by_order(app, order["orderId"]) == {}
+    assert escalate_stale_claims(app, timedelta(0), now=utcnow() + timedelta(days=1)) == []
 
 
 def test_the_timer_function_runs_reconciliation(app: TableStore, caplog: pytest.LogCaptureFixture) -> None:
