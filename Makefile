@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint typecheck chaos bench check-retention worker clean
+.PHONY: install demo test lint typecheck chaos bench check-retention check-leases worker clean
 
 install: $(VENV)/.installed node_modules/.installed
 
@@ -38,9 +38,13 @@ typecheck: install
 bench: install
 	$(PY) -m bench
 
-# Dedup markers must outlive every redelivery the infra parameters allow.
+# Dedup markers must outlive every redelivery infra/ allows; a dead step owner's claim
+# must lapse while the broker still has deliveries left (tools/delivery_checks.py).
 check-retention: install
-	$(PY) -m tools.infra_checks retention
+	$(PY) -m tools.delivery_checks retention
+
+check-leases: install
+	$(PY) -m tools.delivery_checks leases
 
 # The real Azure Functions Python worker for tests/runtime (online: GitHub release 4.34.0,
 # every file checked against tools/runtime/python-worker-4.34.0.sha256). Offline, set
@@ -48,7 +52,7 @@ check-retention: install
 worker: install
 	$(PY) -m tools.runtime.build
 
-test: lint typecheck check-retention
+test: lint typecheck check-retention check-leases
 	$(PY) -m pytest -q
 
 clean:

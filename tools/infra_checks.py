@@ -1,8 +1,7 @@
 """Checks on infra/ that need no Bicep compiler: the Bicep files are parsed (PyPI
-``pycep-parser``) and the security policies asserted on the parsed tree; and the
-retention check (``make check-retention``): dedup markers must outlive every redelivery.
+``pycep-parser``) and the security policies asserted on the parsed tree. (What the brokers
+may redeliver, against the dedup settings, is tools/delivery_checks.py.)
 
-    python -m tools.infra_checks retention [infra_dir]
     python -m tools.infra_checks policies [infra_dir]
 """
 
@@ -17,7 +16,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import isodate
 from pycep import BicepParser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +31,7 @@ def bicep_files(infra: Path) -> list[Path]:
     return sorted(infra.rglob("*.bicep"))
 
 
-# -- retention -------------------------------------------------------------------------
+# -- parameters and host.json --------------------------------------------------------------
 
 
 def parameter_values(infra: Path) -> dict[str, Any]:
@@ -50,60 +48,11 @@ def parameter_values(infra: Path) -> dict[str, Any]:
     return values
 
 
-@dataclass(frozen=True)
-class Retention:
-    retention: timedelta
-    required: timedelta
-    parts: dict[str, timedelta]
-
-    @property
-    def ok(self) -> bool:
-        return self.retention >= self.required
-
-    def explain(self) -> str:
-        lines = [f"  {name}: {_days(value)}" for name, value in self.parts.items()]
-        verdict = "OK" if self.ok else "FAIL"
-        return "\n".join(
-            [
-                f"{verdict}: dedup retention {_days(self.retention)} "
-                f"{'>=' if self.ok else '<'} required {_days(self.required)}",
-                *lines,
-            ]
-        )
-
-
-def retention_check(values: dict[str, Any], host: dict[str, Any]) -> Retention:
-    """The longest time after a message was first processed in which a copy can still
-    arrive, plus the operators' margin for dead-letter resubmission:
-
-    - Service Bus: the message can wait up to its TTL, and each of ``maxDeliveryCount``
-      deliveries can hold it for the lock duration or, with the host's automatic
-      renewal, up to ``maxAutoLockRenewalDuration``.
-    - Event Grid: retries stop after ``eventTimeToLiveInMinutes``.
-    """
-    renewal = timespan(host.get("extensions", {}).get("serviceBus", {}).get("maxAutoLockRenewalDuration", "00:05:00"))
-    per_delivery = max(isodate.parse_duration(values["lockDuration"]), renewal)
-    service_bus = isodate.parse_duration(values["messageTimeToLive"]) + per_delivery * int(values["maxDeliveryCount"])
-    event_grid = timedelta(minutes=int(values["eventTimeToLiveInMinutes"]))
-    resubmit = timedelta(days=int(values["deadLetterResubmitDays"]))
-    parts = {
-        "Service Bus: message TTL + deliveries x lock (with renewal)": service_bus,
-        "Event Grid: event time to live": event_grid,
-        "dead-letter resubmission margin": resubmit,
-    }
-    required = max(service_bus, event_grid) + resubmit
-    return Retention(timedelta(days=int(values["dedupRetentionDays"])), required, parts)
-
-
 def timespan(text: str) -> timedelta:
     """host.json durations are .NET TimeSpans: ``[d.]hh:mm:ss``."""
     days, _, clock = text.partition(".") if "." in text.split(":")[0] else ("0", "", text)
     hours, minutes, seconds = clock.split(":")
     return timedelta(days=int(days), hours=int(hours), minutes=int(minutes), seconds=float(seconds))
-
-
-def _days(value: timedelta) -> str:
-    return f"{value.total_seconds() / 86400:.2f} days"
 
 
 # -- policies --------------------------------------------------------------------------
@@ -234,15 +183,7 @@ def _app_settings(main: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    command = argv[1] if len(argv) > 1 else "policies"
     infra = Path(argv[2]) if len(argv) > 2 else INFRA
-    if command == "retention":
-        report = retention_check(parameter_values(infra), json.loads((ROOT / "host.json").read_text()))
-        print(report.explain())
-        if not report.ok:
-            print("Markers would expire while the broker can still redeliver: raise dedupRetentionDays "
-                  "(infra/main.parameters.json) and DEDUP_RETENTION, or shorten the broker's windows.")  # fmt: skip
-        return 0 if report.ok else 1
     violations = policy_violations(infra)
     for violation in violations:
         print("POLICY", violation)

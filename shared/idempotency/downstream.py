@@ -11,10 +11,13 @@ from .errors import DownstreamRejected, DownstreamUnavailable
 
 # 409: the service still works on this key (IETF httpapi idempotency-key draft); retry.
 RETRYABLE = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+DEFAULT_TIMEOUT = 10.0  # seconds; DEDUP_LEASE must outlive it (make check-leases)
 
 
 class IdempotentHttp:
-    def __init__(self, base_url: str, *, timeout: float = 10.0, session: requests.Session | None = None) -> None:
+    def __init__(
+        self, base_url: str, *, timeout: float = DEFAULT_TIMEOUT, session: requests.Session | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._session = session or requests.Session()

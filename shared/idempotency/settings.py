@@ -12,11 +12,13 @@ from azure.data.tables import TableServiceClient
 
 from . import telemetry
 from .cosmos_store import CosmosStore
-from .steps import StepPolicy
+from .steps import DEFAULT_STEPS, StepPolicy
 from .store import DedupStore
 from .table_store import TableStore
 
 DEFAULT_RETENTION = "P30D"
+DEFAULT_LEASE = isodate.duration_isoformat(DEFAULT_STEPS.lease)  # PT1M
+DEFAULT_IN_FLIGHT_WAIT = isodate.duration_isoformat(DEFAULT_STEPS.in_flight_wait)  # PT10S
 
 
 class ConfigurationError(Exception):
@@ -51,10 +53,10 @@ def retention() -> timedelta:
 
 
 def step_policy() -> StepPolicy:
-    """DEDUP_LEASE (default functionTimeout 5 min + 30 s for clock skew) and
-    DEDUP_IN_FLIGHT_WAIT (default 10 s)."""
+    """DEDUP_LEASE (default 1 min) and DEDUP_IN_FLIGHT_WAIT (default 10 s)."""
     return StepPolicy(
-        lease=duration("DEDUP_LEASE", "PT5M30S"), in_flight_wait=duration("DEDUP_IN_FLIGHT_WAIT", "PT10S")
+        lease=duration("DEDUP_LEASE", DEFAULT_LEASE),
+        in_flight_wait=duration("DEDUP_IN_FLIGHT_WAIT", DEFAULT_IN_FLIGHT_WAIT),
     )
 
 

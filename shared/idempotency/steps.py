@@ -22,13 +22,16 @@ log = logging.getLogger("idempotency")
 
 @dataclass(frozen=True)
 class StepPolicy:
-    """``lease``: how long a claim is protected; it must outlive the longest time the
-    owner may still be running (functionTimeout) plus clock skew — see README.
-    ``in_flight_wait``: how long a delivery waits for a live claim to finish before
-    giving the message back to the broker (avoids hot abandon loops)."""
+    """``lease``: how long a claim is protected from takeover; it must outlive the step's
+    call (its timeout) plus clock skew, and lapse while the broker still has deliveries
+    left (``make check-leases``). A takeover of a live but slow owner repeats the call with
+    the same downstream idempotency key, and the owner's fenced completion is refused, so
+    the lease bounds wasted calls, not correctness. ``in_flight_wait``: how long a delivery
+    that meets a live claim waits for it to finish (or lapse, then takes it over) before
+    giving the message back to the broker."""
 
-    lease: timedelta = timedelta(minutes=5, seconds=30)
-    in_flight_wait: timedelta = timedelta(0)
+    lease: timedelta = timedelta(minutes=1)
+    in_flight_wait: timedelta = timedelta(seconds=10)
 
 
 DEFAULT_STEPS = StepPolicy()

@@ -13,16 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.infra_checks import (
-    INFRA,
-    ROOT,
-    bicep_files,
-    parameter_values,
-    parse,
-    policy_violations,
-    retention_check,
-    timespan,
-)
+from tools.delivery_checks import Redelivery, lease_check, redeliveries, retention_check
+from tools.infra_checks import INFRA, ROOT, bicep_files, parse, policy_violations, timespan
 
 HOST = json.loads((ROOT / "host.json").read_text())
 
@@ -86,24 +78,36 @@ def test_a_template_with_a_syntax_error_does_not_parse(tmp_path: Path) -> None:
         parse(broken)
 
 
-# -- retention -------------------------------------------------------------------------
-
-GOOD = {
-    "dedupRetentionDays": 30, "lockDuration": "PT1M", "maxDeliveryCount": 10, "messageTimeToLive": "P14D",
-    "eventTimeToLiveInMinutes": 1440, "deadLetterResubmitDays": 7,
-}  # fmt: skip
+# -- retention and leases (tools/delivery_checks.py) ------------------------------------------
 
 
-def test_the_repository_parameters_pass_the_retention_check() -> None:
-    report = retention_check(parameter_values(INFRA), HOST)
-    assert report.ok, report.explain()
+def infra_copy(tmp_path: Path, parameters: dict[str, object] | None = None,
+               edits: tuple[tuple[str, str, str], ...] = ()) -> Path:  # fmt: skip
+    """A copy of infra/ with other parameter values, or with text replaced in a file."""
+    copy = tmp_path / "infra"
+    shutil.copytree(INFRA, copy)
+    params = json.loads((copy / "main.parameters.json").read_text())
+    for name, value in (parameters or {}).items():
+        params["parameters"][name] = {"value": value}
+    (copy / "main.parameters.json").write_text(json.dumps(params))
+    for file, old, new in edits:
+        text = (copy / file).read_text()
+        assert old in text, f"{file} no longer contains {old!r}: update this test"
+        (copy / file).write_text(text.replace(old, new))
+    return copy
 
 
-def test_retention_covers_ttl_deliveries_and_the_resubmit_margin() -> None:
-    report = retention_check(GOOD, HOST)
-    # 14 days of TTL + 10 deliveries x 5 min (renewal beats the 1 min lock) + 7 days margin
-    assert report.required == timedelta(days=21, minutes=50)
-    assert report.ok
+def test_the_repository_passes_the_retention_and_lease_checks() -> None:
+    for report in (retention_check(INFRA, HOST), lease_check(INFRA, HOST)):
+        assert report.ok, report.explain()
+
+
+def test_every_queue_subscription_and_event_subscription_is_read() -> None:
+    places = {place.name.split(":")[1]: place for place in redeliveries(INFRA)}
+    assert set(places) == {"orders", "moreQueues", "subscriptions", "subscription"}
+    assert places["orders"] == Redelivery("modules/servicebus.bicep:orders", "service bus", 10, timedelta(days=14),
+                                          timedelta(minutes=1))  # fmt: skip
+    assert places["subscription"].max_deliveries == 30 and places["subscription"].broker == "event grid"
 
 
 @pytest.mark.parametrize(
@@ -113,12 +117,47 @@ def test_retention_covers_ttl_deliveries_and_the_resubmit_margin() -> None:
         {"messageTimeToLive": "P30D"},  # the queue keeps messages longer than the markers
         {"deadLetterResubmitDays": 30},  # operators resubmit after the markers are gone
         {"messageTimeToLive": "P20D", "maxDeliveryCount": 2000},  # 2000 deliveries x 5 min of lock
+        {"eventTimeToLiveInMinutes": 60 * 24 * 30},  # Event Grid retries for 30 days
     ],
 )
-def test_markers_expiring_before_the_broker_stops_redelivering_fail(change: dict[str, object]) -> None:
-    report = retention_check({**GOOD, **change}, HOST)
-    assert not report.ok
-    assert "FAIL" in report.explain()
+def test_markers_expiring_before_the_broker_stops_redelivering_fail(tmp_path: Path, change: dict[str, object]) -> None:
+    report = retention_check(infra_copy(tmp_path, change), HOST)
+    assert not report.ok and "FAIL" in report.explain()
+
+
+QUEUE_VALUES = "    lockDuration: lockDuration\n    maxDeliveryCount: maxDeliveryCount\n    defaultMessageTimeToLive:"
+
+
+def test_literal_values_in_a_template_are_read_too(tmp_path: Path) -> None:
+    """Queues written with literal values (TTL P60D, 50 deliveries of 5 min) fail, though the
+    parameters did not change."""
+    literal = "    lockDuration: 'PT5M'\n    maxDeliveryCount: 50\n    defaultMessageTimeToLive: 'P60D'\n    _old:"
+    report = retention_check(infra_copy(tmp_path, edits=(("modules/servicebus.bicep", QUEUE_VALUES, literal),)), HOST)
+    failed = sorted(line.split(" ")[0] for line in report.failures)
+    assert failed == ["modules/servicebus.bicep:moreQueues", "modules/servicebus.bicep:orders",
+                      "modules/servicebus.bicep:subscriptions"]  # fmt: skip
+
+
+def app_setting(line: str) -> tuple[str, str, str]:
+    """An edit of main.bicep that adds one app setting."""
+    anchor = "DEDUP_RETENTION: 'P${dedupRetentionDays}D'"
+    return ("main.bicep", anchor, f"{anchor}\n      {line}")
+
+
+@pytest.mark.parametrize(
+    ("change", "edits", "expected"),
+    [
+        ({"maxDeliveryCount": 3}, (), "2 later deliveries cover"),  # too few deliveries for the lease
+        ({}, (app_setting("DEDUP_LEASE: 'PT5M30S'"),), "later deliveries cover"),  # the old 5.5 min lease
+        ({}, (app_setting("DEDUP_IN_FLIGHT_WAIT: 'PT25S'"),), "Event Grid within"),  # Event Grid stops listening
+        ({}, (app_setting("DEDUP_LEASE: 'PT15S'"),), "call timeout"),  # a live call may outlive the lease
+    ],
+)
+def test_a_lease_that_outlives_the_redeliveries_fails(
+    tmp_path: Path, change: dict[str, object], edits: tuple[tuple[str, str, str], ...], expected: str
+) -> None:
+    report = lease_check(infra_copy(tmp_path, change, edits), HOST)
+    assert not report.ok and any(expected in failure for failure in report.failures), report.explain()
 
 
 def test_host_timespans() -> None:
@@ -132,7 +171,7 @@ def test_the_check_retention_command_fails_on_bad_parameters(tmp_path: Path) -> 
     parameters = json.loads((broken / "main.parameters.json").read_text())
     parameters["parameters"]["dedupRetentionDays"]["value"] = 3
     (broken / "main.parameters.json").write_text(json.dumps(parameters))
-    result = subprocess.run([sys.executable, "-m", "tools.infra_checks", "retention", str(broken)],
+    result = subprocess.run([sys.executable, "-m", "tools.delivery_checks", "retention", str(broken)],
                             cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 1 and "FAIL" in result.stdout
 

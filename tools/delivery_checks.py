@@ -1,0 +1,250 @@
+"""What the brokers may still redeliver, read from infra/ and host.json, checked against the
+dedup settings (no Bicep compiler needed: the templates are parsed with pycep-parser).
+
+    python -m tools.delivery_checks retention [infra_dir]   # markers outlive every redelivery
+    python -m tools.delivery_checks leases [infra_dir]      # a dead owner's claim lapses in budget
+
+Every Service Bus queue and topic subscription and every Event Grid subscription in infra/
+is read, whether its values are literals or parameters (resolved through the module call
+to main.bicep's defaults and main.parameters.json); a property left out takes the
+service's default.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import isodate
+
+from shared.idempotency.downstream import DEFAULT_TIMEOUT
+from shared.idempotency.settings import DEFAULT_IN_FLIGHT_WAIT, DEFAULT_LEASE
+from tools.infra_checks import INFRA, ROOT, parameter_values, parse, timespan
+
+QUEUE, SUBSCRIPTION = "Microsoft.ServiceBus/namespaces/queues", "Microsoft.ServiceBus/namespaces/topics/subscriptions"
+EVENT_SUBSCRIPTIONS = (
+    "Microsoft.EventGrid/topics/eventSubscriptions",
+    "Microsoft.EventGrid/systemTopics/eventSubscriptions",
+)
+# Service defaults when a property is left out.
+SERVICE_BUS_DEFAULTS = {"lockDuration": "PT1M", "maxDeliveryCount": 10, "defaultMessageTimeToLive": "P10675199D"}
+EVENT_GRID_DEFAULTS = {"maxDeliveryAttempts": 30, "eventTimeToLiveInMinutes": 1440}
+# Event Grid's documented retry schedule (best effort, with a little randomisation) and
+# how long it waits for the function's answer before it counts the attempt as failed.
+EVENT_GRID_RETRIES = [timedelta(seconds=s) for s in (10, 30, 60, 300, 600, 1800, 3600, 10800, 21600)]
+EVENT_GRID_EVERY = timedelta(hours=12)
+EVENT_GRID_RESPONSE_TIMEOUT = timedelta(seconds=30)
+SKEW = timedelta(seconds=15)  # clock skew between instances, plus the claim's own write
+
+
+@dataclass(frozen=True)
+class Redelivery:
+    """One place infra/ lets the platform redeliver from."""
+
+    name: str
+    broker: str  # "service bus" or "event grid"
+    max_deliveries: int
+    time_to_live: timedelta
+    lock: timedelta = timedelta(0)  # Service Bus only
+
+
+def redeliveries(infra: Path = INFRA) -> list[Redelivery]:
+    main = parse(infra / "main.bicep")
+    values = parameter_values(infra)
+    found: list[Redelivery] = []
+    for module in main.get("modules", {}).values():
+        if module.get("type") != "local":
+            continue
+        tree = parse(infra / module["detail"]["path"])
+        scope = {n: spec.get("default") for n, spec in tree.get("parameters", {}).items()}
+        scope.update({n: _resolve(v, values) for n, v in _body(module).get("params", {}).items()})
+        for symbol, spec in tree.get("resources", {}).items():
+            properties = _body(spec).get("properties", {})
+            name = f"{module['detail']['path']}:{symbol}"
+            if spec["type"] in (QUEUE, SUBSCRIPTION):
+                value = {k: _resolve(properties.get(k, d), scope) for k, d in SERVICE_BUS_DEFAULTS.items()}
+                found.append(Redelivery(name, "service bus", int(value["maxDeliveryCount"]),
+                                        _duration(value["defaultMessageTimeToLive"], name),
+                                        _duration(value["lockDuration"], name)))  # fmt: skip
+            elif spec["type"] in EVENT_SUBSCRIPTIONS:
+                retry = properties.get("retryPolicy", {})
+                value = {k: _resolve(retry.get(k, d), scope) for k, d in EVENT_GRID_DEFAULTS.items()}
+                found.append(Redelivery(name, "event grid", int(value["maxDeliveryAttempts"]),
+                                        timedelta(minutes=int(value["eventTimeToLiveInMinutes"]))))  # fmt: skip
+    return found
+
+
+def _body(spec: dict[str, Any]) -> dict[str, Any]:
+    """A declaration's body, inside ``if (...)`` and ``[for ...]`` wrappers."""
+    config: dict[str, Any] = spec.get("config") or {}
+    while "condition" in config or "loop_type" in config:
+        config = config["config"]
+    return config
+
+
+def _resolve(value: Any, scope: dict[str, Any]) -> Any:
+    """pycep gives identifiers and string literals alike: a name in scope is a parameter."""
+    return scope[value] if isinstance(value, str) and value in scope else value
+
+
+def _duration(value: Any, where: str) -> timedelta:
+    try:
+        parsed = isodate.parse_duration(str(value))
+    except isodate.ISO8601Error as exc:
+        raise ValueError(f"{where}: {value!r} is not a duration this check can read") from exc
+    assert isinstance(parsed, timedelta)
+    return parsed
+
+
+# -- host.json and the dedup settings ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Host:
+    function_timeout: timedelta
+    lock_renewal: timedelta  # serviceBus.maxAutoLockRenewalDuration
+
+
+def host_settings(host: dict[str, Any]) -> Host:
+    renewal = host.get("extensions", {}).get("serviceBus", {}).get("maxAutoLockRenewalDuration", "00:05:00")
+    return Host(timespan(host.get("functionTimeout", "00:05:00")), timespan(renewal))
+
+
+@dataclass(frozen=True)
+class Dedup:
+    lease: timedelta
+    in_flight_wait: timedelta
+    call_timeout: timedelta  # a step's downstream call
+
+
+def dedup_settings(infra: Path = INFRA) -> Dedup:
+    """DEDUP_LEASE and DEDUP_IN_FLIGHT_WAIT as infra sets them, else the library's defaults."""
+    main = parse(infra / "main.bicep")
+    settings = _body(main.get("modules", {}).get("functionApp", {})).get("params", {}).get("appSettings") or {}
+
+    def setting(name: str, default: str) -> timedelta:
+        return _duration(_resolve(settings.get(name, default), parameter_values(infra)), name)
+
+    return Dedup(setting("DEDUP_LEASE", DEFAULT_LEASE), setting("DEDUP_IN_FLIGHT_WAIT", DEFAULT_IN_FLIGHT_WAIT),
+                 timedelta(seconds=DEFAULT_TIMEOUT))  # fmt: skip
+
+
+# -- the checks -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Report:
+    lines: list[str]
+    failures: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def explain(self) -> str:
+        verdict = "OK" if self.ok else "FAIL"
+        return "\n".join(
+            [f"{verdict}:", *(f"  {line}" for line in self.lines), *(f"  FAIL {f}" for f in self.failures)]
+        )
+
+
+def retention_check(infra: Path = INFRA, host: dict[str, Any] | None = None) -> Report:
+    """Markers must outlive the last copy the brokers may still deliver, plus the time
+    operators may take to resubmit from a dead-letter queue:
+
+    - Service Bus: a message can wait up to its TTL, and each of maxDeliveryCount deliveries
+      can hold it for the lock duration or, with the host's renewal, maxAutoLockRenewalDuration;
+    - Event Grid: retries stop after eventTimeToLiveInMinutes.
+    """
+    renewal = host_settings(host or _host()).lock_renewal
+    values = parameter_values(infra)
+    retention = timedelta(days=int(values["dedupRetentionDays"]))
+    margin = timedelta(days=int(values["deadLetterResubmitDays"]))
+    lines = [f"dedup retention {_days(retention)}; dead-letter resubmission margin {_days(margin)}"]
+    failures: list[str] = []
+    for place in redeliveries(infra):
+        held = place.max_deliveries * max(place.lock, renewal) if place.broker == "service bus" else timedelta(0)
+        window = place.time_to_live + held
+        explained = (f"{place.name} ({place.broker}): TTL {_days(place.time_to_live)}"
+                     + (f" + {place.max_deliveries} deliveries x {max(place.lock, renewal)}" if place.lock else "")
+                     + f" + margin = {_days(window + margin)}")  # fmt: skip
+        (lines if window + margin <= retention else failures).append(explained)
+    return Report(lines, failures)
+
+
+def lease_check(infra: Path = INFRA, host: dict[str, Any] | None = None) -> Report:
+    """A claim whose owner died (or failed to complete) must lapse while the broker still
+    has deliveries left, so that a redelivery takes it over instead of the message being
+    dead-lettered with the call made. The next delivery can come at once (the host abandons
+    a failed invocation); each one that meets the live claim waits DEDUP_IN_FLIGHT_WAIT, then
+    gives the message back. So, for Service Bus: (maxDeliveryCount - 1) x wait >= lease + skew;
+    for Event Grid, the retry delays before its last attempt count too. And a live owner
+    must keep its claim through its call: lease >= call timeout + skew."""
+    timing, dedup = host_settings(host or _host()), dedup_settings(infra)
+    lines = [f"lease {dedup.lease}, in-flight wait {dedup.in_flight_wait}, step call timeout {dedup.call_timeout}, "
+             f"functionTimeout {timing.function_timeout}, lock renewal {timing.lock_renewal}"]  # fmt: skip
+    failures: list[str] = []
+
+    def require(condition: bool, text: str) -> None:
+        (lines if condition else failures).append(text)
+
+    needed = dedup.lease + SKEW
+    require(dedup.lease >= dedup.call_timeout + SKEW, f"lease {dedup.lease} >= call timeout + skew")
+    require(dedup.in_flight_wait + dedup.call_timeout <= timing.function_timeout,
+            "in-flight wait + call timeout <= functionTimeout")  # fmt: skip
+    for place in redeliveries(infra):
+        later = place.max_deliveries - 1
+        if place.broker == "service bus":
+            require(dedup.in_flight_wait + dedup.call_timeout <= max(place.lock, timing.lock_renewal),
+                    f"{place.name}: a waiting delivery keeps its lock (wait + call <= lock or renewal)")  # fmt: skip
+            covered = later * dedup.in_flight_wait
+        else:
+            answer = EVENT_GRID_RESPONSE_TIMEOUT
+            require(dedup.in_flight_wait + dedup.call_timeout < answer,
+                    f"{place.name}: a waiting delivery answers Event Grid within {answer}")  # fmt: skip
+            retries = sum(_event_grid_delays(later), timedelta(0)) + later * dedup.in_flight_wait
+            covered = min(retries, place.time_to_live)  # no retry after the event's time to live
+        require(covered >= needed, f"{place.name}: {later} later deliveries cover {covered} >= lease + skew {needed}")
+    return Report(lines, failures)
+
+
+def _event_grid_delays(count: int) -> list[timedelta]:
+    return [EVENT_GRID_RETRIES[i] if i < len(EVENT_GRID_RETRIES) else EVENT_GRID_EVERY for i in range(count)]
+
+
+def _host() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((ROOT / "host.json").read_text())
+    return loaded
+
+
+def _days(value: timedelta) -> str:
+    return f"{value.total_seconds() / 86400:.2f} days"
+
+
+ADVICE = {
+    "retention": "Markers would expire while the broker can still redeliver: raise dedupRetentionDays "
+    "(infra/main.parameters.json) and DEDUP_RETENTION, or shorten the broker's windows.",
+    "leases": "A crashed step owner's claim would outlive the redeliveries: shorten DEDUP_LEASE, lengthen "
+    "DEDUP_IN_FLIGHT_WAIT (within the lock and functionTimeout), or raise maxDeliveryCount.",
+}
+
+
+def main(argv: list[str]) -> int:
+    command = argv[1] if len(argv) > 1 else ""
+    if command not in ADVICE or "--help" in argv:
+        print(__doc__)
+        return 0 if "--help" in argv else 2
+    infra = Path(argv[2]) if len(argv) > 2 else INFRA
+    report = retention_check(infra) if command == "retention" else lease_check(infra)
+    print(report.explain())
+    if not report.ok:
+        print(ADVICE[command])
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
