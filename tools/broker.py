@@ -111,10 +111,10 @@ class PeekLockQueue:
             self._cv.notify_all()
             return True
 
-    def abandon(self, lock: Lock) -> None:
+    def abandon(self, lock: Lock, why: str = "") -> None:
         with self._cv:
             if lock.message.token == lock.token:
-                self._unlock(lock.message, "abandoned")
+                self._unlock(lock.message, f"abandoned: {why}" if why else "abandoned")
 
     def drained(self) -> bool:
         with self._cv:

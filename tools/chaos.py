@@ -57,6 +57,7 @@ def as_json(report: Report) -> dict[str, object]:
         "lock_expiries": report.lock_expiries,
         "locks_lost": report.locks_lost,
         "resubmitted_from_dlq": report.resubmitted,
+        "budget_exhausted": report.budget_exhausted,
         "seconds": round(report.seconds, 1),
         "runtime": report.config.runtime,
     }

@@ -32,6 +32,7 @@ from tools import runtimes, workload
 from tools.azurite import Azurite
 from tools.broker import Lock, PeekLockQueue
 from tools.cosmos_emulator import emulated
+from tools.delivery_checks import dedup_settings, redeliveries
 from tools.faults import WORKER_FAULTS, Crash, FaultPlan, FaultyTransport
 from tools.payment_service import PaymentService
 
@@ -65,7 +66,11 @@ class RunConfig:
     outage: bool = False
     outage_seconds: float = 1.5
     lock_duration: float = 2.0
-    max_delivery_count: int = 10
+    # None: the shipped values (infra/, host.json, the dedup defaults), scaled in time so that
+    # the lock lasts ``lock_duration`` — the same proportions as on Azure.
+    max_delivery_count: int | None = None
+    lease: float | None = None
+    in_flight_wait: float | None = None
     duplicate_window: int = 32  # MessageIds remembered by send-side duplicate detection
     mismatch_rate: float = 0.005
     invalid_rate: float = 0.01
@@ -86,6 +91,7 @@ class Report:
     store_restarts: int = 0
     lock_expiries: int = 0
     locks_lost: int = 0
+    budget_exhausted: int = 0  # dead-lettered by maxDeliveryCount while a claim was still leased
     resubmitted: int = 0
     effects_applied: int = 0
     double_effects: int = 0
@@ -136,7 +142,8 @@ def run(
     report = Report(config)
     started = time.monotonic()
     logical = target.generate(config.messages, config.seed, config.mismatch_rate, config.invalid_rate)
-    queue = PeekLockQueue(config.lock_duration, config.max_delivery_count, config.duplicate_window)
+    timing = Timing.of(config)
+    queue = PeekLockQueue(config.lock_duration, timing.max_deliveries, config.duplicate_window)
     accepted: set[int] = set()
     for index, body in workload.sends(logical, config.dup_rate, config.seed):
         if queue.send(logical[index].message_id, body):
@@ -146,7 +153,7 @@ def run(
     plan = FaultPlan(config.fault_rate, config.seed, config.lock_duration)
     with ExitStack() as stack:
         payments = stack.enter_context(PaymentService(hook=_payment_faults(plan))) if config.payments else None
-        _configure_payments(config, payments)
+        _configure_payments(timing, payments)
         consumer = target.consumer(azurite.connection_string, config.table)
         if isinstance(consumer.store, CosmosStore):  # faults are injected on the Table transport only
             store: DedupStore = emulated_view(consumer.store)
@@ -185,21 +192,40 @@ def _deliver_all(
             _run_workers(config, queue, deliver, plan)
             if outage is not None:
                 outage.join()
+            report.budget_exhausted += sum("in_flight" in (m.dead_reason or "") for m in queue.dead)
             if not queue.dead or round_ == 5:
                 break
             report.resubmitted += queue.resubmit_dead_letters()
 
 
-def _configure_payments(config: RunConfig, payments: PaymentService | None) -> None:
-    """The lease outlives the longest stall a live worker may have (a commit stalled
-    past the lock: 1.5 locks), as DEDUP_LEASE must outlive functionTimeout on Azure."""
+@dataclass(frozen=True)
+class Timing:
+    max_deliveries: int
+    lease: float
+    in_flight_wait: float
+
+    @staticmethod
+    def of(config: RunConfig) -> Timing:
+        """The run's timing: what the config sets, the rest as shipped, scaled to its lock."""
+        shipped = next(p for p in redeliveries() if p.name.endswith(":orders"))
+        dedup = dedup_settings()
+        scale = config.lock_duration / shipped.lock.total_seconds()
+        lease, wait = dedup.lease.total_seconds() * scale, dedup.in_flight_wait.total_seconds() * scale
+        return Timing(
+            config.max_delivery_count or shipped.max_deliveries,
+            lease if config.lease is None else config.lease,
+            wait if config.in_flight_wait is None else config.in_flight_wait,
+        )
+
+
+def _configure_payments(timing: Timing, payments: PaymentService | None) -> None:
     if payments is None:
         os.environ.pop("PAYMENT_API_URL", None)
         return
     os.environ.update(
         PAYMENT_API_URL=payments.url,
-        DEDUP_LEASE=f"PT{config.lock_duration * 2.5:g}S",
-        DEDUP_IN_FLIGHT_WAIT=f"PT{config.lock_duration:g}S",
+        DEDUP_LEASE=f"PT{timing.lease:.3f}S",
+        DEDUP_IN_FLIGHT_WAIT=f"PT{timing.in_flight_wait:.3f}S",
     )
 
 
@@ -255,8 +281,8 @@ def _settle(lock: Lock, queue: PeekLockQueue, deliver: Deliver, plan: FaultPlan)
         deliver(lock)
     except Crash:
         return  # the process died: no settlement, the lock will expire
-    except Exception:  # noqa: BLE001 - the host abandons on any exception
-        queue.abandon(lock)
+    except Exception as error:  # noqa: BLE001 - the host abandons on any exception
+        queue.abandon(lock, why=str(error)[:200])
         return
     if plan.draw(WORKER_FAULTS) is not None:
         return  # crashed before acknowledging, or the acknowledgement was lost

@@ -1,0 +1,127 @@
+"""A step owner that dies after its call, or cannot complete the step, is recovered by a
+redelivery inside the broker's delivery budget — at the shipped proportions (lock duration,
+maxDeliveryCount, DEDUP_LEASE, DEDUP_IN_FLIGHT_WAIT from infra/ and the defaults, scaled in
+time so that the lock lasts 2 s), through the peek-lock broker, with a real payment API."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.idempotency import StoreUnavailable
+from shared.idempotency.downstream import IdempotentHttp
+from shared.idempotency.records import JSON, Marker, State
+from shared.idempotency.table_store import TableStore
+from tools.azurite import Azurite
+from tools.faults import Crash
+from tools.harness import Report, RunConfig, Timing, run
+
+
+@pytest.fixture
+def azurite_on_disk() -> Iterator[Azurite]:
+    with tempfile.TemporaryDirectory(prefix="budget-") as data, Azurite(location=Path(data)) as azurite:
+        yield azurite
+
+
+def config(**changes: Any) -> RunConfig:
+    """Every message charged through the payment API; no duplicates, faults or bad input,
+    so that each injected failure is the only thing that happens to its message."""
+    settings: dict[str, Any] = {
+        "messages": 24,
+        "workers": 4,
+        "dup_rate": 0.0,
+        "fault_rate": 0.0,
+        "mismatch_rate": 0.0,
+        "invalid_rate": 0.0,
+        "seed": 3,
+        "payments": True,
+        "table": "b" + uuid.uuid4().hex[:12],
+    }
+    return RunConfig(**{**settings, **changes})
+
+
+class FirstTimeOnly:
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self._mutex = threading.Lock()
+
+    def first(self, key: str) -> bool:
+        with self._mutex:
+            new = key not in self.seen
+            self.seen.add(key)
+            return new
+
+
+def assert_recovered(report: Report) -> None:
+    assert report.violations == [] and (report.double_effects, report.lost, report.orphans) == (0, 0, 0)
+    assert report.payment_charges == report.effects_applied == report.messages == 24
+    assert report.dead_lettered == 0 and report.budget_exhausted == 0 and report.resubmitted == 0
+
+
+def test_the_shipped_timing_is_the_azure_proportions() -> None:
+    timing = Timing.of(RunConfig(lock_duration=2.0))
+    # lock 1 min -> 2 s; DEDUP_LEASE 1 min -> 2 s; DEDUP_IN_FLIGHT_WAIT 10 s -> 1/3 s; 10 deliveries
+    assert (timing.max_deliveries, timing.lease, round(timing.in_flight_wait, 3)) == (10, 2.0, 0.333)
+
+
+def test_a_worker_that_dies_after_the_call_is_recovered_by_a_redelivery(
+    azurite_on_disk: Azurite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    crashed = FirstTimeOnly()
+    post = IdempotentHttp.post
+
+    def charge_then_die(self: IdempotentHttp, path: str, body: Any, idempotency_key: str) -> Any:
+        answer = post(self, path, body, idempotency_key)
+        if crashed.first(idempotency_key):
+            raise Crash("the worker died after the payment API charged")
+        return answer
+
+    monkeypatch.setattr(IdempotentHttp, "post", charge_then_die)
+    report = run(config(), azurite_on_disk)
+    assert len(crashed.seen) == 24
+    assert_recovered(report)
+
+
+class CompletionFailsOnce(TableStore):
+    """The store fails (after the SDK's retries) the first time each step completes."""
+
+    failed = FirstTimeOnly()
+
+    def complete(self, marker: Marker, result: JSON, state: State = State.COMPLETED) -> Marker:
+        if self.failed.first(str(marker.key)):
+            raise StoreUnavailable("503 injected at completion")
+        return super().complete(marker, result, state)
+
+
+def test_a_step_that_cannot_complete_is_recovered_by_a_redelivery(azurite_on_disk: Azurite) -> None:
+    CompletionFailsOnce.failed = FirstTimeOnly()
+    report = run(config(), azurite_on_disk, break_store=CompletionFailsOnce)
+    assert len(CompletionFailsOnce.failed.seen) == 24
+    assert_recovered(report)
+
+
+def test_the_old_five_and_a_half_minute_lease_ran_out_of_deliveries(
+    azurite_on_disk: Azurite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Why the lease changed: DEDUP_LEASE = functionTimeout + 30 s (330 s, here 11 s) lets
+    the ten deliveries run out while a dead owner's claim is still leased — the harness
+    counts them as budget_exhausted (operators' resubmissions then recover them)."""
+    crashed = FirstTimeOnly()
+    post = IdempotentHttp.post
+
+    def charge_then_die(self: IdempotentHttp, path: str, body: Any, idempotency_key: str) -> Any:
+        answer = post(self, path, body, idempotency_key)
+        if crashed.first(idempotency_key):
+            raise Crash("the worker died after the payment API charged")
+        return answer
+
+    monkeypatch.setattr(IdempotentHttp, "post", charge_then_die)
+    report = run(config(messages=8, lease=2.0 * 330 / 60), azurite_on_disk)
+    assert report.budget_exhausted >= 8 and report.resubmitted >= 8  # every message at least once
+    assert (report.double_effects, report.lost) == (0, 0) and report.payment_charges == 8
