@@ -60,7 +60,7 @@ def new_cosmos_store(request: pytest.FixtureRequest) -> CosmosStore:
     database = client.create_database_if_not_exists("contract")
     name = "c" + uuid.uuid4().hex[:16]
     container = database.create_container(name, partition_key=PartitionKey("/partitionKey"), default_ttl=3600)
-    dead = database.create_container(name + "dl", partition_key=PartitionKey("/scope"))
+    dead = database.create_container(name + "dl", partition_key=PartitionKey("/scope"), default_ttl=-1)
     if endpoint and key:
         request.addfinalizer(lambda: (database.delete_container(name), database.delete_container(name + "dl")))
         return CosmosStore(container, dead, "partitionKey")

@@ -22,7 +22,7 @@ from typing import Any
 import isodate
 
 from shared.idempotency.downstream import DEFAULT_TIMEOUT
-from shared.idempotency.settings import DEFAULT_IN_FLIGHT_WAIT, DEFAULT_LEASE
+from shared.idempotency.settings import DEFAULT_DEAD_LETTER_RETENTION, DEFAULT_IN_FLIGHT_WAIT, DEFAULT_LEASE
 from tools.infra_checks import INFRA, ROOT, parameter_values, parse, timespan
 
 QUEUE, SUBSCRIPTION = "Microsoft.ServiceBus/namespaces/queues", "Microsoft.ServiceBus/namespaces/topics/subscriptions"
@@ -119,10 +119,12 @@ class Dedup:
     lease: timedelta
     in_flight_wait: timedelta
     call_timeout: timedelta  # a step's downstream call
+    dead_letter_retention: timedelta
 
 
 def dedup_settings(infra: Path = INFRA) -> Dedup:
-    """DEDUP_LEASE and DEDUP_IN_FLIGHT_WAIT as infra sets them, else the library's defaults."""
+    """DEDUP_LEASE, DEDUP_IN_FLIGHT_WAIT and DEDUP_DEAD_LETTER_RETENTION as infra sets them,
+    else the library's defaults."""
     main = parse(infra / "main.bicep")
     settings = _body(main.get("modules", {}).get("functionApp", {})).get("params", {}).get("appSettings") or {}
 
@@ -130,7 +132,8 @@ def dedup_settings(infra: Path = INFRA) -> Dedup:
         return _duration(_resolve(settings.get(name, default), parameter_values(infra)), name)
 
     return Dedup(setting("DEDUP_LEASE", DEFAULT_LEASE), setting("DEDUP_IN_FLIGHT_WAIT", DEFAULT_IN_FLIGHT_WAIT),
-                 timedelta(seconds=DEFAULT_TIMEOUT))  # fmt: skip
+                 timedelta(seconds=DEFAULT_TIMEOUT),
+                 setting("DEDUP_DEAD_LETTER_RETENTION", DEFAULT_DEAD_LETTER_RETENTION))  # fmt: skip
 
 
 # -- the checks -------------------------------------------------------------------------------------
@@ -173,6 +176,10 @@ def retention_check(infra: Path = INFRA, host: dict[str, Any] | None = None) -> 
                      + (f" + {place.max_deliveries} deliveries x {max(place.lock, renewal)}" if place.lock else "")
                      + f" + margin = {_days(window + margin)}")  # fmt: skip
         (lines if window + margin <= retention else failures).append(explained)
+    records = dedup_settings(infra).dead_letter_retention
+    (lines if records >= margin else failures).append(
+        f"dead-letter records kept {_days(records)} >= resubmission margin (DEDUP_DEAD_LETTER_RETENTION)"
+    )
     return Report(lines, failures)
 
 

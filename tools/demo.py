@@ -40,7 +40,7 @@ def use_cosmos_emulator(emulator: CosmosEmulator, container: str) -> None:
     """Provision what infra provisions on Azure, and point the app at it."""
     database = emulator.client().create_database_if_not_exists("dedup")
     database.create_container_if_not_exists(container, PartitionKey("/partitionKey"), default_ttl=30 * 24 * 3600)
-    database.create_container_if_not_exists(container + "dl", PartitionKey("/scope"))
+    database.create_container_if_not_exists(container + "dl", PartitionKey("/scope"), default_ttl=-1)
     os.environ.update(
         DEDUP_STORE="cosmos",
         COSMOS_ENDPOINT=emulator.endpoint,

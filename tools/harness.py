@@ -242,7 +242,8 @@ def _payment_faults(plan: FaultPlan) -> Callable[[str, str], str | None]:
 
 def emulated_view(store: CosmosStore) -> CosmosStore:
     """The checker reads through the emulator adapter (tools/cosmos_emulator.py)."""
-    return CosmosStore(emulated(store.container), emulated(store.dead_letter_container), store.partition_field)
+    return CosmosStore(emulated(store.container), emulated(store.dead_letter_container), store.partition_field,
+                       dead_letter_retention=store.dead_letter_retention)  # fmt: skip
 
 
 def _attach_store(

@@ -48,6 +48,7 @@ resource deadLetters 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/contain
     resource: {
       id: 'deadletters'
       partitionKey: { paths: ['/scope'], kind: 'Hash' }
+      defaultTtl: -1 // TTL on, no default: each record carries DEDUP_DEAD_LETTER_RETENTION as its ttl
     }
   }
 }

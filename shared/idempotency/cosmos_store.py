@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from azure.core import MatchConditions
@@ -33,7 +33,15 @@ from azure.cosmos import ContainerProxy, exceptions
 from .errors import StoreUnavailable, VersionConflict
 from .keys import DedupKey, encode_key, guard_id, marker_id
 from .records import GUARD_KIND, JSON, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
-from .store import CommitResult, CommitStatus, DeadLetter, DedupStore, Purge, StateStatus
+from .store import (
+    DEFAULT_DEAD_LETTER_RETENTION,
+    CommitResult,
+    CommitStatus,
+    DeadLetter,
+    DedupStore,
+    Purge,
+    StateStatus,
+)
 
 MAX_BATCH_OPERATIONS = 100  # Cosmos transactional batch limit (and 2 MB)
 STATE_VERSION = "stateVersion"  # the version of a document written by upsert_if_newer
@@ -68,8 +76,17 @@ def _store_errors() -> Iterator[None]:
 
 
 class CosmosStore(DedupStore):
-    def __init__(self, container: ContainerProxy, dead_letters: ContainerProxy, partition_field: str) -> None:
-        """``partition_field``: the property named by the container's partition key path."""
+    def __init__(
+        self,
+        container: ContainerProxy,
+        dead_letters: ContainerProxy,
+        partition_field: str,
+        *,
+        dead_letter_retention: timedelta = DEFAULT_DEAD_LETTER_RETENTION,
+    ) -> None:
+        """``partition_field``: the property named by the container's partition key path.
+        The dead-letter container needs TTL on (``defaultTtl: -1``): each record carries its own."""
+        self.dead_letter_retention = dead_letter_retention
         self._container = container
         self._dead = dead_letters
         self._pk = partition_field
@@ -221,6 +238,7 @@ class CosmosStore(DedupStore):
             "detail": record.detail[:8_000],
             "body": base64.b64encode(record.body).decode(),
             "recordedAt": _time(record.recorded_at or utcnow()),
+            "ttl": max(1, int(self.dead_letter_retention.total_seconds())),
             "messageId": record.message_id,
             "correlationId": record.correlation_id,
             "deliveryCount": record.delivery_count,

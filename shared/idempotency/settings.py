@@ -10,6 +10,7 @@ import isodate
 from azure.cosmos import ContainerProxy, CosmosClient
 from azure.data.tables import TableServiceClient
 
+from . import store as store_defaults
 from . import telemetry
 from .cosmos_store import CosmosStore
 from .steps import DEFAULT_STEPS, StepPolicy
@@ -17,6 +18,7 @@ from .store import DedupStore
 from .table_store import TableStore
 
 DEFAULT_RETENTION = "P30D"
+DEFAULT_DEAD_LETTER_RETENTION = isodate.duration_isoformat(store_defaults.DEFAULT_DEAD_LETTER_RETENTION)  # P14D
 DEFAULT_LEASE = isodate.duration_isoformat(DEFAULT_STEPS.lease)  # PT1M
 DEFAULT_IN_FLIGHT_WAIT = isodate.duration_isoformat(DEFAULT_STEPS.in_flight_wait)  # PT10S
 
@@ -49,6 +51,14 @@ def retention() -> timedelta:
     value = duration("DEDUP_RETENTION", DEFAULT_RETENTION)
     if value <= timedelta(0):
         raise ConfigurationError("DEDUP_RETENTION must be positive")
+    return value
+
+
+def dead_letter_retention() -> timedelta:
+    """DEDUP_DEAD_LETTER_RETENTION: how long a refused message's record (with its body) is kept."""
+    value = duration("DEDUP_DEAD_LETTER_RETENTION", DEFAULT_DEAD_LETTER_RETENTION)
+    if value <= timedelta(0):
+        raise ConfigurationError("DEDUP_DEAD_LETTER_RETENTION must be positive")
     return value
 
 
@@ -104,8 +114,9 @@ def open_store(table: str, dead_letter_table: str, *, create: bool = True) -> De
     COSMOS_DATABASE, provisioned by infra (data-plane roles cannot create containers).
     ``create=False`` for read-only tools (a reader role cannot create tables)."""
     kind = setting("DEDUP_STORE", "table").lower()
+    keep = dead_letter_retention()
     if kind == "table":
-        store = TableStore(table_service(), table, dead_letter_table)
+        store = TableStore(table_service(), table, dead_letter_table, dead_letter_retention=keep)
         if create:
             store.create_tables()
         return store
@@ -113,7 +124,7 @@ def open_store(table: str, dead_letter_table: str, *, create: bool = True) -> De
         database = cosmos_client().get_database_client(setting("COSMOS_DATABASE", "dedup"))
         container = database.get_container_client(setting("COSMOS_CONTAINER", table))
         dead_letters = database.get_container_client(setting("COSMOS_DEADLETTER_CONTAINER", dead_letter_table))
-        return CosmosStore(container, dead_letters, partition_field(container))
+        return CosmosStore(container, dead_letters, partition_field(container), dead_letter_retention=keep)
     raise ConfigurationError(f"DEDUP_STORE={kind!r}: use 'table' or 'cosmos'")
 
 

@@ -7,7 +7,7 @@ import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from .errors import AlreadyClaimed, VersionConflict
@@ -40,9 +40,14 @@ class CommitResult:
     stored_fingerprint: str | None = None
 
 
+DEFAULT_DEAD_LETTER_RETENTION = timedelta(days=14)
+
+
 @dataclass(frozen=True)
 class DeadLetter:
-    """What operators need to understand and resubmit a message the consumer refused."""
+    """What operators need to understand and resubmit a message the consumer refused: the
+    full body (it may hold personal data), ids, reason and fingerprints. Kept for the
+    store's ``dead_letter_retention`` (DEDUP_DEAD_LETTER_RETENTION), then deleted."""
 
     scope: str
     reason: str
@@ -122,14 +127,18 @@ class DedupStore(ABC):
 
     @abstractmethod
     def purge_expired(self, now: datetime, budget: int) -> Purge:
-        """Delete markers and guards that expired before ``now``, at most ``budget``
-        of them; never a business entity. A no-op where the store has native TTL."""
+        """Delete markers, guards and dead-letter records that expired before ``now``, at
+        most ``budget`` of them; never a business entity. A no-op where the store has
+        native TTL."""
 
     # -- operators' records --------------------------------------------------------------
 
+    dead_letter_retention: timedelta = DEFAULT_DEAD_LETTER_RETENTION
+
     @abstractmethod
     def dead_letter(self, record: DeadLetter) -> None:
-        """Record a refused message durably (idempotent by ``record.record_id``)."""
+        """Record a refused message durably (idempotent by ``record.record_id``), to be
+        deleted ``dead_letter_retention`` after it was recorded."""
 
     @abstractmethod
     def dead_letters(self, scope: str) -> list[DeadLetter]: ...

@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import unquote
 
@@ -33,7 +33,16 @@ from azure.data.tables import TableClient, TableServiceClient, TableTransactionE
 from .errors import StoreUnavailable, VersionConflict
 from .keys import DedupKey, encode_key, guard_id, marker_id
 from .records import GUARD_KIND, JSON, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
-from .store import Commit, CommitResult, CommitStatus, DeadLetter, DedupStore, Purge, StateStatus
+from .store import (
+    DEFAULT_DEAD_LETTER_RETENTION,
+    Commit,
+    CommitResult,
+    CommitStatus,
+    DeadLetter,
+    DedupStore,
+    Purge,
+    StateStatus,
+)
 
 MAX_TRANSACTION_OPERATIONS = 100  # Table entity-group transaction limit
 STATE_VERSION = "StateVersion"  # the version of an entity written by upsert_if_newer
@@ -59,7 +68,15 @@ def _store_errors() -> Iterator[None]:
 
 
 class TableStore(DedupStore):
-    def __init__(self, service: TableServiceClient, table: str, dead_letter_table: str = "deadletters") -> None:
+    def __init__(
+        self,
+        service: TableServiceClient,
+        table: str,
+        dead_letter_table: str = "deadletters",
+        *,
+        dead_letter_retention: timedelta = DEFAULT_DEAD_LETTER_RETENTION,
+    ) -> None:
+        self.dead_letter_retention = dead_letter_retention
         self._service = service
         self._table: TableClient = service.get_table_client(table)
         self._dead: TableClient = service.get_table_client(dead_letter_table)
@@ -240,15 +257,23 @@ class TableStore(DedupStore):
         page they are grouped by partition and deleted in transactions of up to 100 —
         a marker and its guard go in one request — each delete conditional on the ETag
         read, so a marker rewritten meanwhile (a takeover) is kept."""
-        query = self._table.query_entities(
+        markers = self._purge(
+            self._table,
             "( Kind eq @marker or Kind eq @guard ) and ExpiresAt lt @now",  # the SDK splits on spaces
-            parameters={"marker": MARKER_KIND, "guard": GUARD_KIND, "now": now},
-            select=["PartitionKey", "RowKey"],
-            results_per_page=1000,
+            {"marker": MARKER_KIND, "guard": GUARD_KIND, "now": now},
+            budget,
         )
+        dead = self._purge(self._dead, "ExpiresAt lt @now", {"now": now}, budget - markers.deleted)
+        return Purge(markers.scanned + dead.scanned, markers.deleted + dead.deleted, markers.requests + dead.requests)
+
+    def _purge(self, table: TableClient, query: str, parameters: dict[str, Any], budget: int) -> Purge:
+        found = table.query_entities(query, parameters=parameters, select=["PartitionKey", "RowKey"],
+                                     results_per_page=1000)  # fmt: skip
         scanned = deleted = requests = 0
         with _store_errors():
-            for page in query.by_page():
+            for page in found.by_page():
+                if deleted >= budget:
+                    break
                 requests += 1
                 by_partition: dict[str, list[Any]] = {}
                 for entity in page:
@@ -258,19 +283,18 @@ class TableStore(DedupStore):
                 for entities in by_partition.values():
                     for start in range(0, len(entities), MAX_TRANSACTION_OPERATIONS):
                         chunk = entities[start : start + MAX_TRANSACTION_OPERATIONS]
-                        deleted += self._delete_unchanged(chunk)
+                        deleted += self._delete_unchanged(table, chunk)
                         requests += 1
-                if deleted >= budget:
-                    break
         return Purge(scanned, deleted, requests)
 
-    def _delete_unchanged(self, entities: list[Any]) -> int:
+    @staticmethod
+    def _delete_unchanged(table: TableClient, entities: list[Any]) -> int:
         operations: list[Any] = [
             ("delete", e, {"etag": e.metadata["etag"], "match_condition": MatchConditions.IfNotModified})
             for e in entities
         ]
         try:
-            self._table.submit_transaction(operations)
+            table.submit_transaction(operations)
         except (TableTransactionError, ResourceModifiedError, ResourceNotFoundError):
             return 0  # one of them changed or vanished since the scan: the next run retries
         return len(entities)
@@ -282,13 +306,15 @@ class TableStore(DedupStore):
         if len(chunks) > _MAX_BODY_CHUNKS:
             # Refuse rather than keep a truncated copy: the broker then keeps the message.
             raise StoreUnavailable(f"a {len(record.body)}-byte body does not fit one dead-letter entity")
+        recorded = record.recorded_at or utcnow()
         entity: dict[str, Any] = {
             "PartitionKey": encode_key(record.scope),
             "RowKey": record.record_id,
             "Reason": record.reason,
             "Detail": record.detail[:8_000],
             "BodyChunks": len(chunks),
-            "RecordedAt": record.recorded_at or utcnow(),
+            "RecordedAt": recorded,
+            "ExpiresAt": recorded + self.dead_letter_retention,
         }
         entity.update({f"Body{i}": chunk for i, chunk in enumerate(chunks)})
         optional = {

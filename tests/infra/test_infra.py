@@ -196,3 +196,10 @@ def test_what_if_against_a_resource_group() -> None:
         capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
+
+
+def test_dead_letter_records_must_outlive_the_resubmission_margin(tmp_path: Path) -> None:
+    report = retention_check(infra_copy(tmp_path, edits=(app_setting("DEDUP_DEAD_LETTER_RETENTION: 'P3D'"),)), HOST)
+    assert [failure.split(" (")[0] for failure in report.failures] == [
+        "dead-letter records kept 3.00 days >= resubmission margin"
+    ]

@@ -281,3 +281,21 @@ def new_store_at(emulator: Azurite) -> TableStore:
 
     service = TableServiceClient.from_connection_string(emulator.connection_string, retry_total=0)
     return TableStore(service, table="unreachable")
+
+
+def test_dead_letter_records_expire_after_their_retention(store: DedupStore) -> None:
+    """Refused bodies may hold personal data: each record is deleted
+    DEDUP_DEAD_LETTER_RETENTION after it was written (Table: the purge; Cosmos: its ttl)."""
+    store.dead_letter_retention = timedelta(minutes=10)
+    scope = "s" + uuid.uuid4().hex[:8]
+    store.dead_letter(DeadLetter(scope, "invalid_json", "not JSON", b"x" * 200_000, message_id="m-1"))
+    assert [r.message_id for r in store.dead_letters(scope)] == ["m-1"]
+    if isinstance(store, CosmosStore):
+        (item,) = store.dead_letter_container.query_items(
+            "SELECT * FROM c WHERE c.scope = @s", parameters=[{"name": "@s", "value": scope}], partition_key=scope
+        )
+        assert item["ttl"] == 600  # Cosmos DB deletes it (the local emulator does not enforce ttl)
+        return
+    assert store.purge_expired(utcnow() + timedelta(minutes=9), 100).deleted == 0
+    assert store.purge_expired(utcnow() + timedelta(minutes=11), 100).deleted >= 1
+    assert store.dead_letters(scope) == []
