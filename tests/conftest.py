@@ -8,12 +8,25 @@ import pytest
 from azure.cosmos import CosmosClient, PartitionKey
 from azure.data.tables import TableServiceClient
 
+import function_app
 from shared.idempotency import DedupStore
 from shared.idempotency.cosmos_store import CosmosStore
 from shared.idempotency.settings import TRANSPORT
 from shared.idempotency.table_store import TableStore
 from tools.azurite import Azurite
 from tools.cosmos_emulator import CosmosEmulator, emulated
+
+
+@pytest.fixture(autouse=True)
+def _restore_app_settings() -> Iterator[None]:
+    """Harness runs point the app's settings at their own servers and payment API: put
+    them back, so that no test inherits another's (e.g. a stopped payment API)."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+        function_app.consumers.cache_clear()
 
 
 @pytest.fixture(scope="session")
