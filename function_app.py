@@ -24,9 +24,18 @@ from shared.bindings import (
     problem,
     servicebus_delivery,
     stored_response,
+    too_large,
+    unavailable,
     webhook_handshake,
 )
-from shared.idempotency import DedupKey, Handler, IdempotentConsumer, from_body_field, from_message_id
+from shared.idempotency import (
+    DedupKey,
+    Handler,
+    IdempotentConsumer,
+    StoreUnavailable,
+    from_body_field,
+    from_message_id,
+)
 from shared.idempotency.downstream import IdempotentHttp
 from shared.idempotency.keys import KeySource
 from shared.idempotency.reconcile import escalate_stale_claims
@@ -96,11 +105,12 @@ def consumers() -> Consumers:
 
     return Consumers(
         orders=consumer(setting("ORDERS_CONSUMER_NAME", "orders"), order_handler(payments), SCHEMA),
-        orders_api=consumer(
+        orders_api=consumer(  # keyed by the business key: one order per orderId, whatever Idempotency-Key
             setting("ORDERS_API_CONSUMER_NAME", "orders-api"),
-            stored_response(order_handler(payments, key_is_order_id=False), 201, "/api/orders/{orderId}"),
+            stored_response(order_handler(payments), 201, "/api/orders/{orderId}"),
             SCHEMA,
             http=True,
+            key=from_body_field("orderId"),
         ),
         order_events=consumer(setting("ORDER_EVENTS_CONSUMER_NAME", "order-events"), shipment_handler, SHIPPED_SCHEMA),
         billing=consumer(setting("BILLING_CONSUMER_NAME", "billing"), invoice_handler, SCHEMA),
@@ -165,13 +175,25 @@ def order_events(event: func.CloudEvent) -> None:
     acknowledge_or_retry(consumers().order_events.process(eventgrid_delivery(event)))
 
 
+def http_consumer(name: str) -> IdempotentConsumer | func.HttpResponse:
+    """A cold instance whose store is unreachable answers as a warm one does: 503 + Retry-After."""
+    try:
+        found: IdempotentConsumer = getattr(consumers(), name)
+    except StoreUnavailable:
+        return unavailable()
+    return found
+
+
 @app.function_name("orders_api")
 @app.route(route="orders", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
 def orders_api(req: func.HttpRequest) -> func.HttpResponse:
-    delivery = http_delivery(req)
-    if delivery is None:
-        return problem(400, "Idempotency-Key header required", "send a unique key per logical request")
-    return http_response(consumers().orders_api.process(delivery))
+    delivery = too_large(req) or http_delivery(req)
+    if isinstance(delivery, func.HttpResponse):
+        return delivery
+    consumer = http_consumer("orders_api")
+    if isinstance(consumer, func.HttpResponse):
+        return consumer
+    return http_response(consumer.process(delivery))
 
 
 @app.function_name("events_api")
@@ -179,10 +201,16 @@ def orders_api(req: func.HttpRequest) -> func.HttpResponse:
 def events_api(req: func.HttpRequest) -> func.HttpResponse:
     if req.method == "OPTIONS":
         return webhook_handshake(req)
+    refused = too_large(req)
+    if refused is not None:
+        return refused
     delivery = http_cloudevent_delivery(req)
-    if delivery is None:
-        return problem(400, "Not a CloudEvent", "send a CloudEvents 1.0 event, structured or binary mode")
-    return cloudevent_response(consumers().order_events.process(delivery))
+    if isinstance(delivery, str):
+        return problem(400, "Not a valid CloudEvent", delivery)
+    consumer = http_consumer("order_events")
+    if isinstance(consumer, func.HttpResponse):
+        return consumer
+    return cloudevent_response(consumer.process(delivery))
 
 
 @app.function_name("reconcile_claims")

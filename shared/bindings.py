@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import azure.functions as func
@@ -17,6 +18,13 @@ from shared.idempotency.steps import Context
 
 REPLAYED = "Idempotent-Replayed"
 RETRY_AFTER_SECONDS = "5"
+MAX_REQUEST_BYTES = 256 * 1024  # as a Service Bus Standard message: larger bodies get 413 before parsing
+MAX_IDEMPOTENCY_KEY = 255  # characters
+CLOUDEVENT_REQUIRED = ("id", "source", "specversion", "type")  # CloudEvents 1.0 required attributes
+# Refusal reasons whose detail is ours to show to an HTTP caller; any other detail (a
+# downstream service's answer, a store error) stays in logs and dead-letter records.
+PUBLIC_REASONS = frozenset({"invalid_json", "schema_violation", "missing_key", "key_too_long", "key_mismatch",
+                            "too_deep", "duplicate_member"})  # fmt: skip
 
 
 class RetryLater(Exception):
@@ -81,15 +89,35 @@ def eventgrid_delivery(event: func.CloudEvent) -> Delivery:
     return cloudevent_delivery(event.source, event.id, attributes, event.get_json())
 
 
-def http_cloudevent_delivery(req: func.HttpRequest) -> Delivery | None:
-    """Structured or binary content mode, parsed by the CloudEvents SDK; None when the
-    request is not a CloudEvent at all."""
+def http_cloudevent_delivery(req: func.HttpRequest) -> Delivery | str:
+    """Structured or binary content mode, parsed by the CloudEvents SDK after checking the
+    required attributes on the raw request (the SDK would invent a random id, and a 1.0
+    specversion, for an event that has none); the reason, when it is not a valid event.
+    The caller is part of the key: a caller can create or suppress only its own events,
+    never an Event Grid delivery's nor another caller's."""
+    structured = req.headers.get("Content-Type", "").startswith("application/cloudevents+json")
+    try:
+        attributes = json.loads(req.get_body()) if structured else None
+    except ValueError:
+        return "the structured event is not JSON"
+
+    def present(name: str) -> bool:
+        value = attributes.get(name) if isinstance(attributes, dict) else req.headers.get(f"ce-{name}")
+        return isinstance(value, str) and value != ""
+
+    missing = [name for name in CLOUDEVENT_REQUIRED if not present(name)]
+    if missing:
+        return f"missing required CloudEvents attribute(s): {', '.join(missing)}"
     try:
         event = from_http_event(HTTPMessage(headers=dict(req.headers), body=req.get_body()))
     except Exception:  # noqa: BLE001 - the SDK raises several types for malformed events
-        return None
+        return "not a CloudEvents 1.0 event (structured or binary mode)"
+    if event.get_specversion() != "1.0":
+        return "specversion must be 1.0"
     attributes = {**event.get_attributes(), "type": event.get_type(), "subject": event.get_subject()}
-    return cloudevent_delivery(event.get_source(), event.get_id(), attributes, event.get_data())
+    delivery = cloudevent_delivery(event.get_source(), event.get_id(), attributes, event.get_data())
+    caller = caller_identity(req)
+    return replace(delivery, message_id=joined_identity(caller, delivery.message_id or ""), origin=caller)
 
 
 def webhook_handshake(req: func.HttpRequest) -> func.HttpResponse:
@@ -97,13 +125,15 @@ def webhook_handshake(req: func.HttpRequest) -> func.HttpResponse:
     origin = req.headers.get("WebHook-Request-Origin")
     if not origin:
         return problem(400, "missing WebHook-Request-Origin", "this endpoint answers the CloudEvents handshake")
-    return func.HttpResponse(status_code=200, headers={"WebHook-Allowed-Origin": origin, "WebHook-Allowed-Rate": "*"})
+    headers = {"WebHook-Allowed-Origin": origin, "WebHook-Allowed-Rate": "*", "Allow": "POST"}
+    return func.HttpResponse(status_code=200, headers=headers)
 
 
 def cloudevent_response(result: Result) -> func.HttpResponse:
+    """204: accepted, no content (CloudEvents HTTP webhook)."""
     if result.outcome in (Outcome.PROCESSED, Outcome.DUPLICATE):
         return func.HttpResponse(
-            status_code=200, headers={REPLAYED: "true"} if result.outcome is Outcome.DUPLICATE else {}
+            status_code=204, headers={REPLAYED: "true"} if result.outcome is Outcome.DUPLICATE else {}
         )
     return refusal(result)
 
@@ -125,14 +155,30 @@ def caller_identity(req: func.HttpRequest) -> str:
     return "anonymous"
 
 
-def http_delivery(req: func.HttpRequest) -> Delivery | None:
-    """None when the Idempotency-Key header is missing."""
+def http_delivery(req: func.HttpRequest) -> Delivery | func.HttpResponse:
+    """A JSON request with its Idempotency-Key, or the problem response that refuses it.
+    The consumer keys it by the business key in the body (one order per orderId, whatever
+    the Idempotency-Key); the caller is its origin, so a caller's retry under a new key
+    replays its own response, and nobody else's request matches it."""
     key = req.headers.get("Idempotency-Key")
     if not key:
-        return None
-    traceparent = req.headers.get("traceparent")
-    return Delivery(body=req.get_body(), message_id=joined_identity(caller_identity(req), key),
-                    correlation_id=traceparent, traceparent=traceparent)  # fmt: skip
+        return problem(400, "Idempotency-Key header required", "send a unique key per logical request")
+    if len(key) > MAX_IDEMPOTENCY_KEY:
+        return problem(400, "Idempotency-Key too long", f"at most {MAX_IDEMPOTENCY_KEY} characters")
+    if not req.headers.get("Content-Type", "").startswith("application/json"):
+        return problem(415, "Unsupported media type", "send Content-Type: application/json")
+    caller, traceparent = caller_identity(req), req.headers.get("traceparent")
+    return Delivery(body=req.get_body(), message_id=joined_identity(caller, key), correlation_id=traceparent,
+                    traceparent=traceparent, origin=caller)  # fmt: skip
+
+
+def too_large(req: func.HttpRequest) -> func.HttpResponse | None:
+    """413 before anything parses the body."""
+    declared = req.headers.get("Content-Length", "")
+    size = int(declared) if declared.isdigit() else len(req.get_body())
+    if size > MAX_REQUEST_BYTES:
+        return problem(413, "Request too large", f"bodies are limited to {MAX_REQUEST_BYTES} bytes")
+    return None
 
 
 def stored_response(handler: Handler, status: int, location: str) -> Handler:
@@ -156,17 +202,25 @@ def http_response(result: Result) -> func.HttpResponse:
             headers[REPLAYED] = "true"
         return func.HttpResponse(json.dumps(result.result["body"]), status_code=int(result.result["status"]),
                                  headers=headers, mimetype="application/json")  # fmt: skip
+    if result.outcome is Outcome.DUPLICATE:  # processed long ago: its stored response has expired
+        return problem(409, "Already processed", "this request was processed; its stored response has expired")
     return refusal(result)
 
 
 def refusal(result: Result) -> func.HttpResponse:
     if result.outcome is Outcome.CONFLICT:
-        return problem(422, "Idempotency key reused with a different request", result.detail or "")
+        return problem(409, "Conflict with an earlier request",
+                       "this business key was already used by another request or another caller")  # fmt: skip
     if result.outcome is Outcome.IN_FLIGHT:
         return problem(409, "A request with this key is in progress", "retry later", retry_after=True)
     if result.outcome is Outcome.INVALID:
-        return problem(400, f"Invalid request: {result.reason}", result.detail or "")
-    return problem(503, "Temporarily unavailable", result.reason or "", retry_after=True)
+        detail = (result.detail or "")[:500] if result.reason in PUBLIC_REASONS else "the request was refused"
+        return problem(400, f"Invalid request: {result.reason}", detail)
+    return unavailable()
+
+
+def unavailable() -> func.HttpResponse:
+    return problem(503, "Temporarily unavailable", "retry later", retry_after=True)
 
 
 def problem(status: int, title: str, detail: str, *, retry_after: bool = False) -> func.HttpResponse:

@@ -362,7 +362,7 @@ def orphans(store: DedupStore, scope: str, applied: dict[str, int]) -> list[str]
     guards: set[str] = set()
     for item in store.scan():
         if item.key is not None and not item.key.step:
-            markers[item.name] = item.key.id
+            markers[marker_id(item.key)] = item.key.id  # by key: a Cosmos document may be its own marker
         elif item.kind == GUARD_KIND:
             guards.add(item.name.rsplit("|", 1)[0])
     found = [f"marker without effects: {key_id}" for key_id in markers.values() if not applied.get(key_id)]

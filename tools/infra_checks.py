@@ -167,6 +167,9 @@ def policy_violations(infra: Path = INFRA) -> list[str]:
     cosmos = _config(main.get("modules", {}).get("cosmos", {})).get("params", {})
     require("dedupRetentionDays" in _text(cosmos.get("defaultTtlSeconds")), "Cosmos defaultTtl not from the retention")
     containers = by_type("Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers")
+    for container in containers:  # v1 hashes only the first 101 bytes: long keys would share partitions
+        require(container.properties.get("resource", {}).get("partitionKey", {}).get("version") == 2,
+                f"{container.symbol}: partition key version is not 2")  # fmt: skip
     require(any(c.properties.get("resource", {}).get("defaultTtl") == "defaultTtlSeconds" for c in containers),
             "no Cosmos container takes defaultTtl from the retention")  # fmt: skip
 

@@ -35,7 +35,7 @@ resource orders 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers@2
   properties: {
     resource: {
       id: 'orders'
-      partitionKey: { paths: ['/partitionKey'], kind: 'Hash' }
+      partitionKey: { paths: ['/partitionKey'], kind: 'Hash', version: 2 } // v2: long keys hashed whole
       defaultTtl: defaultTtlSeconds
     }
   }
@@ -47,7 +47,7 @@ resource deadLetters 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/contain
   properties: {
     resource: {
       id: 'deadletters'
-      partitionKey: { paths: ['/scope'], kind: 'Hash' }
+      partitionKey: { paths: ['/scope'], kind: 'Hash', version: 2 }
       defaultTtl: -1 // TTL on, no default: each record carries DEDUP_DEAD_LETTER_RETENTION as its ttl
     }
   }

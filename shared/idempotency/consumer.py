@@ -29,7 +29,7 @@ from .errors import (
     StoreUnavailable,
 )
 from .fingerprint import fingerprint
-from .keys import DedupKey, KeySource, from_message_id
+from .keys import DedupKey, KeySource, consumer_partition, from_message_id
 from .records import JSON, Entity, utcnow
 from .steps import DEFAULT_STEPS, Context, StepPolicy
 from .store import Commit, CommitStatus, DeadLetter, DedupStore, StateStatus
@@ -61,6 +61,9 @@ class Delivery:
     delivery_count: int | None = None
     traceparent: str | None = None  # W3C trace context of the producer, when it sent one
     properties: Mapping[str, Any] = field(default_factory=dict)
+    # Who sent it, where the channel lets anyone send (an HTTP caller): part of the
+    # fingerprint, so one caller never replays, nor matches, another caller's request.
+    origin: str | None = None
 
 
 @dataclass(frozen=True)
@@ -109,14 +112,44 @@ _STATE_OUTCOMES = {StateStatus.APPLIED: Outcome.PROCESSED, StateStatus.SAME: Out
                    StateStatus.STALE: Outcome.STALE}  # fmt: skip
 
 
+MAX_JSON_DEPTH = 32
+
+
 def parse_json(body: bytes) -> Any:
+    """Strict JSON: no NaN/Infinity, no duplicate member names (which copy would win
+    differs between parsers, so the fingerprint could not mean the same payload), nesting
+    at most MAX_JSON_DEPTH deep."""
+
     def reject_constant(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
+    def unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        members = dict(pairs)
+        if len(members) != len(pairs):
+            raise InvalidMessage("duplicate_member", "an object repeats a member name")
+        return members
+
     try:
-        return json.loads(body.decode("utf-8"), parse_constant=reject_constant)
+        payload = json.loads(body.decode("utf-8"), parse_constant=reject_constant, object_pairs_hook=unique_members)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise InvalidMessage("invalid_json", str(exc)[:500]) from exc
+    _check_depth(payload)
+    return payload
+
+
+def _check_depth(payload: Any) -> None:
+    level = [payload]
+    for _ in range(MAX_JSON_DEPTH):
+        level = [child for value in level if isinstance(value, dict | list)
+                 for child in (value.values() if isinstance(value, dict) else value)]  # fmt: skip
+        if not level:
+            return
+    if any(isinstance(value, dict | list) for value in level):
+        raise InvalidMessage("too_deep", f"JSON nesting is limited to {MAX_JSON_DEPTH} levels")
+
+
+def _fingerprint(delivery: Delivery, payload: Any) -> str:
+    return fingerprint(payload if delivery.origin is None else {"origin": delivery.origin, "payload": payload})
 
 
 @dataclass(frozen=True)
@@ -189,6 +222,8 @@ class IdempotentConsumer:
         they are acknowledged — a queue needs it, HTTP tells its caller instead.
         ``cache_size``: keys this instance saw completed, so that hot duplicates cost no
         store request; never an in-progress key, never trusted to decide "new"."""
+        if not name or "|" in name:
+            raise ValueError(f"consumer name {name!r}: non-empty, without '|'")
         self.name = name
         self.store = store
         self._handler = handler
@@ -207,10 +242,10 @@ class IdempotentConsumer:
         payload = parse_json(delivery.body)
         key = DedupKey(self.name, self._key_source(delivery.message_id, payload) or "")
         self._validate(payload)
-        return key, self._partition_for(key), fingerprint(payload)
+        return key, self.partition_of(key), _fingerprint(delivery, payload)
 
     def partition_of(self, key: DedupKey) -> str:
-        return self._partition_for(key)
+        return consumer_partition(self.name, self._partition_for(key))
 
     def process(self, delivery: Delivery) -> Result:
         return self.process_batch([delivery])[0]
@@ -246,11 +281,14 @@ class IdempotentConsumer:
             payload = parse_json(delivery.body)
             key = DedupKey(self.name, self._key_source(delivery.message_id, payload) or "")
             self._validate(payload)
-            fp = fingerprint(payload)
+            fp = _fingerprint(delivery, payload)
             if self._completed.get(key) == fp:
                 return Result(Outcome.DUPLICATE, key, "completed_recently", fingerprint=fp, stored_fingerprint=fp)
-            partition, expires_at = self._partition_for(key), utcnow() + self._retention
+            partition, expires_at = self.partition_of(key), utcnow() + self._retention
             effects = self._handler(payload, Context(key, partition, fp, self.store, self._steps, expires_at))
+            if isinstance(effects, Effects) and len(effects.entities) > self.store.max_effects:
+                raise InvalidMessage("too_many_effects", f"{len(effects.entities)} entities; one commit holds "
+                                     f"{self.store.max_effects}")  # fmt: skip
             if isinstance(effects, LatestState):
                 status = self.store.upsert_if_newer(partition, effects.entity, effects.version)
                 return Result(_STATE_OUTCOMES[status], key, result=effects.result, fingerprint=fp)

@@ -137,26 +137,51 @@ class CosmosStore(DedupStore):
         return CommitResult(CommitStatus.NEW, fingerprint)
 
     def _commit_document_as_marker(self, marker: Marker, effect: Entity) -> CommitResult:
-        # The business document never expires: it is both the record and the marker.
-        item = {**self._document(marker.partition, effect), **self._marker_item(marker), "ttl": -1}
+        """The business document, under its own id, carries the marker's fields and never
+        expires: it is both the record and the marker. A 409 on its id: if it carries this
+        key, its fingerprint tells duplicate from mismatch; if it does not, the business
+        document outlived its marker — applied, the same rule as the Table store's."""
+        document = self._document(marker.partition, effect)
+        item = {**self._marker_item(marker), **document, "ttl": -1}
         try:
             with _store_errors():
                 self._container.create_item(item)
         except exceptions.CosmosResourceExistsError:
-            stored = self.get(marker.key, marker.partition)
-            stored_fp = stored.fingerprint if stored else None
+            with _store_errors():
+                existing = self._container.read_item(document["id"], partition_key=marker.partition)
+            if not self._carries(existing, marker.key):
+                return CommitResult(CommitStatus.DUPLICATE, None)
+            stored_fp = existing.get("fingerprint")
             status = CommitStatus.DUPLICATE if stored_fp == marker.fingerprint else CommitStatus.MISMATCH
             return CommitResult(status, stored_fp)
         return CommitResult(CommitStatus.NEW, marker.fingerprint)
 
+    @staticmethod
+    def _carries(item: dict[str, Any], key: DedupKey) -> bool:
+        return item.get("kind") == MARKER_KIND and (item.get("scope"), item.get("keyId"), item.get("step") or "") == (
+            key.scope, key.id, key.step)  # fmt: skip
+
     # -- two-phase primitives ------------------------------------------------------------
 
     def get(self, key: DedupKey, partition: str) -> Marker | None:
+        """A point read of the marker; for a message committed as one business document
+        (its own marker, under the document's id), a query of the partition."""
+        item: dict[str, Any]
         try:
             with _store_errors():
-                item = self._container.read_item(marker_id(key), partition_key=partition)
+                item = dict(self._container.read_item(marker_id(key), partition_key=partition))
         except exceptions.CosmosResourceNotFoundError:
-            return None
+            if key.step:
+                return None
+            query = "SELECT * FROM c WHERE c.kind = @kind AND c.scope = @scope AND c.keyId = @key AND c.entity != null"
+            parameters: list[dict[str, Any]] = [{"name": "@kind", "value": MARKER_KIND},
+                                                {"name": "@scope", "value": key.scope},
+                                                {"name": "@key", "value": key.id}]  # fmt: skip
+            with _store_errors():
+                found = list(self._container.query_items(query, parameters=parameters, partition_key=partition))
+            if not found:
+                return None
+            item = found[0]
         return self._marker_from(item)
 
     def insert(self, marker: Marker) -> Marker | None:

@@ -101,6 +101,13 @@ def from_body_field(field: str) -> KeySource:
     return extract
 
 
+def consumer_partition(scope: str, partition: str) -> str:
+    """Every consumer's records live in partitions of its own (``<consumer>|<partition>``):
+    no message of one consumer can land in, or block, another consumer's partition.
+    Consumer names never contain ``|`` (checked when a consumer is built)."""
+    return f"{scope}|{partition}"
+
+
 def joined_identity(*parts: str) -> str:
     """Several parts as one identity, joined as a JSON array so that no two distinct
     tuples can produce the same identity."""

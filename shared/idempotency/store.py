@@ -134,6 +134,7 @@ class DedupStore(ABC):
     # -- operators' records --------------------------------------------------------------
 
     dead_letter_retention: timedelta = DEFAULT_DEAD_LETTER_RETENTION
+    max_effects = 98  # business entities one commit holds: a transaction of 100 less guard and marker
 
     @abstractmethod
     def dead_letter(self, record: DeadLetter) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from shared.idempotency import Context, DedupStore, Effects, Entity, Handler, InvalidMessage, LatestState
 from shared.idempotency.downstream import IdempotentHttp
+from shared.idempotency.keys import consumer_partition
 
 SCHEMA: dict[str, Any] = json.loads((Path(__file__).with_name("schema.json")).read_text())
 
@@ -60,11 +61,13 @@ class OrderEffects:
     charges: int = 0
 
 
-def effects_by_order(store: DedupStore, order_id: str | None = None) -> dict[str, OrderEffects]:
-    """What is really stored, per order id: the ground truth for tests, the demo, the
-    chaos harness and the smoke test. Works on any store."""
+def effects_by_order(
+    store: DedupStore, order_id: str | None = None, consumer: str = "orders"
+) -> dict[str, OrderEffects]:
+    """What is really stored, per order id (of one order: in its partition of ``consumer``):
+    the ground truth for tests, the demo, the chaos harness and the smoke test."""
     found: dict[str, OrderEffects] = {}
-    for item in store.scan(order_id):
+    for item in store.scan(None if order_id is None else consumer_partition(consumer, order_id)):
         if item.entity is None or "orderId" not in item.data:
             continue  # a marker or a guard
         effects = found.setdefault(item.data["orderId"], OrderEffects())

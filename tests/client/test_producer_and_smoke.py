@@ -14,7 +14,7 @@ import function_app
 from client.producer import order_message, shipped_event
 from client.smoke import main, make_plan, report
 from shared.idempotency import DedupStore
-from shared.idempotency.keys import encode_key
+from shared.idempotency.keys import consumer_partition, encode_key
 from shared.idempotency.table_store import TableStore
 from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
@@ -94,7 +94,8 @@ def test_the_report_fails_on_a_double_write_and_on_missing_orders(store: DedupSt
     deliver(plan.orders[:4])
     assert isinstance(store, TableStore)
     doubled = plan.orders[0]["orderId"]
-    store.table.create_entity({"PartitionKey": encode_key(doubled), "RowKey": encode_key("charge|extra"),
+    store.table.create_entity({"PartitionKey": encode_key(consumer_partition("orders", doubled)),
+                               "RowKey": encode_key("charge|extra"),
                                "orderId": doubled, "amount": 1.0})  # fmt: skip
     result = report(store, "orders", plan)
     assert result.written_twice == [doubled] and result.missing == [plan.orders[4]["orderId"]]

@@ -15,11 +15,11 @@ import azure.functions as func
 import pytest
 
 import function_app
-from shared.bindings import RetryLater
-from shared.idempotency import DedupKey, DedupStore, Marker, State, fingerprint, joined_identity
+from shared.bindings import REPLAYED, RetryLater
+from shared.idempotency import DedupKey, DedupStore, Marker, State, fingerprint
 from shared.idempotency.records import utcnow
 from shared.orders import SHIPPED
-from tests.functions import fresh_app, store_down, user_function
+from tests.functions import app_settings, fresh_app, servicebus_message, store_down, user_function
 from tools.azurite import Azurite
 from tools.payment_service import PaymentService
 
@@ -128,13 +128,96 @@ def test_first_request_is_processed_and_a_repeat_replays_the_stored_response(sto
     assert len(orders_in(store)) == 1
 
 
-def test_same_key_different_payload_is_422(store: DedupStore) -> None:
-    key = uuid.uuid4().hex
+def test_the_same_order_with_another_payload_is_409_under_any_key(store: DedupStore) -> None:
     order = an_order()
-    post_order(order, key)
-    response = post_order({**order, "amount": 99.0}, key)
-    assert response.status_code == 422 and response.mimetype == "application/problem+json"
+    post_order(order, uuid.uuid4().hex)
+    for key in (uuid.uuid4().hex, uuid.uuid4().hex):
+        response = post_order({**order, "amount": 99.0}, key)
+        assert response.status_code == 409 and response.mimetype == "application/problem+json"
     assert [o["amount"] for o in orders_in(store)] == [20.0]
+
+
+def test_a_new_idempotency_key_for_an_existing_order_replays_it(store: DedupStore) -> None:
+    """A client that makes a new key per retry (a common bug) never charges twice."""
+    order = an_order()
+    first = post_order(order, uuid.uuid4().hex)
+    again = post_order(order, uuid.uuid4().hex)
+    assert (first.status_code, again.status_code, again.headers[REPLAYED]) == (201, 201, "true")
+    assert again.get_body() == first.get_body() and len(orders_in(store)) == 1
+
+
+def test_sixteen_concurrent_retries_with_new_keys_write_one_order(store: DedupStore) -> None:
+    order = an_order()
+    barrier = threading.Barrier(16)
+    statuses: list[tuple[int, bool]] = []
+
+    def send() -> None:
+        barrier.wait()
+        response = post_order(order, uuid.uuid4().hex)
+        statuses.append((response.status_code, REPLAYED in response.headers))
+
+    threads = [threading.Thread(target=send) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(statuses) == [(201, False)] + [(201, True)] * 15
+    assert len(orders_in(store)) == 1
+
+
+def test_the_same_order_from_another_caller_is_409_and_reveals_nothing(store: DedupStore) -> None:
+    order = an_order(amount=10.0)
+    assert post_order(order, uuid.uuid4().hex, function_key="key-of-a").status_code == 201
+    other = post_order(order, uuid.uuid4().hex, function_key="key-of-b")  # same body, another caller
+    assert other.status_code == 409 and b"10.0" not in other.get_body() and REPLAYED not in other.headers
+    assert len(orders_in(store)) == 1
+
+
+def test_an_order_whose_stored_response_expired_gets_a_final_answer(store: DedupStore) -> None:
+    order = an_order()
+    post_order(order, uuid.uuid4().hex)
+    store.purge_expired(utcnow() + timedelta(days=400), 1000)  # the marker is gone, the order stays
+    response = post_order(order, uuid.uuid4().hex)
+    assert response.status_code == 409 and "expired" in json.loads(response.get_body())["detail"]
+    assert len(orders_in(store)) == 1
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "status"),
+    [
+        ({"Content-Type": "text/plain"}, json.dumps(an_order()).encode(), 415),
+        ({"Idempotency-Key": "k" * 256}, json.dumps(an_order()).encode(), 400),
+        ({}, b'{"orderId": "o-dup", "orderId": "o-other"}', 400),  # duplicate member names
+        ({}, b'{"a": ' * 40 + b"1" + b"}" * 40, 400),  # nested deeper than 32
+        ({}, b" " * (300 * 1024) + json.dumps(an_order()).encode(), 413),  # whitespace padding
+        ({}, b'{"orderId": "o-big", "amount": 1' + b"0" * (10 * 1024 * 1024) + b"}", 413),
+    ],
+    ids=["text-plain", "long-key", "duplicate-member", "deep", "padded", "ten-megabyte-number"],
+)
+def test_bad_input_is_refused_with_a_problem_and_nothing_written(
+    store: DedupStore, headers: dict[str, str], body: bytes, status: int
+) -> None:
+    all_headers = {"Content-Type": "application/json", "x-functions-key": "k", "Idempotency-Key": "key-1", **headers}
+    response = orders_api(func.HttpRequest("POST", "/api/orders", headers=all_headers, body=body))
+    assert response.status_code == status and response.mimetype == "application/problem+json"
+    assert len(response.get_body()) < 2000  # bounded, whatever the input
+    assert orders_in(store) == []
+
+
+def test_a_downstream_refusal_does_not_reach_the_caller(azurite: Azurite) -> None:
+    with PaymentService() as payments, fresh_app(azurite, PAYMENT_API_URL=payments.url):
+        payments.hook = lambda key, phase: "decline" if phase == "before" else None
+        response = post_order(an_order(), uuid.uuid4().hex)
+    assert response.status_code == 400 and b"7781" not in response.get_body() and b"issuer" not in response.get_body()
+
+
+def test_a_cold_instance_with_the_store_down_answers_503_with_retry_after(azurite: Azurite) -> None:
+    unreachable = azurite.connection_string.replace(f":{azurite.port}/", ":9/")  # nothing listens on port 9
+    with fresh_app(azurite), app_settings(DEDUP_STORAGE_CONNECTION=unreachable):
+        order = post_order(an_order(), uuid.uuid4().hex)
+        event = post_event(*structured(uuid.uuid4().hex))
+    for response in (order, event):
+        assert response.status_code == 503 and response.headers["Retry-After"]
 
 
 def test_an_invalid_order_is_400_and_not_recorded(store: DedupStore) -> None:
@@ -162,15 +245,6 @@ def test_eight_concurrent_identical_requests_apply_once(store: DedupStore) -> No
     assert len(orders_in(store)) == 1
 
 
-def test_one_client_never_sees_another_clients_response(store: DedupStore) -> None:
-    key = uuid.uuid4().hex
-    a = post_order(an_order(amount=10.0), key, function_key="key-of-a")
-    b = post_order(an_order(amount=30.0), key, function_key="key-of-b")  # same key, another client
-    assert (a.status_code, b.status_code) == (201, 201)
-    assert "Idempotent-Replayed" not in b.headers and json.loads(b.get_body())["charged"] == 30.0
-    assert sorted(o["amount"] for o in orders_in(store)) == [10.0, 30.0]
-
-
 def test_a_forged_principal_header_is_ignored_without_easy_auth(store: DedupStore) -> None:
     key = uuid.uuid4().hex
     headers = {"Idempotency-Key": key, "x-functions-key": "key-of-c", "x-ms-client-principal-id": "victim"}
@@ -183,13 +257,15 @@ def test_a_forged_principal_header_is_ignored_without_easy_auth(store: DedupStor
 def test_a_request_in_flight_is_409_with_retry_after(azurite: Azurite) -> None:
     with PaymentService() as payments, fresh_app(azurite, PAYMENT_API_URL=payments.url, DEDUP_IN_FLIGHT_WAIT="PT0S"):
         consumer = function_app.consumers().orders_api
-        order, key = an_order(), uuid.uuid4().hex
-        identity = joined_identity("key:" + hashlib.sha256(b"client-a-key").hexdigest()[:32], key)
-        step = DedupKey(consumer.name, identity, "charge")
+        order = an_order()
+        caller = "key:" + hashlib.sha256(b"client-a-key").hexdigest()[:32]
+        step = DedupKey(consumer.name, order["orderId"], "charge")
         now = utcnow()
-        consumer.store.claim(Marker(step, identity, State.IN_PROGRESS, fingerprint(order), now, now + timedelta(days=1),
-                                    lease_until=now + timedelta(minutes=5), owner="first"), now)  # fmt: skip
-        response = post_order(order, key)
+        consumer.store.claim(Marker(step, consumer.partition_of(DedupKey(consumer.name, order["orderId"])),
+                                    State.IN_PROGRESS, fingerprint({"origin": caller, "payload": order}), now,
+                                    now + timedelta(days=1), lease_until=now + timedelta(minutes=5), owner="first"),
+                             now)  # fmt: skip
+        response = post_order(order, uuid.uuid4().hex)
         assert response.status_code == 409 and response.headers["Retry-After"], response.get_body()
         assert payments.requests == {}
 
@@ -206,23 +282,46 @@ def structured(event_id: str) -> tuple[dict[str, str], bytes]:
     data = {"orderId": "o-1", "carrier": "DHL", "trackingNumber": "T-1"}
     event = {"specversion": "1.0", "id": event_id, "source": "/warehouse/eu", "type": SHIPPED,
              "subject": "orders/o-1", "data": data}  # fmt: skip
-    return {"Content-Type": "application/cloudevents+json"}, json.dumps(event).encode()
+    return {"Content-Type": "application/cloudevents+json", "x-functions-key": "k"}, json.dumps(event).encode()
 
 
 def binary(event_id: str) -> tuple[dict[str, str], bytes]:
     headers = {"ce-specversion": "1.0", "ce-id": event_id, "ce-source": "/warehouse/eu", "ce-type": SHIPPED,
-               "ce-subject": "orders/o-1", "Content-Type": "application/json"}  # fmt: skip
+               "ce-subject": "orders/o-1", "Content-Type": "application/json", "x-functions-key": "k"}  # fmt: skip
     return headers, json.dumps({"orderId": "o-1", "carrier": "DHL", "trackingNumber": "T-1"}).encode()
 
 
 def test_cloudevents_over_http_in_both_modes_share_the_dedup(store: DedupStore) -> None:
     event_id = uuid.uuid4().hex
     first = post_event(*structured(event_id))
-    again = post_event(*binary(event_id))  # the same event, in binary mode
-    assert (first.status_code, again.status_code) == (200, 200)
-    assert again.headers["Idempotent-Replayed"] == "true"
-    order_events(cloud_event(event_id))  # and through Event Grid: still the same event
-    assert len(shipments(store)) == 1
+    again = post_event(*binary(event_id))  # the same event from the same caller, in binary mode
+    assert (first.status_code, again.status_code, again.headers[REPLAYED]) == (204, 204, "true")
+    assert first.get_body() == b"" and len(shipments(store)) == 1
+
+
+def test_an_http_caller_cannot_pre_claim_an_event_grid_event(store: DedupStore) -> None:
+    """HTTP events are keyed by (caller, source, id): a forged event posted over HTTP is the
+    caller's own; the genuine Event Grid delivery of that id is applied, not refused."""
+    event_id = uuid.uuid4().hex
+    headers, body = structured(event_id)
+    assert post_event({**headers, "x-functions-key": "attacker"}, body).status_code == 204
+    order_events(cloud_event(event_id, data={"orderId": "o-1", "carrier": "UPS", "trackingNumber": "GENUINE"}))
+    assert "GENUINE" in [s["trackingNumber"] for s in shipments(store)]
+    assert store.dead_letters("order-events") == []
+
+
+@pytest.mark.parametrize("missing", ["id", "source", "specversion", "type"])
+@pytest.mark.parametrize("mode", ["structured", "binary"])
+def test_an_event_without_a_required_attribute_is_400(store: DedupStore, missing: str, mode: str) -> None:
+    headers, body = structured("e-1") if mode == "structured" else binary("e-1")
+    if mode == "structured":
+        body = json.dumps({k: v for k, v in json.loads(body).items() if k != missing}).encode()
+    else:
+        headers = {k: v for k, v in headers.items() if k != f"ce-{missing}"}
+    for _ in range(3):  # redeliveries of the same event must not become three events
+        response = post_event(headers, body)
+        assert response.status_code == 400 and missing in json.loads(response.get_body())["detail"]
+    assert shipments(store) == []
 
 
 def test_not_a_cloudevent_is_400(store: DedupStore) -> None:
@@ -234,4 +333,15 @@ def test_the_webhook_validation_handshake(store: DedupStore) -> None:
                                body=b"")  # fmt: skip
     response = events_api(request)
     assert response.status_code == 200 and response.headers["WebHook-Allowed-Origin"] == "eventgrid.azure.net"
+    assert response.headers["Allow"] == "POST"
     assert events_api(func.HttpRequest("OPTIONS", "/api/events", headers={}, body=b"")).status_code == 400
+
+
+def test_consumers_never_share_a_partition(store: DedupStore) -> None:
+    """The queue consumer and the HTTP consumer each keep their own partitions: an order id
+    taken on one path never blocks, nor answers for, the other."""
+    order = an_order()
+    assert post_order(order, uuid.uuid4().hex).status_code == 201
+    user_function("orders")(servicebus_message(order, order["orderId"]))  # processed, not blocked
+    assert len(orders_in(store)) == 2
+    assert {item.name for item in store.scan() if item.entity == "order"} == {"order"}

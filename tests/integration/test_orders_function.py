@@ -13,8 +13,8 @@ from azure.data.tables import TableClient, TableServiceClient
 
 import function_app
 from shared.bindings import RetryLater
-from shared.idempotency import StoreUnavailable
-from shared.idempotency.keys import encode_key
+from shared.idempotency import Delivery, Effects, Entity, IdempotentConsumer, Outcome, StoreUnavailable
+from shared.idempotency.keys import consumer_partition, encode_key
 from shared.idempotency.records import MARKER_KIND
 from shared.orders import OrderEffects, effects_by_order
 from tests.functions import app_settings, fresh_app, servicebus_message, store_down, user_function
@@ -49,7 +49,8 @@ def effects(table: TableClient, order_id: str) -> tuple[int, int]:
 
 
 def charge_amounts(table: TableClient, order_id: str) -> list[float]:
-    found = table.query_entities("PartitionKey eq @pk", parameters={"pk": encode_key(order_id)})
+    partition = encode_key(consumer_partition("orders", order_id))
+    found = table.query_entities("PartitionKey eq @pk", parameters={"pk": partition})
     return [e["amount"] for e in found if e["RowKey"].startswith("charge")]
 
 
@@ -170,3 +171,14 @@ def test_store_errors_are_retried_by_the_broker(tables: tuple[TableClient, Table
     assert info.value.result.outcome.value == "transient"
     orders(servicebus_message(order, order["orderId"], delivery_count=2))
     assert effects(tables[0], order["orderId"]) == (1, 1)
+
+
+def test_a_handler_with_more_effects_than_one_commit_holds_is_invalid(azurite: Azurite) -> None:
+    """It could never succeed: dead-lettered with a reason, not retried until the DLQ."""
+    with fresh_app(azurite):
+        store = function_app.consumers().orders.store
+        consumer = IdempotentConsumer("too-many", store, lambda order, context: Effects(
+            [Entity(f"line|{i}", {"n": i}) for i in range(store.max_effects + 1)]))  # fmt: skip
+        result = consumer.process(Delivery(body=b'{"n": 1}', message_id="m-1"))
+        assert (result.outcome, result.reason) == (Outcome.INVALID, "too_many_effects")
+        assert [r.reason for r in store.dead_letters("too-many")] == ["too_many_effects"]

@@ -14,6 +14,7 @@ import pytest
 
 import function_app
 from shared.idempotency import DedupKey, DedupStore, Entity, Marker, State, fingerprint
+from shared.idempotency.keys import consumer_partition
 from shared.idempotency.records import GUARD_KIND, MARKER_KIND, utcnow
 from shared.idempotency.resubmit import check_bodies, check_ids
 from shared.idempotency.table_store import TableStore
@@ -78,7 +79,9 @@ def status_change(order_id: str, status: str, version: int) -> Any:
 
 
 def stored_status(store: TableStore, order_id: str) -> tuple[str, int]:
-    [state] = [item.data for item in store.scan(order_id) if item.entity == "status"]
+    [state] = [
+        item.data for item in store.scan(consumer_partition("order-status", order_id)) if item.entity == "status"
+    ]
     return state["status"], state["StateVersion"]
 
 
@@ -92,7 +95,8 @@ def test_newer_versions_win_and_older_ones_are_stale(store: TableStore, caplog: 
     assert stored_status(store, order_id) == ("shipped", 3)
     outcomes = [r.dedup["outcome"] for r in caplog.records if hasattr(r, "dedup")]  # type: ignore[attr-defined]
     assert outcomes == ["processed", "stale", "duplicate", "processed"]
-    assert [item for item in store.scan(order_id) if item.kind is not None] == []  # no marker at all
+    partition = consumer_partition("order-status", order_id)
+    assert [item for item in store.scan(partition) if item.kind is not None] == []  # no marker at all
 
 
 def test_concurrent_writers_of_different_versions_end_with_the_highest(store: TableStore) -> None:
@@ -176,10 +180,10 @@ def test_the_resubmission_report_tells_what_a_resubmit_would_do(store: TableStor
     user_function("orders")(servicebus_message(other, other["orderId"]))
     now = utcnow()
     claimed = DedupKey("orders", "o-claimed")
-    store.claim(Marker(claimed, claimed.id, State.IN_PROGRESS, "fp", now, now + timedelta(days=1),
-                       lease_until=now + timedelta(minutes=5), owner="w"), now)  # fmt: skip
-
     consumer = function_app.consumers().orders
+    store.claim(Marker(claimed, consumer.partition_of(claimed), State.IN_PROGRESS, "fp", now,
+                       now + timedelta(days=1), lease_until=now + timedelta(minutes=5), owner="w"), now)  # fmt: skip
+
     by_id = check_ids(consumer, [done["orderId"], fresh["orderId"], "o-claimed"])
     assert [line.verdict for line in by_id] == ["completed", "new", "in_progress"]
 

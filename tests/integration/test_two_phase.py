@@ -22,6 +22,7 @@ from shared.idempotency import (
     StepPolicy,
 )
 from shared.idempotency.downstream import IdempotentHttp
+from shared.idempotency.keys import consumer_partition
 from shared.idempotency.reconcile import ESCALATION, escalate_stale_claims
 from shared.idempotency.records import utcnow
 from shared.idempotency.table_store import TableStore
@@ -57,7 +58,7 @@ def app(azurite: Azurite, payments: PaymentService) -> Iterator[TableStore]:
 
 
 def step_marker(store: TableStore, order_id: str) -> Marker | None:
-    return store.get(DedupKey("orders", order_id, "charge"), order_id)
+    return store.get(DedupKey("orders", order_id, "charge"), consumer_partition("orders", order_id))
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -154,7 +155,8 @@ def test_a_live_lease_abandons_the_message_without_calling(app: TableStore, paym
     key = DedupKey("orders", order["orderId"], "charge")
     from shared.idempotency import fingerprint
 
-    app.claim(Marker(key, order["orderId"], State.IN_PROGRESS, fingerprint(order), now, now + timedelta(days=1),
+    partition = consumer_partition("orders", order["orderId"])
+    app.claim(Marker(key, partition, State.IN_PROGRESS, fingerprint(order), now, now + timedelta(days=1),
                      lease_until=now + timedelta(minutes=5), owner="someone-else"), now)  # fmt: skip
     with pytest.raises(RetryLater) as info:
         orders(servicebus_message(order, order["orderId"]))
