@@ -73,7 +73,8 @@ if os.environ.get("APPLICATIONINSIGHTS_CONNECTION_STRING"):  # on Azure: metrics
 class Consumers:
     orders: IdempotentConsumer  # Service Bus queue
     orders_api: IdempotentConsumer  # POST /api/orders with Idempotency-Key
-    order_events: IdempotentConsumer  # Event Grid and POST /api/events (CloudEvents)
+    order_events: IdempotentConsumer  # Event Grid (CloudEvents)
+    order_events_api: IdempotentConsumer  # POST /api/events: the same consumer, refusals told to the caller
     billing: IdempotentConsumer  # topic subscriber 1
     shipping: IdempotentConsumer  # topic subscriber 2: same messages, its own markers
     order_status: IdempotentConsumer  # event-carried state: versioned upserts, no marker
@@ -113,6 +114,9 @@ def consumers() -> Consumers:
             key=from_body_field("orderId"),
         ),
         order_events=consumer(setting("ORDER_EVENTS_CONSUMER_NAME", "order-events"), shipment_handler, SHIPPED_SCHEMA),
+        order_events_api=consumer(
+            setting("ORDER_EVENTS_CONSUMER_NAME", "order-events"), shipment_handler, SHIPPED_SCHEMA, http=True
+        ),
         billing=consumer(setting("BILLING_CONSUMER_NAME", "billing"), invoice_handler, SCHEMA),
         shipping=consumer(setting("SHIPPING_CONSUMER_NAME", "shipping"), picklist_handler, SCHEMA),
         order_status=consumer(
@@ -207,7 +211,7 @@ def events_api(req: func.HttpRequest) -> func.HttpResponse:
     delivery = http_cloudevent_delivery(req)
     if isinstance(delivery, str):
         return problem(400, "Not a valid CloudEvent", delivery)
-    consumer = http_consumer("order_events")
+    consumer = http_consumer("order_events_api")
     if isinstance(consumer, func.HttpResponse):
         return consumer
     return cloudevent_response(consumer.process(delivery))

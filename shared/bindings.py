@@ -13,7 +13,8 @@ from typing import Any
 import azure.functions as func
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 
-from shared.idempotency import Delivery, Effects, Handler, Outcome, Result, joined_identity
+from shared.idempotency import Delivery, Effects, Handler, InvalidMessage, Outcome, Result, joined_identity
+from shared.idempotency.consumer import parse_json
 from shared.idempotency.steps import Context
 
 REPLAYED = "Idempotent-Replayed"
@@ -97,9 +98,9 @@ def http_cloudevent_delivery(req: func.HttpRequest) -> Delivery | str:
     never an Event Grid delivery's nor another caller's."""
     structured = req.headers.get("Content-Type", "").startswith("application/cloudevents+json")
     try:
-        attributes = json.loads(req.get_body()) if structured else None
-    except ValueError:
-        return "the structured event is not JSON"
+        attributes = parse_json(req.get_body()) if structured else None
+    except InvalidMessage as exc:
+        return f"the structured event is not valid JSON ({exc.reason})"
 
     def present(name: str) -> bool:
         value = attributes.get(name) if isinstance(attributes, dict) else req.headers.get(f"ce-{name}")

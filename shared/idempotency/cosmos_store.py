@@ -62,7 +62,7 @@ def _transient(status: int | None) -> bool:
 
 
 @contextmanager
-def _store_errors() -> Iterator[None]:
+def store_errors() -> Iterator[None]:
     """429 is retried by the SDK after the server's retry-after delay; what is still
     failing after that, 5xx and timeouts become StoreUnavailable (abandon, redeliver)."""
     try:
@@ -123,7 +123,7 @@ class CosmosStore(DedupStore):
         operations: list[Any] = [("create", (guard,)), ("create", (self._marker_item(marker),))]
         operations += [("create", (self._document(partition, effect),)) for effect in effects]
         try:
-            with _store_errors():
+            with store_errors():
                 self._container.execute_item_batch(operations, partition_key=partition)
         except exceptions.CosmosBatchOperationError as exc:
             if _status_at(exc, exc.error_index) != 409:
@@ -141,13 +141,18 @@ class CosmosStore(DedupStore):
         expires: it is both the record and the marker. A 409 on its id: if it carries this
         key, its fingerprint tells duplicate from mismatch; if it does not, the business
         document outlived its marker — applied, the same rule as the Table store's."""
-        document = self._document(marker.partition, effect)
-        item = {**self._marker_item(marker), **document, "ttl": -1}
+        document, fields = self._document(marker.partition, effect), self._marker_item(marker)
+        taken = (fields.keys() - {"id", "ttl", self._pk}) & effect.data.keys()
+        if taken:
+            raise ValueError(
+                f"entity {effect.name!r}: {sorted(taken)} are the marker's fields in a one-document commit"
+            )
+        item = {**fields, **document, "ttl": -1}
         try:
-            with _store_errors():
+            with store_errors():
                 self._container.create_item(item)
         except exceptions.CosmosResourceExistsError:
-            with _store_errors():
+            with store_errors():
                 existing = self._container.read_item(document["id"], partition_key=marker.partition)
             if not self._carries(existing, marker.key):
                 return CommitResult(CommitStatus.DUPLICATE, None)
@@ -168,7 +173,7 @@ class CosmosStore(DedupStore):
         (its own marker, under the document's id), a query of the partition."""
         item: dict[str, Any]
         try:
-            with _store_errors():
+            with store_errors():
                 item = dict(self._container.read_item(marker_id(key), partition_key=partition))
         except exceptions.CosmosResourceNotFoundError:
             if key.step:
@@ -177,7 +182,7 @@ class CosmosStore(DedupStore):
             parameters: list[dict[str, Any]] = [{"name": "@kind", "value": MARKER_KIND},
                                                 {"name": "@scope", "value": key.scope},
                                                 {"name": "@key", "value": key.id}]  # fmt: skip
-            with _store_errors():
+            with store_errors():
                 found = list(self._container.query_items(query, parameters=parameters, partition_key=partition))
             if not found:
                 return None
@@ -186,7 +191,7 @@ class CosmosStore(DedupStore):
 
     def insert(self, marker: Marker) -> Marker | None:
         try:
-            with _store_errors():
+            with store_errors():
                 item = self._container.create_item(self._marker_item(marker))
         except exceptions.CosmosResourceExistsError:
             return None
@@ -194,7 +199,7 @@ class CosmosStore(DedupStore):
 
     def replace(self, marker: Marker, if_version: str) -> Marker:
         try:
-            with _store_errors():
+            with store_errors():
                 item = self._container.replace_item(
                     marker_id(marker.key),
                     self._marker_item(marker),
@@ -215,7 +220,7 @@ class CosmosStore(DedupStore):
             {"name": "@cutoff", "value": _time(lease_expired_before)},
         ]
         found: list[Marker] = []
-        with _store_errors():
+        with store_errors():
             for item in self._container.query_items(query, parameters=parameters, enable_cross_partition_query=True):
                 found.append(self._marker_from(item))
                 if len(found) >= limit:
@@ -228,11 +233,11 @@ class CosmosStore(DedupStore):
         body = {**self._document(partition, entity), STATE_VERSION: version}
         while True:  # each pass either writes conditionally or learns what is stored
             try:
-                with _store_errors():
+                with store_errors():
                     current = self._container.read_item(body["id"], partition_key=partition)
             except exceptions.CosmosResourceNotFoundError:
                 try:
-                    with _store_errors():
+                    with store_errors():
                         self._container.create_item(body)
                     return StateStatus.APPLIED
                 except exceptions.CosmosResourceExistsError:
@@ -241,7 +246,7 @@ class CosmosStore(DedupStore):
             if stored >= version:
                 return StateStatus.SAME if stored == version else StateStatus.STALE
             try:
-                with _store_errors():
+                with store_errors():
                     self._container.replace_item(body["id"], body, etag=current["_etag"],
                                                  match_condition=MatchConditions.IfNotModified)  # fmt: skip
                 return StateStatus.APPLIED
@@ -271,12 +276,12 @@ class CosmosStore(DedupStore):
             "fingerprint": record.fingerprint,
             "storedFingerprint": record.stored_fingerprint,
         }
-        with _store_errors():
+        with store_errors():
             self._dead.upsert_item(item)
 
     def dead_letters(self, scope: str) -> list[DeadLetter]:
         parameters: list[dict[str, Any]] = [{"name": "@scope", "value": scope}]
-        with _store_errors():
+        with store_errors():
             items = list(
                 self._dead.query_items("SELECT * FROM c WHERE c.scope = @scope", parameters=parameters,
                                        partition_key=scope)
@@ -302,7 +307,7 @@ class CosmosStore(DedupStore):
         scope: dict[str, Any] = (
             {"enable_cross_partition_query": True} if partition is None else {"partition_key": partition}
         )
-        with _store_errors():
+        with store_errors():
             for item in self._container.query_items("SELECT * FROM c", **scope):
                 kind = item.get("kind")
                 key = DedupKey(item["scope"], item["keyId"], item.get("step") or "") if kind == MARKER_KIND else None

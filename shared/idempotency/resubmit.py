@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from .consumer import Delivery, parse_json
 from .errors import InvalidMessage
 from .keys import DedupKey
-from .records import Marker
+from .records import Marker, State
 
 if TYPE_CHECKING:
     from .consumer import IdempotentConsumer
@@ -50,10 +50,17 @@ class Line:
         return f"{self.key}\t{self.verdict}\t{VERDICTS[self.verdict]}{why}"
 
 
-def _state(marker: Marker | None) -> str:
-    if marker is None:
-        return "new"
-    return "in_progress" if marker.claimed else marker.state.value
+def _state(consumer: IdempotentConsumer, key: DedupKey, partition: str) -> tuple[str, Marker | None]:
+    """The message marker's state; without one, what its two-phase steps say (a refused
+    step is final, a claimed one is in progress)."""
+    marker = consumer.store.get(key, partition)
+    if marker is not None:
+        return ("in_progress" if marker.claimed else marker.state.value), marker
+    steps = {item.key.step for item in consumer.store.scan(partition) if item.key and item.key.id == key.id}
+    states = [s.state for s in (consumer.store.get(key.for_step(n), partition) for n in steps if n) if s]
+    if State.REFUSED in states:
+        return "refused", None
+    return ("in_progress" if any(s is not State.COMPLETED for s in states) else "new"), None
 
 
 def check_ids(consumer: IdempotentConsumer, ids: Iterable[str]) -> list[Line]:
@@ -64,7 +71,7 @@ def check_ids(consumer: IdempotentConsumer, ids: Iterable[str]) -> list[Line]:
         except InvalidMessage as exc:
             lines.append(Line(message_id[:60], "invalid", exc.reason))
             continue
-        lines.append(Line(message_id, _state(consumer.store.get(key, consumer.partition_of(key)))))
+        lines.append(Line(message_id, _state(consumer, key, consumer.partition_of(key))[0]))
     return lines
 
 
@@ -79,8 +86,7 @@ def check_bodies(consumer: IdempotentConsumer, bodies: Iterable[bytes], message_
         except InvalidMessage as exc:
             lines.append(Line(body[:60].decode("utf-8", "replace"), "invalid", f"{exc.reason}: {exc.detail[:200]}"))
             continue
-        marker = consumer.store.get(key, partition)
-        verdict = _state(marker)
+        verdict, marker = _state(consumer, key, partition)
         if marker is not None and verdict == "completed":
             verdict = "duplicate" if marker.fingerprint == fp else "conflict"
         lines.append(Line(key.id, verdict))

@@ -13,6 +13,7 @@ from azure.data.tables import TableServiceClient
 from . import store as store_defaults
 from . import telemetry
 from .cosmos_store import CosmosStore
+from .cosmos_store import store_errors as cosmos_errors
 from .steps import DEFAULT_STEPS, StepPolicy
 from .store import DedupStore
 from .table_store import TableStore
@@ -121,10 +122,11 @@ def open_store(table: str, dead_letter_table: str, *, create: bool = True) -> De
             store.create_tables()
         return store
     if kind == "cosmos":
-        database = cosmos_client().get_database_client(setting("COSMOS_DATABASE", "dedup"))
-        container = database.get_container_client(setting("COSMOS_CONTAINER", table))
-        dead_letters = database.get_container_client(setting("COSMOS_DEADLETTER_CONTAINER", dead_letter_table))
-        return CosmosStore(container, dead_letters, partition_field(container), dead_letter_retention=keep)
+        with cosmos_errors():  # the client and the partition key read go to the service: unreachable is transient
+            database = cosmos_client().get_database_client(setting("COSMOS_DATABASE", "dedup"))
+            container = database.get_container_client(setting("COSMOS_CONTAINER", table))
+            dead_letters = database.get_container_client(setting("COSMOS_DEADLETTER_CONTAINER", dead_letter_table))
+            return CosmosStore(container, dead_letters, partition_field(container), dead_letter_retention=keep)
     raise ConfigurationError(f"DEDUP_STORE={kind!r}: use 'table' or 'cosmos'")
 
 

@@ -94,9 +94,10 @@ class Context:
                     raise FingerprintMismatch(existing.fingerprint)
                 if existing.final:
                     return existing
-            if time.monotonic() + pause > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise InFlight(existing)
-            time.sleep(pause)
+            time.sleep(min(pause, left))  # the last attempt comes at the deadline: the whole wait counts
             pause = min(pause * 2, 2.0)
 
     def _complete(self, claimed: Marker, result: JSON, state: State = State.COMPLETED) -> JSON:

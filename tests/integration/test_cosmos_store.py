@@ -14,7 +14,7 @@ from azure.cosmos import exceptions
 
 import function_app
 from shared.idempotency import CommitStatus, DedupKey, Entity, StoreUnavailable, VersionConflict
-from shared.idempotency.cosmos_store import CosmosStore, _store_errors
+from shared.idempotency.cosmos_store import CosmosStore, store_errors
 from shared.idempotency.records import MARKER_KIND, utcnow
 from tests.conftest import EMULATED, REAL_COSMOS, new_cosmos_store
 from tools import other_triggers
@@ -70,14 +70,14 @@ def test_documents_may_not_set_store_fields(cosmos: CosmosStore) -> None:
 
 @pytest.mark.parametrize("status", [408, 429, 449, 500, 503])
 def test_throttling_and_server_errors_are_transient(status: int) -> None:
-    with pytest.raises(StoreUnavailable), _store_errors():
+    with pytest.raises(StoreUnavailable), store_errors():
         raise exceptions.CosmosHttpResponseError(status_code=status, message="injected")  # type: ignore[no-untyped-call]
 
 
 def test_transport_errors_are_transient_and_client_errors_are_not() -> None:
-    with pytest.raises(StoreUnavailable), _store_errors():
+    with pytest.raises(StoreUnavailable), store_errors():
         raise ServiceRequestError("connection refused")
-    with pytest.raises(exceptions.CosmosHttpResponseError), _store_errors():
+    with pytest.raises(exceptions.CosmosHttpResponseError), store_errors():
         raise exceptions.CosmosHttpResponseError(status_code=400, message="bad request")  # type: ignore[no-untyped-call]
 
 

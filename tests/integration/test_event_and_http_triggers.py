@@ -211,9 +211,14 @@ def test_a_downstream_refusal_does_not_reach_the_caller(azurite: Azurite) -> Non
     assert response.status_code == 400 and b"7781" not in response.get_body() and b"issuer" not in response.get_body()
 
 
-def test_a_cold_instance_with_the_store_down_answers_503_with_retry_after(azurite: Azurite) -> None:
+@pytest.mark.parametrize("store_kind", ["table", "cosmos"])
+def test_a_cold_instance_with_the_store_down_answers_503_with_retry_after(azurite: Azurite, store_kind: str) -> None:
     unreachable = azurite.connection_string.replace(f":{azurite.port}/", ":9/")  # nothing listens on port 9
-    with fresh_app(azurite), app_settings(DEDUP_STORAGE_CONNECTION=unreachable):
+    cosmos = {"DEDUP_STORE": "cosmos", "COSMOS_ENDPOINT": "http://127.0.0.1:9/", "COSMOS_KEY": "a2V5"}
+    with (
+        fresh_app(azurite),
+        app_settings(DEDUP_STORAGE_CONNECTION=unreachable, **(cosmos if store_kind == "cosmos" else {})),
+    ):
         order = post_order(an_order(), uuid.uuid4().hex)
         event = post_event(*structured(uuid.uuid4().hex))
     for response in (order, event):
@@ -326,6 +331,9 @@ def test_an_event_without_a_required_attribute_is_400(store: DedupStore, missing
 
 def test_not_a_cloudevent_is_400(store: DedupStore) -> None:
     assert post_event({"Content-Type": "application/json"}, b'{"hello": 1}').status_code == 400
+    structured_mode = {"Content-Type": "application/cloudevents+json"}
+    for body in (b"[" * 100_000, b'{"id": "a", "id": "b"}', b"\xff"):  # deep, duplicate member, not UTF-8
+        assert post_event(structured_mode, body).status_code == 400
 
 
 def test_the_webhook_validation_handshake(store: DedupStore) -> None:

@@ -25,6 +25,7 @@ from shared.idempotency.downstream import IdempotentHttp
 from shared.idempotency.keys import consumer_partition
 from shared.idempotency.reconcile import ESCALATION, escalate_stale_claims
 from shared.idempotency.records import utcnow
+from shared.idempotency.resubmit import check_ids
 from shared.idempotency.table_store import TableStore
 from shared.orders import SCHEMA, effects_by_order, order_handler
 from tests.functions import fresh_app, servicebus_message, user_function
@@ -251,6 +252,8 @@ def test_a_declined_charge_is_final_not_stuck(app: TableStore, payments: Payment
     assert [r.reason for r in app.dead_letters("orders")] == ["downstream_rejected"]  # one record, idempotent
     assert effects_by_order(app, order["orderId"]) == {}
     assert escalate_stale_claims(app, timedelta(0), now=utcnow() + timedelta(days=1)) == []
+    consumer = function_app.consumers().orders  # and a DLQ resubmission would be refused again
+    assert [line.verdict for line in check_ids(consumer, [order["orderId"]])] == ["refused"]
 
 
 def test_the_timer_function_runs_reconciliation(app: TableStore, caplog: pytest.LogCaptureFixture) -> None:
