@@ -239,10 +239,14 @@ class IdempotentConsumer:
     def identify(self, delivery: Delivery) -> tuple[DedupKey, str, str]:
         """Key, partition and fingerprint as processing derives them, or InvalidMessage
         when processing would dead-letter the message; touches no store."""
+        payload, key, fp = self._read(delivery)
+        self._validate(payload)
+        return key, self.partition_of(key), fp
+
+    def _read(self, delivery: Delivery) -> tuple[Any, DedupKey, str]:
         payload = parse_json(delivery.body)
         key = DedupKey(self.name, self._key_source(delivery.message_id, payload) or "")
-        self._validate(payload)
-        return key, self.partition_of(key), _fingerprint(delivery, payload)
+        return payload, key, _fingerprint(delivery, payload)
 
     def partition_of(self, key: DedupKey) -> str:
         return consumer_partition(self.name, self._partition_for(key))
@@ -278,10 +282,8 @@ class IdempotentConsumer:
         key: DedupKey | None = None
         fp: str | None = None
         try:
-            payload = parse_json(delivery.body)
-            key = DedupKey(self.name, self._key_source(delivery.message_id, payload) or "")
+            payload, key, fp = self._read(delivery)
             self._validate(payload)
-            fp = _fingerprint(delivery, payload)
             if self._completed.get(key) == fp:
                 return Result(Outcome.DUPLICATE, key, "completed_recently", fingerprint=fp, stored_fingerprint=fp)
             partition, expires_at = self.partition_of(key), utcnow() + self._retention
