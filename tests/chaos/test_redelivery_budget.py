@@ -70,19 +70,25 @@ def test_the_shipped_timing_is_the_azure_proportions() -> None:
     assert (timing.max_deliveries, timing.lease, round(timing.in_flight_wait, 3)) == (10, 2.0, 0.333)
 
 
-def test_a_worker_that_dies_after_the_call_is_recovered_by_a_redelivery(
-    azurite_on_disk: Azurite, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    crashed = FirstTimeOnly()
+@pytest.fixture
+def crashed(monkeypatch: pytest.MonkeyPatch) -> FirstTimeOnly:
+    """Each step owner dies right after its first payment call returned (the charge made)."""
+    first_calls = FirstTimeOnly()
     post = IdempotentHttp.post
 
     def charge_then_die(self: IdempotentHttp, path: str, body: Any, idempotency_key: str) -> Any:
         answer = post(self, path, body, idempotency_key)
-        if crashed.first(idempotency_key):
+        if first_calls.first(idempotency_key):
             raise Crash("the worker died after the payment API charged")
         return answer
 
     monkeypatch.setattr(IdempotentHttp, "post", charge_then_die)
+    return first_calls
+
+
+def test_a_worker_that_dies_after_the_call_is_recovered_by_a_redelivery(
+    azurite_on_disk: Azurite, crashed: FirstTimeOnly
+) -> None:
     report = run(config(), azurite_on_disk)
     assert len(crashed.seen) == 24
     assert_recovered(report)
@@ -107,21 +113,11 @@ def test_a_step_that_cannot_complete_is_recovered_by_a_redelivery(azurite_on_dis
 
 
 def test_the_old_five_and_a_half_minute_lease_ran_out_of_deliveries(
-    azurite_on_disk: Azurite, monkeypatch: pytest.MonkeyPatch
+    azurite_on_disk: Azurite, crashed: FirstTimeOnly
 ) -> None:
     """Why the lease changed: DEDUP_LEASE = functionTimeout + 30 s (330 s, here 11 s) lets
     the ten deliveries run out while a dead owner's claim is still leased — the harness
     counts them as budget_exhausted (operators' resubmissions then recover them)."""
-    crashed = FirstTimeOnly()
-    post = IdempotentHttp.post
-
-    def charge_then_die(self: IdempotentHttp, path: str, body: Any, idempotency_key: str) -> Any:
-        answer = post(self, path, body, idempotency_key)
-        if crashed.first(idempotency_key):
-            raise Crash("the worker died after the payment API charged")
-        return answer
-
-    monkeypatch.setattr(IdempotentHttp, "post", charge_then_die)
     report = run(config(messages=8, lease=2.0 * 330 / 60), azurite_on_disk)
     assert report.budget_exhausted >= 8 and report.resubmitted >= 8  # every message at least once
     assert (report.double_effects, report.lost) == (0, 0) and report.payment_charges == 8
