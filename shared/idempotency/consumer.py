@@ -164,7 +164,8 @@ class _Pending:
 
     @property
     def commit(self) -> Commit:
-        return self.key, self.partition, self.fingerprint, self.effects.entities, self.effects.result, self.expires_at
+        return Commit(self.key, self.partition, self.fingerprint, self.effects.entities, self.effects.result,
+                      self.expires_at)  # fmt: skip
 
 
 class CompletedKeys:
@@ -332,8 +333,9 @@ class IdempotentConsumer:
             return Result(Outcome.IN_FLIGHT, key, "claimed_elsewhere", "another delivery holds a live claim")
         transient = {StoreUnavailable: "store_unavailable", DownstreamUnavailable: "downstream_unavailable",
                      LeaseLost: "lease_lost"}  # fmt: skip
-        if type(exc) in transient:
-            return Result(Outcome.TRANSIENT, key, transient[type(exc)], str(exc)[:500])
+        for kind, reason in transient.items():  # subclasses too
+            if isinstance(exc, kind):
+                return Result(Outcome.TRANSIENT, key, reason, str(exc)[:500])
         log.error("dedup handler failed for %s", key, exc_info=exc)  # a bug: never acknowledge it
         return Result(Outcome.TRANSIENT, key, "handler_error", repr(exc)[:500])
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import NamedTuple
 
 from .errors import AlreadyClaimed, VersionConflict
 from .keys import DedupKey
@@ -71,8 +72,15 @@ class DeadLetter:
         return digest.hexdigest()
 
 
-Commit = tuple[DedupKey, str, str, Sequence[Entity], JSON, datetime]
-"""The arguments of ``commit``: key, partition, fingerprint, effects, result, expiry."""
+class Commit(NamedTuple):
+    """The arguments of ``commit``, named: one message's marker and effects."""
+
+    key: DedupKey
+    partition: str
+    fingerprint: str
+    effects: Sequence[Entity]
+    result: JSON
+    expires_at: datetime
 
 
 class DedupStore(ABC):
@@ -96,7 +104,7 @@ class DedupStore(ABC):
     def commit_many(self, commits: Sequence[Commit]) -> list[CommitResult]:
         """Several commits at once (a batch trigger). This default commits them one by
         one; a store may group those that share a partition into fewer requests."""
-        return [self.commit(*commit) for commit in commits]
+        return [self.commit(*commit) for commit in commits]  # a Commit is commit()'s arguments, in order
 
     # -- primitives of the two-phase path ------------------------------------------------
 

@@ -105,7 +105,7 @@ class TableStore(DedupStore):
         result: JSON,
         expires_at: datetime,
     ) -> CommitResult:
-        return self.commit_many([(key, partition, fingerprint, effects, result, expires_at)])[0]
+        return self.commit_many([Commit(key, partition, fingerprint, effects, result, expires_at)])[0]
 
     def commit_many(self, commits: Sequence[Commit]) -> list[CommitResult]:
         """Messages sharing a partition are committed together, in transactions of up to
@@ -119,11 +119,11 @@ class TableStore(DedupStore):
             this_round: list[int] = []
             later: list[int] = []
             for i in remaining:
-                (later if commits[i][0] in keys else this_round).append(i)
-                keys.add(commits[i][0])
+                (later if commits[i].key in keys else this_round).append(i)
+                keys.add(commits[i].key)
             groups: dict[str, list[int]] = {}
             for i in this_round:
-                groups.setdefault(commits[i][1], []).append(i)
+                groups.setdefault(commits[i].partition, []).append(i)
             for partition, members in groups.items():
                 for chunk in _chunks(commits, members):
                     results.update(self._transact(commits, partition, chunk))
@@ -159,7 +159,7 @@ class TableStore(DedupStore):
                 results[i] = self._taken(commits[i], partition, position)
                 chunk = [j for j in chunk if j != i]
                 continue
-            results.update({i: CommitResult(CommitStatus.NEW, commits[i][2]) for i in chunk})
+            results.update({i: CommitResult(CommitStatus.NEW, commits[i].fingerprint) for i in chunk})
             break
         return results
 
@@ -167,7 +167,7 @@ class TableStore(DedupStore):
         """A message's insert hit an existing entity. Its guard (position 0): the same
         payload was committed. Otherwise one read of the marker decides; no marker at all
         means a business entity outlived its marker (purged after retention): applied."""
-        key, fingerprint = commit[0], commit[2]
+        key, fingerprint = commit.key, commit.fingerprint
         if position == 0:
             return CommitResult(CommitStatus.DUPLICATE, fingerprint)
         stored = self.get(key, partition)
@@ -408,7 +408,7 @@ def _chunks(commits: Sequence[Commit], members: list[int]) -> Iterator[list[int]
     chunk: list[int] = []
     operations = 0
     for i in members:
-        size = len(commits[i][3]) + 2
+        size = len(commits[i].effects) + 2
         if size > MAX_TRANSACTION_OPERATIONS:
             raise ValueError(f"a Table transaction holds at most {MAX_TRANSACTION_OPERATIONS - 2} effects")
         if operations + size > MAX_TRANSACTION_OPERATIONS:
