@@ -40,7 +40,7 @@ from shared.idempotency.downstream import IdempotentHttp
 from shared.idempotency.keys import KeySource
 from shared.idempotency.reconcile import escalate_stale_claims
 from shared.idempotency.records import utcnow
-from shared.idempotency.settings import app_store, duration, retention, setting, step_policy
+from shared.idempotency.settings import DedupConfig, app_store, duration, setting
 from shared.orders import (
     SCHEMA,
     SHIPPED_SCHEMA,
@@ -88,7 +88,7 @@ def consumers() -> Consumers:
     store = app_store()
     payment_api = os.environ.get("PAYMENT_API_URL")
     payments = IdempotentHttp(payment_api) if payment_api else None
-    keep, steps, cache = retention(), step_policy(), int(setting("DEDUP_CACHE_SIZE", "10000"))
+    config = DedupConfig.from_settings()
 
     def consumer(
         name: str,
@@ -100,9 +100,8 @@ def consumers() -> Consumers:
         partition: Callable[[DedupKey], str] = lambda key: key.id,
     ) -> IdempotentConsumer:
         # HTTP replays the stored response to its caller, and tells it of refusals.
-        return IdempotentConsumer(name, store, handler, schema=schema, retention=keep, steps=steps, key_source=key,
-                                  replay_results=http, record_refusals=not http, cache_size=cache,
-                                  partition_for=partition)  # fmt: skip
+        return IdempotentConsumer(name, store, handler, schema=schema, config=config, key_source=key,
+                                  replay_results=http, record_refusals=not http, partition_for=partition)  # fmt: skip
 
     return Consumers(
         orders=consumer(setting("ORDERS_CONSUMER_NAME", "orders"), order_handler(payments), SCHEMA),

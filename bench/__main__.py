@@ -28,6 +28,7 @@ from shared import ledger
 from shared.idempotency import Delivery, Effects, IdempotentConsumer
 from shared.idempotency.consumer import parse_json
 from shared.idempotency.keys import encode_key
+from shared.idempotency.settings import DedupConfig
 from shared.idempotency.steps import Context
 from shared.idempotency.table_store import TableStore
 from shared.orders import SCHEMA, order_handler
@@ -129,8 +130,8 @@ def baseline(bench: Bench) -> Measure:
 
 
 def consumer(store: TableStore, handler: Any, cache: int = 0, **options: Any) -> IdempotentConsumer:
-    return IdempotentConsumer("bench", store, handler, schema=options.pop("schema", SCHEMA), cache_size=cache,
-                              **options)  # fmt: skip
+    return IdempotentConsumer("bench", store, handler, schema=options.pop("schema", SCHEMA),
+                              config=DedupConfig(cache_size=cache), **options)  # fmt: skip
 
 
 def atomic(bench: Bench) -> Measure:

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -31,7 +31,8 @@ from .errors import (
 from .fingerprint import fingerprint
 from .keys import DedupKey, KeySource, consumer_partition, from_message_id
 from .records import JSON, Entity, utcnow
-from .steps import DEFAULT_STEPS, Context, StepPolicy
+from .settings import DedupConfig
+from .steps import Context
 from .store import Commit, CommitStatus, DeadLetter, DedupStore, StateStatus
 
 log = logging.getLogger("idempotency")
@@ -210,19 +211,20 @@ class IdempotentConsumer:
         *,
         key_source: KeySource = from_message_id,
         schema: Mapping[str, Any] | None = None,
-        retention: timedelta = timedelta(days=30),
-        steps: StepPolicy = DEFAULT_STEPS,
+        config: DedupConfig | None = None,
         partition_for: Callable[[DedupKey], str] = lambda key: key.id,
         replay_results: bool = False,
         record_refusals: bool = True,
-        cache_size: int = 10_000,
     ) -> None:
-        """``replay_results``: a duplicate reads the stored result back (one more read,
+        """``config``: retention, step lease and wait, cache size; by default read from the
+        app settings (``DedupConfig.from_settings()``), as the README documents them.
+        ``replay_results``: a duplicate reads the stored result back (one more read,
         for duplicates only) — HTTP needs it, a queue does not. ``record_refusals``:
         invalid and conflicting messages are written to the dead-letter records before
         they are acknowledged — a queue needs it, HTTP tells its caller instead.
-        ``cache_size``: keys this instance saw completed, so that hot duplicates cost no
+        The cache keeps keys this instance saw completed, so that hot duplicates cost no
         store request; never an in-progress key, never trusted to decide "new"."""
+        config = config or DedupConfig.from_settings()
         if not name or "|" in name:
             raise ValueError(f"consumer name {name!r}: non-empty, without '|'")
         self.name = name
@@ -230,12 +232,12 @@ class IdempotentConsumer:
         self._handler = handler
         self._key_source = key_source
         self._validator = Draft202012Validator(schema) if schema is not None else None
-        self._retention = retention
-        self._steps = steps
+        self._retention = config.retention
+        self._steps = config.steps
         self._partition_for = partition_for
         self._replay = replay_results
         self._record_refusals = record_refusals
-        self._completed = CompletedKeys(0 if replay_results else cache_size)  # replays need the stored result
+        self._completed = CompletedKeys(0 if replay_results else config.cache_size)  # replays need the result
 
     def identify(self, delivery: Delivery) -> tuple[DedupKey, str, str]:
         """Key, partition and fingerprint as processing derives them, or InvalidMessage

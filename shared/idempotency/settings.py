@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -61,6 +62,25 @@ def dead_letter_retention() -> timedelta:
     if value <= timedelta(0):
         raise ConfigurationError("DEDUP_DEAD_LETTER_RETENTION must be positive")
     return value
+
+
+@dataclass(frozen=True)
+class DedupConfig:
+    """Every consumer option that the app settings set. ``IdempotentConsumer`` reads it
+    from the settings unless given one, so a consumer built in a few lines gets the
+    deployed retention, lease, waits and cache."""
+
+    retention: timedelta = timedelta(days=30)
+    steps: StepPolicy = DEFAULT_STEPS
+    cache_size: int = 10_000
+
+    @classmethod
+    def from_settings(cls) -> DedupConfig:
+        """DEDUP_RETENTION, DEDUP_LEASE, DEDUP_IN_FLIGHT_WAIT, DEDUP_CACHE_SIZE (README, Configuration)."""
+        size = setting("DEDUP_CACHE_SIZE", "10000")
+        if not size.isdigit():
+            raise ConfigurationError(f"DEDUP_CACHE_SIZE={size!r} must be a whole number")
+        return cls(retention(), step_policy(), int(size))
 
 
 def step_policy() -> StepPolicy:

@@ -26,6 +26,7 @@ from shared.idempotency.keys import consumer_partition
 from shared.idempotency.reconcile import ESCALATION, escalate_stale_claims
 from shared.idempotency.records import utcnow
 from shared.idempotency.resubmit import check_ids
+from shared.idempotency.settings import DedupConfig
 from shared.idempotency.table_store import TableStore
 from shared.orders import SCHEMA, effects_by_order, order_handler
 from tests.functions import fresh_app, servicebus_message, user_function
@@ -131,7 +132,7 @@ def test_a_stale_owner_cannot_complete_after_a_takeover(azurite: Azurite, paymen
             return answer
 
     consumer = IdempotentConsumer("orders", store, order_handler(StallingHttp(payments.url)), schema=SCHEMA,
-                                  steps=StepPolicy(lease=timedelta(seconds=1)))  # fmt: skip
+                                  config=DedupConfig(steps=StepPolicy(lease=timedelta(seconds=1))))  # fmt: skip
     order = an_order()
     delivery = servicebus_delivery(servicebus_message(order, order["orderId"]))
     results: dict[str, Any] = {}
