@@ -10,6 +10,7 @@ bench/results/latest.{json,md,png}; exits non-zero when a target is missed.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -204,7 +205,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     n = int(os.environ.get("BENCH_MESSAGES", "2000"))
     repeats = max(3, int(os.environ.get("BENCH_REPEATS", "3")))
     runs: dict[str, list[Measure]] = {name: [] for name in SCENARIOS}

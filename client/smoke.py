@@ -117,6 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     from client.producer import order_message, send_in_batches, servicebus_client
     from shared.idempotency.settings import app_store, setting
 
+    if not (os.environ.get("SERVICEBUS_FULLY_QUALIFIED_NAMESPACE") or os.environ.get("SERVICEBUS_CONNECTION_STRING")):
+        print(
+            "smoke: set SERVICEBUS_FULLY_QUALIFIED_NAMESPACE (or SERVICEBUS_CONNECTION_STRING) and the app's "
+            "store settings (DEDUP_STORAGE_ENDPOINT or COSMOS_ENDPOINT); see README, Deploy",
+            file=sys.stderr,
+        )
+        return 2
     plan = make_plan(args.orders, args.duplicate_share, args.mismatches)
     queue = os.environ.get("SERVICEBUS_QUEUE") or setting("ORDERS_QUEUE", "orders")
     with servicebus_client() as client:

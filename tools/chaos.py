@@ -10,6 +10,7 @@ be injected inside it, delivery faults and the outage still are).
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -63,7 +64,8 @@ def as_json(report: Report) -> dict[str, object]:
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # the idempotency log is counted, not shown
     config = config_from_env()
     with tempfile.TemporaryDirectory(prefix="chaos-azurite-") as data, Azurite(location=Path(data)) as azurite:

@@ -1,9 +1,13 @@
 """`make demo`: the real `orders` function under an at-least-once delivery stream,
 against a real Azurite (or, with DEDUP_STORE=cosmos, the local Cosmos DB emulator).
-Last line: one JSON object counted from what is in the store."""
+Last line: one JSON object counted from what is in the store.
+
+Environment: DEDUP_STORE (table | cosmos), DEMO_RUNTIME (process | worker: the real
+Functions Python worker, which needs FUNCTIONS_PYTHON_WORKER or `make worker`)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -66,8 +70,12 @@ def compact(data: MetricsData) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
-    logging.basicConfig(level=logging.ERROR)  # the idempotency log is counted, not shown
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--verbose", action="store_true", help="show the dedup log lines too")
+    args = parser.parse_args(argv)
+    # The idempotency log is counted, and shown only with --verbose.
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR)
     reader = PeriodicExportingMetricReader(ConsoleMetricExporter(formatter=compact), export_interval_millis=3_600_000)
     provider = MeterProvider(metric_readers=[reader])
     metrics.set_meter_provider(provider)

@@ -126,12 +126,14 @@ def _counting_outcomes(counts: Counter[str]) -> Iterator[None]:
     handler = _OutcomeCounter(counts)
     logger.addHandler(handler)
     previous, logger.propagate = logger.propagate, False  # keep the console for the summary
+    level = logger.level
     logger.setLevel(logging.INFO)
     try:
         yield
     finally:
         logger.removeHandler(handler)
         logger.propagate = previous
+        logger.setLevel(level)
 
 
 def run(

@@ -5,8 +5,8 @@ seeding rate measured in the same run (this machine is shared and noisy)."""
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 from datetime import timedelta
 
@@ -49,4 +49,6 @@ def measure(orders: int) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(measure(int(sys.argv[1]) if len(sys.argv) > 1 else 4000), indent=1))
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("orders", type=int, nargs="?", default=4000, help="orders to seed (half expired)")
+    print(json.dumps(measure(parser.parse_args().orders), indent=1))

@@ -1,0 +1,31 @@
+"""Every command answers --help without starting a run, and one without its settings says
+so in one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("module", ["tools.demo", "tools.chaos", "bench", "tools.purge_cost", "client.smoke",
+                                    "tools.delivery_checks", "shared.idempotency.resubmit"])  # fmt: skip
+def test_help_describes_the_command_and_starts_nothing(module: str) -> None:
+    done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0 and len(done.stdout) > 80, done.stderr[-500:]
+    assert "Azurite" not in done.stderr  # no emulator was started
+
+
+def test_the_smoke_test_without_settings_fails_with_one_clear_line() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SERVICEBUS_")}
+    done = subprocess.run([sys.executable, "-m", "client.smoke"], cwd=ROOT, capture_output=True, text=True,
+                          env=env, timeout=60)  # fmt: skip
+    assert (
+        done.returncode == 2 and done.stderr.count("\n") == 1 and "SERVICEBUS_FULLY_QUALIFIED_NAMESPACE" in done.stderr
+    )
