@@ -140,6 +140,7 @@ module roles 'modules/roles.bicep' = {
     cosmosAccountName: dedupStore == 'cosmos' ? cosmos.outputs.name : ''
     eventGridTopicName: eventGrid.outputs.name
     eventGridPrincipalId: eventGrid.outputs.principalId
+    eventDeadLetterContainer: storage.outputs.eventDeadLetterContainer
     senderPrincipalId: senderPrincipalId
   }
 }

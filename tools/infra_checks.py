@@ -129,6 +129,9 @@ def policy_violations(infra: Path = INFRA) -> list[str]:
         require(account.properties.get("minimumTlsVersion") == "TLS1_2", f"{account.symbol}: TLS below 1.2")
     for account in by_type("Microsoft.DocumentDB/databaseAccounts"):
         require(account.properties.get("disableLocalAuth") is True, f"{account.symbol}: Cosmos DB keys enabled")
+    for workspace in by_type("Microsoft.OperationalInsights/workspaces"):
+        require(workspace.properties.get("features", {}).get("disableLocalAuth") is True,
+                f"{workspace.symbol}: Log Analytics local auth")  # fmt: skip
     for component in by_type("Microsoft.Insights/components"):
         require(component.properties.get("DisableLocalAuth") is True, f"{component.symbol}: App Insights local auth")
     topics = by_type("Microsoft.EventGrid/topics")
@@ -143,16 +146,27 @@ def policy_violations(infra: Path = INFRA) -> list[str]:
         require("retryPolicy" in sub.properties, f"{sub.symbol}: no retry policy")
         require("deadLetterWithResourceIdentity" in sub.properties, f"{sub.symbol}: no dead-lettering")
 
+    types = {(path.name, symbol): spec["type"] for path in bicep_files(infra)  # declared or existing
+             for symbol, spec in parse(path).get("resources", {}).items()}  # fmt: skip
     for assignment in by_type("Microsoft.Authorization/roleAssignments"):
         scope = assignment.config.get("scope")
         require(isinstance(scope, str) and scope.isidentifier(),
                 f"{assignment.file}:{assignment.symbol}: role assignment not scoped to a resource")  # fmt: skip
+        if "eventGridPrincipalId" in _text(assignment.properties.get("principalId")):  # dead letters only
+            container = (
+                types.get((assignment.file, str(scope))) == "Microsoft.Storage/storageAccounts/blobServices/containers"
+            )
+            require(container, f"{assignment.symbol}: Event Grid's identity reaches beyond its dead-letter container")
     for assignment in by_type("Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments"):
         require("subscription" not in _text(assignment.properties.get("scope")),
                 f"{assignment.symbol}: Cosmos role scoped beyond the account")  # fmt: skip
 
+    publishing = {(p.config.get("parent"), p.config.get("name")): p.properties.get("allow")
+                  for p in by_type("Microsoft.Web/sites/basicPublishingCredentialsPolicies")}  # fmt: skip
     for site in by_type("Microsoft.Web/sites"):
         require(site.config.get("identity", {}).get("type") == "UserAssigned", f"{site.symbol}: no managed identity")
+        for kind in ("ftp", "scm"):
+            require(publishing.get((site.symbol, kind)) is False, f"{site.symbol}: {kind} basic publishing credentials")
         runtime = site.properties.get("functionAppConfig", {}).get("runtime", {})
         require(runtime == {"name": "python", "version": "3.11"}, f"{site.symbol}: runtime is not Python 3.11")
 

@@ -71,5 +71,18 @@ resource app 'Microsoft.Web/sites@2024-04-01' = {
   }
 }
 
+// No FTP or SCM basic-auth publishing: deployments authenticate with Entra ID.
+resource ftpCredentials 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: app
+  name: 'ftp'
+  properties: { allow: false }
+}
+
+resource scmCredentials 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: app
+  name: 'scm'
+  properties: { allow: false }
+}
+
 output name string = app.name
 output id string = app.id

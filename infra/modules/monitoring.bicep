@@ -10,6 +10,7 @@ resource workspace 'Microsoft.OperationalInsights/workspaces@2023-09-01' = {
   properties: {
     sku: { name: 'PerGB2018' }
     retentionInDays: 30
+    features: { disableLocalAuth: true } // queries and ingestion with Entra ID only
   }
 }
 

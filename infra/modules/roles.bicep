@@ -8,6 +8,8 @@ param appInsightsName string
 param cosmosAccountName string
 param eventGridTopicName string
 param eventGridPrincipalId string
+@description('The blob container where Event Grid dead-letters events: its identity may write there only.')
+param eventDeadLetterContainer string
 @description('Optional operator (smoke test, pipeline): may send to the queue, peek its dead letters, publish to the topic and read the dedup tables.')
 param senderPrincipalId string
 
@@ -91,10 +93,15 @@ resource metricsPublisher 'Microsoft.Authorization/roleAssignments@2022-04-01' =
   }
 }
 
-// Event Grid's own identity writes undeliverable events to the dead-letter container.
+resource deadLetterContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' existing = {
+  name: '${storageAccountName}/default/${eventDeadLetterContainer}'
+}
+
+// Event Grid's own identity writes undeliverable events to the dead-letter container, and
+// nowhere else (the account also holds the deployment package).
 resource eventGridDeadLetters 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(storage.id, eventGridPrincipalId, roleIds.storageBlobDataContributor)
-  scope: storage
+  name: guid(deadLetterContainer.id, eventGridPrincipalId, roleIds.storageBlobDataContributor)
+  scope: deadLetterContainer
   properties: {
     principalId: eventGridPrincipalId
     principalType: 'ServicePrincipal'

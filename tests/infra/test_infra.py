@@ -56,6 +56,11 @@ BREAKAGES = [
      "DEDUP_RETENTION not from the parameter"),
     ("modules/eventgrid-subscription.bicep", "endpointType: 'AzureFunction'", "endpointType: 'WebHook'",
      "not delivered to the function"),
+    ("modules/monitoring.bicep", "features: { disableLocalAuth: true }", "features: {}", "Log Analytics local auth"),
+    ("modules/functionapp.bicep", "name: 'scm'\n  properties: { allow: false }",
+     "name: 'scm'\n  properties: { allow: true }", "scm basic publishing"),
+    ("modules/roles.bicep", "  scope: deadLetterContainer\n", "  scope: storage\n", "beyond its dead-letter container"),
+    ("modules/cosmos.bicep", "kind: 'Hash', version: 2 }", "kind: 'Hash' }", "partition key version"),
 ]  # fmt: skip
 
 
