@@ -96,12 +96,14 @@ def consumers() -> Consumers:
         schema: dict[str, Any],
         *,
         http: bool = False,
+        replay: bool = False,
         key: KeySource = from_message_id,
         partition: Callable[[DedupKey], str] = lambda key: key.id,
     ) -> IdempotentConsumer:
-        # HTTP replays the stored response to its caller, and tells it of refusals.
+        # An HTTP route tells its caller of refusals instead of recording them; ``replay``:
+        # a duplicate answers with the stored response (one more read, duplicates only).
         return IdempotentConsumer(name, store, handler, schema=schema, config=config, key_source=key,
-                                  replay_results=http, record_refusals=not http, partition_for=partition)  # fmt: skip
+                                  replay_results=replay, record_refusals=not http, partition_for=partition)  # fmt: skip
 
     return Consumers(
         orders=consumer(setting("ORDERS_CONSUMER_NAME", "orders"), order_handler(payments), SCHEMA),
@@ -110,6 +112,7 @@ def consumers() -> Consumers:
             stored_response(order_handler(payments), 201, "/api/orders/{orderId}"),
             SCHEMA,
             http=True,
+            replay=True,
             key=from_body_field("orderId"),
         ),
         order_events=consumer(setting("ORDER_EVENTS_CONSUMER_NAME", "order-events"), shipment_handler, SHIPPED_SCHEMA),

@@ -115,8 +115,8 @@ def http_cloudevent_delivery(req: func.HttpRequest) -> Delivery | str:
         return "not a CloudEvents 1.0 event (structured or binary mode)"
     if event.get_specversion() != "1.0":
         return "specversion must be 1.0"
-    attributes = {**event.get_attributes(), "type": event.get_type(), "subject": event.get_subject()}
-    delivery = cloudevent_delivery(event.get_source(), event.get_id(), attributes, event.get_data())
+    envelope = {**event.get_attributes(), "type": event.get_type(), "subject": event.get_subject()}
+    delivery = cloudevent_delivery(event.get_source(), event.get_id(), envelope, event.get_data())
     caller = caller_identity(req)
     return replace(delivery, message_id=joined_identity(caller, delivery.message_id or ""), origin=caller)
 
