@@ -32,7 +32,7 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 
 typecheck: install
-	$(VENV)/bin/mypy shared function_app.py tools bench client
+	$(VENV)/bin/mypy shared consumers function_app.py tools bench client
 
 # Store round trips and throughput per scenario; writes bench/results/latest.{json,md,png}.
 bench: install

@@ -7,7 +7,7 @@ written twice, 2 if some never arrived, 0 otherwise.
 
 Settings (from `azd env get-values`): SERVICEBUS_FULLY_QUALIFIED_NAMESPACE (or
 SERVICEBUS_CONNECTION_STRING), SERVICEBUS_QUEUE, and the app's store settings
-(DEDUP_STORE, DEDUP_STORAGE_ENDPOINT or COSMOS_ENDPOINT, ORDERS_TABLE).
+(DEDUP_STORE, DEDUP_STORAGE_ENDPOINT or COSMOS_ENDPOINT, DEDUP_TABLE).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.idempotency import DedupStore
-from shared.orders import effects_by_order
+from shared.orders.checks import effects_by_order
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duplicate-share", type=float, default=0.3)
     parser.add_argument("--mismatches", type=int, default=3)
     parser.add_argument("--wait", type=float, default=300, help="seconds to wait for every order")
-    parser.add_argument("--consumer", default=os.environ.get("ORDERS_CONSUMER_NAME", "orders"))
+    parser.add_argument("--consumer", default="orders")
     args = parser.parse_args(argv)
 
     from azure.servicebus import ServiceBusSubQueue

@@ -124,7 +124,7 @@ module functionApp 'modules/functionapp.bicep' = {
       DEDUP_RETENTION: 'P${dedupRetentionDays}D'
       COSMOS_ENDPOINT: dedupStore == 'cosmos' ? cosmos.outputs.endpoint : ''
       COSMOS_DATABASE: 'dedup'
-      COSMOS_CONTAINER: 'orders'
+      COSMOS_CONTAINER: 'records'
       COSMOS_DEADLETTER_CONTAINER: 'deadletters'
     }
   }

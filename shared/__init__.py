@@ -1,1 +1,2 @@
-"""The template's Python package: the dedup module and the example order domain."""
+"""``shared.idempotency`` is the library (what `pip install .` installs); ``shared.orders`` and
+``shared.ledger`` are the example app's domain."""

@@ -8,8 +8,7 @@ import pytest
 from azure.cosmos import CosmosClient, PartitionKey
 from azure.data.tables import TableServiceClient
 
-import function_app
-from shared.idempotency import DedupStore
+from shared.idempotency import DedupStore, registry
 from shared.idempotency.cosmos_store import CosmosStore
 from shared.idempotency.settings import TRANSPORT
 from shared.idempotency.table_store import TableStore
@@ -26,7 +25,7 @@ def _restore_app_settings() -> Iterator[None]:
     if os.environ != saved:
         os.environ.clear()
         os.environ.update(saved)
-        function_app.consumers.cache_clear()
+        registry.reset()
 
 
 @pytest.fixture(scope="session")
@@ -88,9 +87,5 @@ def store(request: pytest.FixtureRequest, azurite: Azurite) -> DedupStore:
     return new_table_store(azurite) if request.param == "table" else new_cosmos_store(request)
 
 
-def needs_real_batches(store: DedupStore) -> None:
-    if id(store) in EMULATED:
-        pytest.skip(
-            "the local Cosmos emulator's transactional batch is not atomic: set COSMOS_CONTRACT_ENDPOINT and "
-            "COSMOS_CONTRACT_KEY to run this against Cosmos DB"
-        )
+NO_ATOMIC_BATCHES = ("the local Cosmos emulator's transactional batch is not atomic: set COSMOS_CONTRACT_ENDPOINT "
+                     "and COSMOS_CONTRACT_KEY to run this against Cosmos DB")  # fmt: skip

@@ -8,8 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import function_app
-from shared.idempotency import IdempotentConsumer, StoreUnavailable
+from shared.idempotency import IdempotentConsumer, StoreUnavailable, registry
 from tools.azurite import Azurite
 from tools.host import servicebus_message, user_function
 
@@ -21,7 +20,7 @@ def fresh_app(azurite: Azurite, **settings: str) -> Iterator[str]:
     """The app on new tables of this Azurite, so that tests never see each other's data;
     yields the table name."""
     table = "t" + uuid.uuid4().hex[:16]
-    with app_settings(DEDUP_STORAGE_CONNECTION=azurite.connection_string, ORDERS_TABLE=table,
+    with app_settings(DEDUP_STORAGE_CONNECTION=azurite.connection_string, DEDUP_TABLE=table,
                       DEDUP_DEADLETTER_TABLE=table + "dl", **settings):  # fmt: skip
         yield table
 
@@ -46,7 +45,7 @@ def app_settings(**settings: str) -> Iterator[None]:
     """Point the app at a store; its consumers are rebuilt from these settings."""
     saved = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
-    function_app.consumers.cache_clear()
+    registry.reset()
     try:
         yield
     finally:
@@ -55,4 +54,4 @@ def app_settings(**settings: str) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        function_app.consumers.cache_clear()
+        registry.reset()

@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 
 from azure.data.tables import TableServiceClient
 
-import function_app
-from shared.idempotency import DedupKey, DedupStore, IdempotentConsumer
+from consumers import orders
+from shared.idempotency import DedupKey, DedupStore, IdempotentConsumer, registry
 from shared.idempotency.cosmos_store import CosmosStore
 from shared.idempotency.keys import marker_id
 from shared.idempotency.records import GUARD_KIND
 from shared.idempotency.settings import TRANSPORT
 from shared.idempotency.table_store import TableStore
-from shared.orders import effects_by_order
+from shared.orders.checks import effects_by_order
 from tools import runtimes, workload
 from tools.azurite import Azurite
 from tools.broker import Lock, PeekLockQueue
@@ -39,9 +39,9 @@ from tools.payment_service import PaymentService
 
 def orders_consumer(connection: str, table: str) -> IdempotentConsumer:
     """Configure the app as its settings would, and return the function's consumer."""
-    os.environ.update(DEDUP_STORAGE_CONNECTION=connection, ORDERS_TABLE=table, DEDUP_DEADLETTER_TABLE=table + "dl")
-    function_app.consumers.cache_clear()
-    return function_app.consumers().orders
+    os.environ.update(DEDUP_STORAGE_CONNECTION=connection, DEDUP_TABLE=table, DEDUP_DEADLETTER_TABLE=table + "dl")
+    registry.reset()
+    return orders.queue_consumer()
 
 
 def charges_per_order(store: DedupStore) -> dict[str, int]:
@@ -74,7 +74,7 @@ class RunConfig:
     duplicate_window: int = 32  # MessageIds remembered by send-side duplicate detection
     mismatch_rate: float = 0.005
     invalid_rate: float = 0.01
-    table: str = "orders"
+    table: str = "records"
     payments: bool = False  # charge through a local payment API (two-phase step)
     runtime: str = "process"  # or "worker": the real Functions Python worker (store faults then stay out of reach)
 

@@ -8,7 +8,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
-import function_app
+from consumers import orders as orders_app
 from shared.orders import SHIPPED
 from tools.runtimes import Runtime
 
@@ -65,7 +65,7 @@ def drive(runtime: Runtime, events: int = 150, orders: int = 150, seed: int = 7)
             status, response_headers = runtime.http("orders_api", "/api/orders", headers, json.dumps(body).encode())
             replay = " replayed" if "Idempotent-Replayed" in response_headers else ""
             report.statuses[f"{status}{replay}"] += 1  # type: ignore[index]
-    store = function_app.consumers().orders.store
+    store = orders_app.queue_consumer().store
     for item in store.scan():
         if item.entity == "shipment" and str(item.data.get("trackingNumber", "")).startswith(f"T-{seed}-"):
             report.shipments += 1

@@ -1,4 +1,4 @@
-// Cosmos DB for NoSQL, serverless, Entra ID only. The orders container is partitioned by
+// Cosmos DB for NoSQL, serverless, Entra ID only. The records container is partitioned by
 // /partitionKey, which the store sets to the message's partition (the order id for the
 // orders consumer), so a message's marker and documents share one logical partition (one
 // transactional batch); its defaultTtl is the dedup retention (markers carry their own
@@ -29,12 +29,12 @@ resource database 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases@2024-11-15
   properties: { resource: { id: 'dedup' } }
 }
 
-resource orders 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers@2024-11-15' = {
+resource records 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers@2024-11-15' = {
   parent: database
-  name: 'orders'
+  name: 'records'
   properties: {
     resource: {
-      id: 'orders'
+      id: 'records'
       partitionKey: { paths: ['/partitionKey'], kind: 'Hash', version: 2 } // v2: long keys hashed whole
       defaultTtl: defaultTtlSeconds
     }

@@ -44,9 +44,9 @@ resource tables 'Microsoft.Storage/storageAccounts/tableServices@2023-05-01' = {
   name: 'default'
 }
 
-resource ordersTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' = {
+resource recordsTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' = {
   parent: tables
-  name: 'orders'
+  name: 'records'
 }
 
 resource deadLetterTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' = {

@@ -20,10 +20,11 @@ from .fingerprint import fingerprint
 from .keys import DedupKey, cloudevent_identity, from_body_field, from_message_id, joined_identity
 from .records import Entity, Marker, State
 from .steps import Context, StepPolicy
-from .store import CommitResult, CommitStatus, DeadLetter, DedupStore
+from .store import Commit, CommitResult, CommitStatus, DeadLetter, DedupStore, StoredState
 
 __all__ = [
     "AlreadyClaimed",
+    "Commit",
     "CommitResult",
     "CommitStatus",
     "Context",
@@ -49,6 +50,7 @@ __all__ = [
     "State",
     "StepPolicy",
     "StoreUnavailable",
+    "StoredState",
     "VersionConflict",
     "cloudevent_identity",
     "fingerprint",

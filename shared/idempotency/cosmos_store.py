@@ -21,26 +21,26 @@ from __future__ import annotations
 import base64
 import math
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from azure.core import MatchConditions
-from azure.core.exceptions import ServiceRequestError, ServiceResponseError
 from azure.cosmos import ContainerProxy, exceptions
 
+from .codec import dead_letter_fields, dead_letter_from, marker_fields, marker_from
 from .errors import StoreUnavailable, VersionConflict
 from .keys import DedupKey, encode_key, guard_id, marker_id
-from .records import GUARD_KIND, JSON, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
+from .records import GUARD_KIND, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
 from .store import (
     DEFAULT_DEAD_LETTER_RETENTION,
+    Commit,
     CommitResult,
     CommitStatus,
     DeadLetter,
     DedupStore,
-    Purge,
-    StateStatus,
+    StoredState,
+    store_errors,
 )
 
 MAX_BATCH_OPERATIONS = 100  # Cosmos transactional batch limit (and 2 MB)
@@ -55,24 +55,6 @@ def _time(value: datetime) -> str:
 
 def _parse_time(value: str | None) -> datetime | None:
     return datetime.strptime(value, _TIME).replace(tzinfo=UTC) if value else None
-
-
-def _transient(status: int | None) -> bool:
-    return status in (408, 429, 449) or (status or 0) >= 500
-
-
-@contextmanager
-def store_errors() -> Iterator[None]:
-    """429 is retried by the SDK after the server's retry-after delay; what is still
-    failing after that, 5xx and timeouts become StoreUnavailable (abandon, redeliver)."""
-    try:
-        yield
-    except (ServiceRequestError, ServiceResponseError) as exc:
-        raise StoreUnavailable(str(exc)) from exc
-    except exceptions.CosmosHttpResponseError as exc:
-        if _transient(exc.status_code):
-            raise StoreUnavailable(f"Cosmos DB {exc.status_code}: {exc.message}") from exc
-        raise
 
 
 class CosmosStore(DedupStore):
@@ -105,15 +87,11 @@ class CosmosStore(DedupStore):
 
     # -- atomic path ---------------------------------------------------------------------
 
-    def commit(
-        self,
-        key: DedupKey,
-        partition: str,
-        fingerprint: str,
-        effects: Sequence[Entity],
-        result: JSON,
-        expires_at: datetime,
-    ) -> CommitResult:
+    def commit_many(self, commits: Sequence[Commit]) -> list[CommitResult]:
+        return [self._commit(commit) for commit in commits]  # one partition key per batch
+
+    def _commit(self, commit: Commit) -> CommitResult:
+        key, partition, fingerprint, effects, result, expires_at = commit
         marker = Marker(key, partition, State.COMPLETED, fingerprint, utcnow(), expires_at, result=result)
         if len(effects) == 1:
             return self._commit_document_as_marker(marker, effects[0])
@@ -128,12 +106,7 @@ class CosmosStore(DedupStore):
         except exceptions.CosmosBatchOperationError as exc:
             if _status_at(exc, exc.error_index) != 409:
                 raise
-            if exc.error_index == 0:  # the guard (key, fingerprint) exists
-                return CommitResult(CommitStatus.DUPLICATE, fingerprint)
-            stored = self.get(key, partition)
-            if stored is None or stored.fingerprint == fingerprint:
-                return CommitResult(CommitStatus.DUPLICATE, stored.fingerprint if stored else None)
-            return CommitResult(CommitStatus.MISMATCH, stored.fingerprint)
+            return self.conflict(commit, guard_exists=exc.error_index == 0)
         return CommitResult(CommitStatus.NEW, fingerprint)
 
     def _commit_document_as_marker(self, marker: Marker, effect: Entity) -> CommitResult:
@@ -229,53 +202,36 @@ class CosmosStore(DedupStore):
 
     # -- naturally idempotent writes ----------------------------------------------------
 
-    def upsert_if_newer(self, partition: str, entity: Entity, version: int) -> StateStatus:
-        body = {**self._document(partition, entity), STATE_VERSION: version}
-        while True:  # each pass either writes conditionally or learns what is stored
-            try:
-                with store_errors():
-                    current = self._container.read_item(body["id"], partition_key=partition)
-            except exceptions.CosmosResourceNotFoundError:
-                try:
-                    with store_errors():
-                        self._container.create_item(body)
-                    return StateStatus.APPLIED
-                except exceptions.CosmosResourceExistsError:
-                    continue
-            stored = int(current.get(STATE_VERSION, -1))
-            if stored >= version:
-                return StateStatus.SAME if stored == version else StateStatus.STALE
-            try:
-                with store_errors():
-                    self._container.replace_item(body["id"], body, etag=current["_etag"],
-                                                 match_condition=MatchConditions.IfNotModified)  # fmt: skip
-                return StateStatus.APPLIED
-            except exceptions.CosmosAccessConditionFailedError:
-                continue
+    def read_state(self, partition: str, name: str) -> StoredState | None:
+        try:
+            with store_errors():
+                current = self._container.read_item(encode_key(name), partition_key=partition)
+        except exceptions.CosmosResourceNotFoundError:
+            return None
+        return StoredState(int(current.get(STATE_VERSION, -1)), current["_etag"])
 
-    def purge_expired(self, now: datetime, budget: int) -> Purge:
-        return Purge(0, 0, 0)  # markers and guards carry ttl: Cosmos DB deletes them itself
+    def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None) -> bool:
+        body = {**self._document(partition, entity), STATE_VERSION: version}
+        try:
+            with store_errors():
+                if if_etag is None:
+                    self._container.create_item(body)
+                else:
+                    self._container.replace_item(body["id"], body, etag=if_etag,
+                                                 match_condition=MatchConditions.IfNotModified)  # fmt: skip
+        except (exceptions.CosmosResourceExistsError, exceptions.CosmosAccessConditionFailedError):
+            return False
+        return True
 
     # -- dead letters --------------------------------------------------------------------
 
     def dead_letter(self, record: DeadLetter) -> None:
         if len(record.body) > _MAX_BODY_BYTES:
             raise StoreUnavailable(f"a {len(record.body)}-byte body does not fit one dead-letter item")
-        item = {
-            "id": record.record_id,
-            "scope": record.scope,
-            "reason": record.reason,
-            "detail": record.detail[:8_000],
-            "body": base64.b64encode(record.body).decode(),
-            "recordedAt": _time(record.recorded_at or utcnow()),
-            "ttl": max(1, int(self.dead_letter_retention.total_seconds())),
-            "messageId": record.message_id,
-            "correlationId": record.correlation_id,
-            "deliveryCount": record.delivery_count,
-            "keyId": record.key_id,
-            "fingerprint": record.fingerprint,
-            "storedFingerprint": record.stored_fingerprint,
-        }
+        recorded = record.recorded_at or utcnow()
+        fields = _to_cosmos(dead_letter_fields(record, recorded, recorded + self.dead_letter_retention))
+        item = {**fields, "id": record.record_id, "body": base64.b64encode(record.body).decode(),
+                "ttl": max(1, int(self.dead_letter_retention.total_seconds()))}  # fmt: skip
         with store_errors():
             self._dead.upsert_item(item)
 
@@ -286,22 +242,7 @@ class CosmosStore(DedupStore):
                 self._dead.query_items("SELECT * FROM c WHERE c.scope = @scope", parameters=parameters,
                                        partition_key=scope)
             )  # fmt: skip
-        return [
-            DeadLetter(
-                scope=scope,
-                reason=item["reason"],
-                detail=item["detail"],
-                body=base64.b64decode(item["body"]),
-                message_id=item.get("messageId"),
-                correlation_id=item.get("correlationId"),
-                delivery_count=item.get("deliveryCount"),
-                key_id=item.get("keyId"),
-                fingerprint=item.get("fingerprint"),
-                stored_fingerprint=item.get("storedFingerprint"),
-                recorded_at=_parse_time(item.get("recordedAt")),
-            )
-            for item in items
-        ]
+        return [dead_letter_from(_from_cosmos(item), base64.b64decode(item["body"])) for item in items]
 
     def scan(self, partition: str | None = None) -> Iterator[StoredItem]:
         scope: dict[str, Any] = (
@@ -316,22 +257,8 @@ class CosmosStore(DedupStore):
     # -- item mapping ------------------------------------------------------------------
 
     def _marker_item(self, marker: Marker) -> dict[str, Any]:
-        return {
-            "id": marker_id(marker.key),
-            self._pk: marker.partition,
-            "kind": MARKER_KIND,
-            "scope": marker.key.scope,
-            "keyId": marker.key.id,
-            "step": marker.key.step,
-            "state": marker.state.value,
-            "fingerprint": marker.fingerprint,
-            "createdAt": _time(marker.created_at),
-            "expiresAt": _time(marker.expires_at),
-            "leaseUntil": _time(marker.lease_until) if marker.lease_until else None,
-            "owner": marker.owner,
-            "result": marker.result,
-            "ttl": _ttl(marker.expires_at),
-        }
+        fields = _to_cosmos(marker_fields(marker))
+        return {**fields, "id": marker_id(marker.key), self._pk: marker.partition, "ttl": _ttl(marker.expires_at)}
 
     def _document(self, partition: str, effect: Entity) -> dict[str, Any]:
         if {"id", "ttl", "entity"} & effect.data.keys() or effect.data.get(self._pk, partition) != partition:
@@ -339,18 +266,16 @@ class CosmosStore(DedupStore):
         return {**effect.data, "id": encode_key(effect.name), self._pk: partition, "entity": effect.name, "ttl": -1}
 
     def _marker_from(self, item: dict[str, Any]) -> Marker:
-        return Marker(
-            key=DedupKey(item["scope"], item["keyId"], item.get("step") or ""),
-            partition=item[self._pk],
-            state=State(item["state"]),
-            fingerprint=item["fingerprint"],
-            created_at=_parse_time(item["createdAt"]) or utcnow(),
-            expires_at=_parse_time(item["expiresAt"]) or utcnow(),
-            lease_until=_parse_time(item.get("leaseUntil")),
-            result=item.get("result"),
-            owner=item.get("owner"),
-            version=item.get("_etag"),
-        )
+        return marker_from(_from_cosmos(item), item[self._pk], item.get("_etag"))
+
+
+def _to_cosmos(fields: dict[str, Any]) -> dict[str, Any]:
+    return {name: _time(value) if isinstance(value, datetime) else value for name, value in fields.items()}
+
+
+def _from_cosmos(item: dict[str, Any]) -> dict[str, Any]:
+    times = ("createdAt", "expiresAt", "leaseUntil", "recordedAt")
+    return {name: _parse_time(value) if name in times else value for name, value in item.items()}
 
 
 def _ttl(expires_at: datetime) -> int:

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from . import registry
 from .consumer import Delivery, parse_json
 from .errors import InvalidMessage
 from .keys import DedupKey
@@ -103,16 +104,16 @@ def _field(body: bytes, name: str | None) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--consumer", required=True, help="the consumer's name (e.g. ORDERS_CONSUMER_NAME)")
+    parser.add_argument("--consumer", required=True, help="the consumer's name (its marker scope)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--ids", nargs="+", help="message ids (the dedup keys)")
     source.add_argument("--bodies", help="a file of message bodies, one JSON document per line")
     parser.add_argument("--message-id-field", help="with --bodies: the body field that holds the MessageId")
     args = parser.parse_args(argv)
 
-    import function_app  # the app's consumers, built from its settings
+    import function_app  # noqa: F401 - declares the app's consumers, built from its settings
 
-    found = [c for c in vars(function_app.consumers()).values() if c.name == args.consumer]
+    found = [c for c in registry.declared() if c.name == args.consumer]
     if not found:
         parser.error(f"no consumer named {args.consumer!r} in function_app")
     if args.ids:

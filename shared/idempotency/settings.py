@@ -5,19 +5,18 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import isodate
-from azure.cosmos import ContainerProxy, CosmosClient
-from azure.data.tables import TableServiceClient
 
 from . import store as store_defaults
 from . import telemetry
-from .cosmos_store import CosmosStore
-from .cosmos_store import store_errors as cosmos_errors
 from .steps import DEFAULT_STEPS, StepPolicy
-from .store import DedupStore
-from .table_store import TableStore
+from .store import DedupStore, store_errors
+
+if TYPE_CHECKING:  # each store's SDK is an optional dependency (extras "table", "cosmos")
+    from azure.cosmos import ContainerProxy, CosmosClient
+    from azure.data.tables import TableServiceClient
 
 DEFAULT_RETENTION = "P30D"
 DEFAULT_DEAD_LETTER_RETENTION = isodate.duration_isoformat(store_defaults.DEFAULT_DEAD_LETTER_RETENTION)  # P14D
@@ -106,6 +105,8 @@ TRANSPORT: dict[str, Any] = {
 def table_service() -> TableServiceClient:
     """DEDUP_STORAGE_CONNECTION (a connection string: Azurite locally) or
     DEDUP_STORAGE_ENDPOINT (https://<account>.table.core.windows.net, managed identity)."""
+    from azure.data.tables import TableServiceClient
+
     connection = os.environ.get("DEDUP_STORAGE_CONNECTION")
     if connection:
         return TableServiceClient.from_connection_string(connection, **TRANSPORT)
@@ -119,6 +120,8 @@ def table_service() -> TableServiceClient:
 
 def cosmos_client() -> CosmosClient:
     """COSMOS_ENDPOINT with managed identity; COSMOS_KEY only for local emulators."""
+    from azure.cosmos import CosmosClient
+
     endpoint = setting("COSMOS_ENDPOINT")
     key = os.environ.get("COSMOS_KEY")
     hook = telemetry.count_store_request
@@ -137,12 +140,16 @@ def open_store(table: str, dead_letter_table: str, *, create: bool = True) -> De
     kind = setting("DEDUP_STORE", "table").lower()
     keep = dead_letter_retention()
     if kind == "table":
+        from .table_store import TableStore
+
         store = TableStore(table_service(), table, dead_letter_table, dead_letter_retention=keep)
         if create:
             store.create_tables()
         return store
     if kind == "cosmos":
-        with cosmos_errors():  # the client and the partition key read go to the service: unreachable is transient
+        from .cosmos_store import CosmosStore
+
+        with store_errors():  # the client and the partition key read go to the service: unreachable is transient
             database = cosmos_client().get_database_client(setting("COSMOS_DATABASE", "dedup"))
             container = database.get_container_client(setting("COSMOS_CONTAINER", table))
             dead_letters = database.get_container_client(setting("COSMOS_DEADLETTER_CONTAINER", dead_letter_table))
@@ -159,7 +166,6 @@ def partition_field(container: ContainerProxy) -> str:
 
 
 def app_store(*, create: bool = True) -> DedupStore:
-    """The app's store: ORDERS_TABLE (or COSMOS_CONTAINER) and DEDUP_DEADLETTER_TABLE."""
-    return open_store(
-        setting("ORDERS_TABLE", "orders"), setting("DEDUP_DEADLETTER_TABLE", "deadletters"), create=create
-    )
+    """The app's store: DEDUP_TABLE (or COSMOS_CONTAINER) and DEDUP_DEADLETTER_TABLE."""
+    return open_store(setting("DEDUP_TABLE", "records"), setting("DEDUP_DEADLETTER_TABLE", "deadletters"),
+                      create=create)  # fmt: skip

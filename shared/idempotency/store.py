@@ -1,17 +1,21 @@
-"""The store contract. Every store implements the same primitives and passes the same
-contract test suite against a real server (tests/integration/test_store_contract.py)."""
+"""The store contract: the primitives every store implements, and the decisions built on
+them, written once. Every store passes the same contract suite against its real server
+(``shared.idempotency.contract``)."""
 
 from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import NamedTuple
 
-from .errors import AlreadyClaimed, VersionConflict
+from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
+
+from .errors import AlreadyClaimed, StoreUnavailable, VersionConflict
 from .keys import DedupKey
 from .records import JSON, Entity, Marker, State, StoredItem
 
@@ -73,7 +77,7 @@ class DeadLetter:
 
 
 class Commit(NamedTuple):
-    """The arguments of ``commit``, named: one message's marker and effects."""
+    """One message's marker and effects, as ``commit`` takes them."""
 
     key: DedupKey
     partition: str
@@ -83,13 +87,55 @@ class Commit(NamedTuple):
     expires_at: datetime
 
 
+class StoredState(NamedTuple):
+    """What ``upsert_if_newer`` reads before it writes: the stored version and the ETag
+    its conditional write is fenced by."""
+
+    version: int
+    etag: str
+
+
+def is_transient(status: int | None) -> bool:
+    """Throttling, timeouts and server errors (Cosmos DB's 449 "retry with" included)."""
+    return status in (408, 429, 449) or (status or 0) >= 500
+
+
+@contextmanager
+def store_errors() -> Iterator[None]:
+    """What the SDKs could not get through after their own retries becomes StoreUnavailable
+    (the message is abandoned and redelivered later); everything else passes through.
+    Both SDKs raise azure-core's errors (Cosmos DB's are subclasses)."""
+    try:
+        yield
+    except (ServiceRequestError, ServiceResponseError) as exc:
+        raise StoreUnavailable(str(exc)) from exc
+    except HttpResponseError as exc:
+        if is_transient(exc.status_code):
+            raise StoreUnavailable(f"{exc.status_code}: {exc.message}") from exc
+        raise
+
+
 class DedupStore(ABC):
     """Markers keyed by (consumer, message). A marker lives in the partition of the
-    business data it guards, so that it commits with that data in one transaction."""
+    business data it guards, so that it commits with that data in one transaction.
+
+    A new store implements the abstract primitives below — each one SDK call or a
+    conditional write — and passes ``shared.idempotency.contract.StoreContract`` against
+    its real server. The decisions built on them (what a conflict means, claims,
+    completion, versioned upserts) are written once, here."""
+
+    dead_letter_retention: timedelta = DEFAULT_DEAD_LETTER_RETENTION
+    max_effects = 98  # business entities one commit holds: a transaction of 100 less guard and marker
 
     # -- the atomic path: one request claims and commits -------------------------------
 
     @abstractmethod
+    def commit_many(self, commits: Sequence[Commit]) -> list[CommitResult]:
+        """For each commit, insert a completed marker, its guard (key, fingerprint) and its
+        effects in one transaction, or nothing. When the transaction fails on an existing
+        item, ``conflict`` says what that means. A store may group commits that share a
+        partition into fewer requests."""
+
     def commit(
         self,
         key: DedupKey,
@@ -99,12 +145,18 @@ class DedupStore(ABC):
         result: JSON,
         expires_at: datetime,
     ) -> CommitResult:
-        """Insert a completed marker and the effects in one transaction, or nothing."""
+        return self.commit_many([Commit(key, partition, fingerprint, effects, result, expires_at)])[0]
 
-    def commit_many(self, commits: Sequence[Commit]) -> list[CommitResult]:
-        """Several commits at once (a batch trigger). This default commits them one by
-        one; a store may group those that share a partition into fewer requests."""
-        return [self.commit(*commit) for commit in commits]  # a Commit is commit()'s arguments, in order
+    def conflict(self, commit: Commit, guard_exists: bool) -> CommitResult:
+        """A commit hit an existing item. Its guard: the same payload was committed. Else
+        one read of the marker decides; no marker at all means a business entity
+        outlived its marker (purged after retention): applied, never written twice."""
+        if guard_exists:
+            return CommitResult(CommitStatus.DUPLICATE, commit.fingerprint)
+        stored = self.get(commit.key, commit.partition)
+        if stored is None or stored.fingerprint == commit.fingerprint:
+            return CommitResult(CommitStatus.DUPLICATE, stored.fingerprint if stored else None)
+        return CommitResult(CommitStatus.MISMATCH, stored.fingerprint)
 
     # -- primitives of the two-phase path ------------------------------------------------
 
@@ -123,26 +175,18 @@ class DedupStore(ABC):
     def stale_claims(self, lease_expired_before: datetime, limit: int) -> list[Marker]:
         """In-progress markers whose lease ran out before the given time (a bounded scan)."""
 
-    # -- naturally idempotent writes: no marker ----------------------------------------
+    # -- primitives of naturally idempotent writes: no marker ----------------------------
 
     @abstractmethod
-    def upsert_if_newer(self, partition: str, entity: Entity, version: int) -> StateStatus:
-        """Write the absolute state only when ``version`` is newer than the stored one,
-        with a write conditional on what was read (ETag), never a blind read-modify-write:
-        of concurrent writers the highest version wins."""
-
-    # -- lifecycle -----------------------------------------------------------------------
+    def read_state(self, partition: str, name: str) -> StoredState | None:
+        """The stored version of entity ``name`` (-1 when it has none), or None."""
 
     @abstractmethod
-    def purge_expired(self, now: datetime, budget: int) -> Purge:
-        """Delete markers, guards and dead-letter records that expired before ``now``, at
-        most ``budget`` of them; never a business entity. A no-op where the store has
-        native TTL."""
+    def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None) -> bool:
+        """Write ``entity`` with ``version``: create it (``if_etag`` None) or replace it at
+        ``if_etag``. False when another writer got there first."""
 
     # -- operators' records --------------------------------------------------------------
-
-    dead_letter_retention: timedelta = DEFAULT_DEAD_LETTER_RETENTION
-    max_effects = 98  # business entities one commit holds: a transaction of 100 less guard and marker
 
     @abstractmethod
     def dead_letter(self, record: DeadLetter) -> None:
@@ -152,14 +196,31 @@ class DedupStore(ABC):
     @abstractmethod
     def dead_letters(self, scope: str) -> list[DeadLetter]: ...
 
-    # -- verification ------------------------------------------------------------------
+    # -- lifecycle and verification ------------------------------------------------------
 
-    @abstractmethod
+    def purge_expired(self, now: datetime, budget: int) -> Purge:
+        """Delete markers, guards and dead-letter records that expired before ``now``, at
+        most ``budget`` of them; never a business entity. This default is for stores
+        with native TTL."""
+        return Purge(0, 0, 0)
+
     def scan(self, partition: str | None = None) -> Iterator[StoredItem]:
-        """Every stored record (of one partition, or all): for reports and checkers,
-        never for the message path."""
+        """Every stored record (of one partition, or all): for the contract suite, checkers
+        and the resubmit tool, never for the message path."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be inspected")
 
     # -- built on the primitives ---------------------------------------------------------
+
+    def upsert_if_newer(self, partition: str, entity: Entity, version: int) -> StateStatus:
+        """Write the absolute state only when ``version`` is newer than the stored one,
+        with a write conditional on what was read, never a blind read-modify-write: of
+        concurrent writers the highest version wins."""
+        while True:  # each pass either writes conditionally or learns what is stored
+            current = self.read_state(partition, entity.name)
+            if current is not None and current.version >= version:
+                return StateStatus.SAME if current.version == version else StateStatus.STALE
+            if self.write_state(partition, entity, version, current.etag if current else None):
+                return StateStatus.APPLIED
 
     def complete(self, marker: Marker, result: JSON, state: State = State.COMPLETED) -> Marker:
         """Make a claim final (completed, or refused) with its result, only if the marker

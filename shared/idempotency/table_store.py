@@ -13,26 +13,19 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import unquote
 
 from azure.core import MatchConditions
-from azure.core.exceptions import (
-    HttpResponseError,
-    ResourceExistsError,
-    ResourceModifiedError,
-    ResourceNotFoundError,
-    ServiceRequestError,
-    ServiceResponseError,
-)
+from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableClient, TableServiceClient, TableTransactionError, UpdateMode
 
+from .codec import dead_letter_fields, dead_letter_from, marker_fields, marker_from
 from .errors import StoreUnavailable, VersionConflict
 from .keys import DedupKey, encode_key, guard_id, marker_id
-from .records import GUARD_KIND, JSON, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
+from .records import GUARD_KIND, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
 from .store import (
     DEFAULT_DEAD_LETTER_RETENTION,
     Commit,
@@ -41,30 +34,14 @@ from .store import (
     DeadLetter,
     DedupStore,
     Purge,
-    StateStatus,
+    StoredState,
+    store_errors,
 )
 
 MAX_TRANSACTION_OPERATIONS = 100  # Table entity-group transaction limit
 STATE_VERSION = "StateVersion"  # the version of an entity written by upsert_if_newer
 _BODY_CHUNK = 64_000  # bytes per Edm.Binary property (limit 64 KiB)
 _MAX_BODY_CHUNKS = 14  # the whole entity must stay under 1 MiB
-
-
-def is_transient(exc: HttpResponseError) -> bool:
-    return exc.status_code in (408, 429) or (exc.status_code or 0) >= 500
-
-
-@contextmanager
-def _store_errors() -> Iterator[None]:
-    """Map transport and server failures to StoreUnavailable; let the rest through."""
-    try:
-        yield
-    except (ServiceRequestError, ServiceResponseError) as exc:
-        raise StoreUnavailable(str(exc)) from exc
-    except HttpResponseError as exc:
-        if is_transient(exc):
-            raise StoreUnavailable(str(exc)) from exc
-        raise
 
 
 class TableStore(DedupStore):
@@ -90,22 +67,11 @@ class TableStore(DedupStore):
         return self._dead.table_name
 
     def create_tables(self) -> None:
-        with _store_errors():
+        with store_errors():
             for client in (self._table, self._dead):
                 self._service.create_table_if_not_exists(client.table_name)
 
     # -- atomic path ---------------------------------------------------------------------
-
-    def commit(
-        self,
-        key: DedupKey,
-        partition: str,
-        fingerprint: str,
-        effects: Sequence[Entity],
-        result: JSON,
-        expires_at: datetime,
-    ) -> CommitResult:
-        return self.commit_many([Commit(key, partition, fingerprint, effects, result, expires_at)])[0]
 
     def commit_many(self, commits: Sequence[Commit]) -> list[CommitResult]:
         """Messages sharing a partition are committed together, in transactions of up to
@@ -145,7 +111,7 @@ class TableStore(DedupStore):
                 operations += [("create", entity) for entity in entities]
                 owners += [(i, position) for position in range(len(entities))]
             try:
-                with _store_errors():
+                with store_errors():
                     self._table.submit_transaction(operations)
             except TableTransactionError as exc:
                 if getattr(exc, "error_code", None) != "EntityAlreadyExists":
@@ -156,30 +122,18 @@ class TableStore(DedupStore):
                         results.update(self._transact(commits, partition, [i]))
                     return results
                 i, position = owners[failed] if failed is not None else (chunk[0], None)
-                results[i] = self._taken(commits[i], partition, position)
+                results[i] = self.conflict(commits[i], guard_exists=position == 0)
                 chunk = [j for j in chunk if j != i]
                 continue
             results.update({i: CommitResult(CommitStatus.NEW, commits[i].fingerprint) for i in chunk})
             break
         return results
 
-    def _taken(self, commit: Commit, partition: str, position: int | None) -> CommitResult:
-        """A message's insert hit an existing entity. Its guard (position 0): the same
-        payload was committed. Otherwise one read of the marker decides; no marker at all
-        means a business entity outlived its marker (purged after retention): applied."""
-        key, fingerprint = commit.key, commit.fingerprint
-        if position == 0:
-            return CommitResult(CommitStatus.DUPLICATE, fingerprint)
-        stored = self.get(key, partition)
-        if stored is None or stored.fingerprint == fingerprint:
-            return CommitResult(CommitStatus.DUPLICATE, stored.fingerprint if stored else None)
-        return CommitResult(CommitStatus.MISMATCH, stored.fingerprint)
-
     # -- two-phase primitives ------------------------------------------------------------
 
     def get(self, key: DedupKey, partition: str) -> Marker | None:
         try:
-            with _store_errors():
+            with store_errors():
                 entity = self._table.get_entity(encode_key(partition), marker_id(key))
         except ResourceNotFoundError:
             return None
@@ -187,7 +141,7 @@ class TableStore(DedupStore):
 
     def insert(self, marker: Marker) -> Marker | None:
         try:
-            with _store_errors():
+            with store_errors():
                 meta = self._table.create_entity(self._marker_entity(marker))
         except ResourceExistsError:
             return None
@@ -195,7 +149,7 @@ class TableStore(DedupStore):
 
     def replace(self, marker: Marker, if_version: str) -> Marker:
         try:
-            with _store_errors():
+            with store_errors():
                 meta = self._table.update_entity(
                     self._marker_entity(marker),
                     mode=UpdateMode.REPLACE,
@@ -215,7 +169,7 @@ class TableStore(DedupStore):
             results_per_page=min(limit, 1000),
         )
         found: list[Marker] = []
-        with _store_errors():
+        with store_errors():
             for entity in query:
                 found.append(self._marker_from(entity, entity["Partition"]))
                 if len(found) >= limit:
@@ -224,30 +178,27 @@ class TableStore(DedupStore):
 
     # -- naturally idempotent writes ----------------------------------------------------
 
-    def upsert_if_newer(self, partition: str, entity: Entity, version: int) -> StateStatus:
-        pk = encode_key(partition)
-        body = {**self.effect_entity(pk, entity), STATE_VERSION: version}
-        while True:  # each pass either writes conditionally or learns what is stored
-            try:
-                with _store_errors():
-                    current = self._table.get_entity(pk, body["RowKey"])
-            except ResourceNotFoundError:
-                try:
-                    with _store_errors():
-                        self._table.create_entity(body)
-                    return StateStatus.APPLIED
-                except ResourceExistsError:
-                    continue  # another writer created it first: compare with theirs
-            stored = int(current.get(STATE_VERSION, -1))
-            if stored >= version:
-                return StateStatus.SAME if stored == version else StateStatus.STALE
-            try:
-                with _store_errors():
-                    self._table.update_entity(body, mode=UpdateMode.REPLACE, etag=current.metadata["etag"],
+    def read_state(self, partition: str, name: str) -> StoredState | None:
+        try:
+            with store_errors():
+                current = self._table.get_entity(encode_key(partition), encode_key(name), select=[STATE_VERSION])
+        except ResourceNotFoundError:
+            return None
+        stored = current.get(STATE_VERSION)
+        return StoredState(-1 if stored is None else int(stored), str(current.metadata["etag"]))
+
+    def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None) -> bool:
+        body = {**self.effect_entity(encode_key(partition), entity), STATE_VERSION: version}
+        try:
+            with store_errors():
+                if if_etag is None:
+                    self._table.create_entity(body)
+                else:
+                    self._table.update_entity(body, mode=UpdateMode.REPLACE, etag=if_etag,
                                               match_condition=MatchConditions.IfNotModified)  # fmt: skip
-                return StateStatus.APPLIED
-            except ResourceModifiedError:
-                continue  # changed since we read it: read again
+        except (ResourceExistsError, ResourceModifiedError):
+            return False
+        return True
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -270,7 +221,7 @@ class TableStore(DedupStore):
         found = table.query_entities(query, parameters=parameters, select=["PartitionKey", "RowKey"],
                                      results_per_page=1000)  # fmt: skip
         scanned = deleted = requests = 0
-        with _store_errors():
+        with store_errors():
             for page in found.by_page():
                 if deleted >= budget:
                     break
@@ -307,39 +258,23 @@ class TableStore(DedupStore):
             # Refuse rather than keep a truncated copy: the broker then keeps the message.
             raise StoreUnavailable(f"a {len(record.body)}-byte body does not fit one dead-letter entity")
         recorded = record.recorded_at or utcnow()
-        entity: dict[str, Any] = {
-            "PartitionKey": encode_key(record.scope),
-            "RowKey": record.record_id,
-            "Reason": record.reason,
-            "Detail": record.detail[:8_000],
-            "BodyChunks": len(chunks),
-            "RecordedAt": recorded,
-            "ExpiresAt": recorded + self.dead_letter_retention,
-        }
-        entity.update({f"Body{i}": chunk for i, chunk in enumerate(chunks)})
-        optional = {
-            "MessageId": record.message_id,
-            "CorrelationId": record.correlation_id,
-            "DeliveryCount": record.delivery_count,
-            "KeyId": record.key_id,
-            "Fingerprint": record.fingerprint,
-            "StoredFingerprint": record.stored_fingerprint,
-        }
-        entity.update({name: value for name, value in optional.items() if value is not None})
-        with _store_errors():
+        fields = dead_letter_fields(record, recorded, recorded + self.dead_letter_retention)
+        entity = {"PartitionKey": encode_key(record.scope), "RowKey": record.record_id, **_to_table(fields),
+                  "BodyChunks": len(chunks), **{f"Body{i}": chunk for i, chunk in enumerate(chunks)}}  # fmt: skip
+        with store_errors():
             self._dead.upsert_entity(entity, mode=UpdateMode.REPLACE)
 
     def dead_letters(self, scope: str) -> list[DeadLetter]:
         query = self._dead.query_entities("PartitionKey eq @pk", parameters={"pk": encode_key(scope)})
-        with _store_errors():
-            return [_dead_letter_from(scope, entity) for entity in query]
+        with store_errors():
+            return [_dead_letter(entity) for entity in query]
 
     def scan(self, partition: str | None = None) -> Iterator[StoredItem]:
         if partition is None:
             entities = self._table.list_entities()
         else:
             entities = self._table.query_entities("PartitionKey eq @pk", parameters={"pk": encode_key(partition)})
-        with _store_errors():
+        with store_errors():
             for entity in entities:
                 kind = entity.get("Kind")
                 key = (
@@ -352,28 +287,10 @@ class TableStore(DedupStore):
 
     # -- entity mapping ------------------------------------------------------------------
 
-    def _marker_entity(self, marker: Marker) -> dict[str, Any]:
-        # Only what a reader needs: every property costs encoding time in each transaction.
-        entity: dict[str, Any] = {
-            "PartitionKey": encode_key(marker.partition),
-            "RowKey": marker_id(marker.key),
-            "Kind": MARKER_KIND,
-            "Scope": marker.key.scope,
-            "KeyId": marker.key.id,
-            "State": marker.state.value,
-            "Fingerprint": marker.fingerprint,
-            "ExpiresAt": marker.expires_at,
-        }
-        optional = {
-            "Step": marker.key.step or None,
-            "Result": None if marker.result is None else json.dumps(marker.result, separators=(",", ":")),
-            "LeaseUntil": marker.lease_until,
-            "Owner": marker.owner,
-            # the raw partition, for reconciliation's cross-partition scan of claims
-            "Partition": marker.partition if marker.claimed else None,
-        }
-        entity.update({name: value for name, value in optional.items() if value is not None})
-        return entity
+    @staticmethod
+    def _marker_entity(marker: Marker) -> dict[str, Any]:
+        return {"PartitionKey": encode_key(marker.partition), "RowKey": marker_id(marker.key),
+                **_to_table(marker_fields(marker))}  # fmt: skip
 
     @staticmethod
     def effect_entity(pk: str, effect: Entity) -> dict[str, Any]:
@@ -385,18 +302,7 @@ class TableStore(DedupStore):
 
     @staticmethod
     def _marker_from(entity: Any, partition: str) -> Marker:
-        return Marker(
-            key=DedupKey(entity["Scope"], entity["KeyId"], entity.get("Step") or ""),
-            partition=partition,
-            state=State(entity["State"]),
-            fingerprint=entity["Fingerprint"],
-            created_at=entity.metadata.get("timestamp") or entity["ExpiresAt"],
-            expires_at=entity["ExpiresAt"],
-            lease_until=entity.get("LeaseUntil"),
-            result=json.loads(entity.get("Result") or "null"),
-            owner=entity.get("Owner"),
-            version=entity.metadata.get("etag"),
-        )
+        return marker_from(_from_table(entity), partition, entity.metadata.get("etag"))
 
 
 def _versioned(marker: Marker, meta: Any) -> Marker:
@@ -427,21 +333,22 @@ def _failed_operation(exc: TableTransactionError) -> int | None:
     return int(prefix) if colon and prefix.isdigit() else None
 
 
-def _dead_letter_from(scope: str, entity: Any) -> DeadLetter:
+def _to_table(fields: dict[str, Any]) -> dict[str, Any]:
+    """Table properties are PascalCase scalars: a result is stored as JSON text."""
+    return {name[0].upper() + name[1:]: json.dumps(value, separators=(",", ":")) if name == "result" else value
+            for name, value in fields.items()}  # fmt: skip
+
+
+def _from_table(entity: Any) -> dict[str, Any]:
+    fields = {name[0].lower() + name[1:]: value for name, value in entity.items()}
+    if "result" in fields:
+        fields["result"] = json.loads(fields["result"])
+    return fields
+
+
+def _dead_letter(entity: Any) -> DeadLetter:
     body = b"".join(_as_bytes(entity[f"Body{i}"]) for i in range(entity.get("BodyChunks", 0)))
-    return DeadLetter(
-        scope=scope,
-        reason=entity["Reason"],
-        detail=entity["Detail"],
-        body=body,
-        message_id=entity.get("MessageId"),
-        correlation_id=entity.get("CorrelationId"),
-        delivery_count=entity.get("DeliveryCount"),
-        key_id=entity.get("KeyId"),
-        fingerprint=entity.get("Fingerprint"),
-        stored_fingerprint=entity.get("StoredFingerprint"),
-        recorded_at=entity.get("RecordedAt"),
-    )
+    return dead_letter_from(_from_table(entity), body)
 
 
 def _as_bytes(value: Any) -> bytes:

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.idempotency import Context, DedupStore, Effects, Entity, Handler, InvalidMessage, LatestState
+from shared.idempotency import Context, Effects, Entity, Handler, InvalidMessage, LatestState
 from shared.idempotency.downstream import IdempotentHttp
-from shared.idempotency.keys import consumer_partition
 
 SCHEMA: dict[str, Any] = json.loads((Path(__file__).with_name("schema.json")).read_text())
 
@@ -53,29 +51,6 @@ def order_handler(payments: IdempotentHttp | None = None, *, key_is_order_id: bo
         )
 
     return handle
-
-
-@dataclass
-class OrderEffects:
-    orders: int = 0
-    charges: int = 0
-
-
-def effects_by_order(
-    store: DedupStore, order_id: str | None = None, consumer: str = "orders"
-) -> dict[str, OrderEffects]:
-    """What is really stored, per order id (of one order: in its partition of ``consumer``):
-    the ground truth for tests, the demo, the chaos harness and the smoke test."""
-    found: dict[str, OrderEffects] = {}
-    for item in store.scan(None if order_id is None else consumer_partition(consumer, order_id)):
-        if item.entity is None or "orderId" not in item.data:
-            continue  # a marker or a guard
-        effects = found.setdefault(item.data["orderId"], OrderEffects())
-        if item.entity == ORDER:
-            effects.orders += 1
-        else:
-            effects.charges += 1
-    return found
 
 
 SHIPPED = "com.example.order.shipped"  # the CloudEvents type of a shipment

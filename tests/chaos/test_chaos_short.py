@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterator, Sequence
-from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from shared.idempotency import CommitResult, CommitStatus, DedupKey, DedupStore, Entity
+from shared.idempotency import Commit, CommitResult, CommitStatus
 from shared.idempotency.keys import encode_key
 from shared.idempotency.table_store import TableStore
 from tools.azurite import Azurite
@@ -51,16 +49,11 @@ def test_two_phase_payments_under_faults_charge_each_order_once(persistent_azuri
 class NoMarkerStore(TableStore):
     """Broken on purpose: writes the effects without any marker (no dedup at all)."""
 
-    def commit(
-        self, key: DedupKey, partition: str, fingerprint: str, effects: Sequence[Entity], result: Any,
-        expires_at: datetime,
-    ) -> CommitResult:  # fmt: skip
-        pk = encode_key(partition)
-        operations: list[Any] = [("upsert", self.effect_entity(pk, effect)) for effect in effects]
-        self.table.submit_transaction(operations)
-        return CommitResult(CommitStatus.NEW)
-
-    commit_many = DedupStore.commit_many  # one by one, through the broken commit
+    def commit_many(self, commits: Sequence[Commit]) -> list[CommitResult]:
+        for commit in commits:
+            pk = encode_key(commit.partition)
+            self.table.submit_transaction([("upsert", self.effect_entity(pk, effect)) for effect in commit.effects])
+        return [CommitResult(CommitStatus.NEW) for _ in commits]
 
 
 def test_the_checker_catches_double_effects_of_a_consumer_without_markers(azurite: Azurite) -> None:

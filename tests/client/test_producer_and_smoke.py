@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-import function_app
 from client.producer import order_message, shipped_event
 from client.smoke import main, make_plan, report
+from consumers import orders
 from shared.idempotency import DedupStore
 from shared.idempotency.keys import consumer_partition, encode_key
 from shared.idempotency.table_store import TableStore
@@ -70,7 +70,7 @@ def test_the_plan_has_the_requested_shares() -> None:
 @pytest.fixture
 def store(azurite: Azurite) -> Iterator[DedupStore]:
     with fresh_app(azurite):
-        yield function_app.consumers().orders.store
+        yield orders.queue_consumer().store
 
 
 def deliver(plan_sends: list[dict[str, object]]) -> None:

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from azure.data.tables import TableServiceClient
 
-import function_app
-from shared.bindings import RetryLater
+from consumers import ledger
 from shared.idempotency import DedupStore
+from shared.idempotency.bindings import RetryLater
 from shared.idempotency.table_store import TableStore
 from shared.ledger import message_id
 from tests.functions import fresh_app, servicebus_message, store_down, user_function
@@ -24,7 +24,7 @@ ledger_batch = user_function("ledger_batch")
 @pytest.fixture
 def store(azurite: Azurite) -> Iterator[DedupStore]:
     with fresh_app(azurite, DEDUP_CACHE_SIZE="0"):
-        yield function_app.consumers().ledger.store
+        yield ledger.batch_consumer().store
 
 
 def posting(account: str, posting_id: str, amount: float = 10.0) -> tuple[dict[str, Any], str]:
@@ -39,7 +39,7 @@ def postings(store: DedupStore) -> dict[str, float]:
 def count_requests(azurite: Azurite) -> list[str]:
     """Give the app's consumer a store on the same tables whose client records every
     HTTP request it sends (azure-core's raw_request_hook)."""
-    consumer = function_app.consumers().ledger
+    consumer = ledger.batch_consumer()
     assert isinstance(consumer.store, TableStore)
     sent: list[str] = []
     service = TableServiceClient.from_connection_string(
@@ -76,7 +76,7 @@ def test_a_conflict_inside_a_batch_isolates_only_its_message(store: DedupStore) 
 
 
 def test_a_transient_failure_returns_the_whole_batch(store: DedupStore) -> None:
-    with store_down(function_app.consumers().ledger), pytest.raises(RetryLater):
+    with store_down(ledger.batch_consumer()), pytest.raises(RetryLater):
         ledger_batch([servicebus_message(*posting("acc-4", "p1"))])
     ledger_batch([servicebus_message(*posting("acc-4", "p1"))])
     assert len(postings(store)) == 1

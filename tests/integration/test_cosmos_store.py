@@ -12,10 +12,10 @@ import pytest
 from azure.core.exceptions import ServiceRequestError
 from azure.cosmos import exceptions
 
-import function_app
-from shared.idempotency import CommitStatus, DedupKey, Entity, StoreUnavailable, VersionConflict
-from shared.idempotency.cosmos_store import CosmosStore, store_errors
+from shared.idempotency import CommitStatus, DedupKey, Entity, StoreUnavailable, VersionConflict, registry
+from shared.idempotency.cosmos_store import CosmosStore
 from shared.idempotency.records import MARKER_KIND, utcnow
+from shared.idempotency.store import store_errors
 from tests.conftest import EMULATED, REAL_COSMOS, new_cosmos_store
 from tools import other_triggers
 from tools.azurite import Azurite
@@ -82,7 +82,7 @@ def test_transport_errors_are_transient_and_client_errors_are_not() -> None:
 
 
 def test_a_stale_replace_is_a_version_conflict(cosmos: CosmosStore) -> None:
-    from tests.integration.test_store_contract import in_progress
+    from shared.idempotency.contract import in_progress
 
     key = DedupKey("orders", f"o-{uuid.uuid4().hex[:8]}")
     first = cosmos.claim(in_progress(key, owner="a"), utcnow())
@@ -113,7 +113,7 @@ def test_every_trigger_runs_unchanged_on_cosmos(azurite: Azurite, cosmos_emulato
     finally:
         os.environ.clear()
         os.environ.update(saved)
-        function_app.consumers.cache_clear()
+        registry.reset()
     assert isinstance(report, Report) and report.violations == []
     assert (report.double_effects, report.lost, report.orphans) == (0, 0, 0)
     assert report.outcomes["duplicate"] > 0 and report.effects_applied == report.messages - report.dead_lettered
@@ -131,7 +131,7 @@ def test_two_phase_steps_complete_on_the_cosmos_emulator(azurite: Azurite, cosmo
     finally:
         os.environ.clear()
         os.environ.update(saved)
-        function_app.consumers.cache_clear()
+        registry.reset()
     assert report.violations == [] and (report.double_effects, report.lost, report.orphans) == (0, 0, 0)
     assert report.payment_charges == report.effects_applied == report.messages - report.dead_lettered
     assert report.outcomes["transient"] == 0  # no delivery had to be abandoned

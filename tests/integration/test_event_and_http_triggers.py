@@ -14,10 +14,12 @@ from typing import Any
 import azure.functions as func
 import pytest
 
-import function_app
-from shared.bindings import REPLAYED, RetryLater
+from consumers import order_events as events_app
+from consumers import orders as orders_app
 from shared.idempotency import DedupKey, DedupStore, Marker, State, fingerprint
+from shared.idempotency.bindings import REPLAYED, RetryLater
 from shared.idempotency.records import utcnow
+from shared.idempotency.testing import entities
 from shared.orders import SHIPPED
 from tests.functions import app_settings, fresh_app, servicebus_message, store_down, user_function
 from tools.azurite import Azurite
@@ -31,15 +33,15 @@ events_api = user_function("events_api")
 @pytest.fixture
 def store(azurite: Azurite) -> Iterator[DedupStore]:
     with fresh_app(azurite):
-        yield function_app.consumers().orders.store
+        yield orders_app.queue_consumer().store
 
 
 def shipments(store: DedupStore) -> list[dict[str, Any]]:
-    return [item.data for item in store.scan() if item.entity == "shipment"]
+    return entities(store, "shipment")
 
 
 def orders_in(store: DedupStore) -> list[dict[str, Any]]:
-    return [item.data for item in store.scan() if item.entity == "order"]
+    return entities(store, "order")
 
 
 def cloud_event(event_id: str, source: str = "/warehouse/eu", data: dict[str, Any] | None = None,
@@ -87,7 +89,7 @@ def test_invalid_events_are_recorded_and_not_retried(store: DedupStore) -> None:
 
 
 def test_a_transient_failure_makes_event_grid_retry(store: DedupStore) -> None:
-    with store_down(function_app.consumers().order_events), pytest.raises(RetryLater):
+    with store_down(events_app.grid_consumer()), pytest.raises(RetryLater):
         order_events(cloud_event(uuid.uuid4().hex))
 
 
@@ -261,7 +263,7 @@ def test_a_forged_principal_header_is_ignored_without_easy_auth(store: DedupStor
 
 def test_a_request_in_flight_is_409_with_retry_after(azurite: Azurite) -> None:
     with PaymentService() as payments, fresh_app(azurite, PAYMENT_API_URL=payments.url, DEDUP_IN_FLIGHT_WAIT="PT0S"):
-        consumer = function_app.consumers().orders_api
+        consumer = orders_app.api_consumer()
         order = an_order()
         caller = "key:" + hashlib.sha256(b"client-a-key").hexdigest()[:32]
         step = DedupKey(consumer.name, order["orderId"], "charge")

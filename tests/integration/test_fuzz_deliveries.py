@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import function_app
-from shared.orders import effects_by_order
+from consumers import orders
+from shared.orders.checks import effects_by_order
 from tests.functions import fresh_app, servicebus_message, user_function
 from tools import harness
 from tools.azurite import Azurite
@@ -95,7 +95,7 @@ def test_generated_deliveries_are_processed_or_dead_lettered(azurite: Azurite, o
     consumer_fn = user_function("orders")
     delivered = Counter[str]()
     with fresh_app(azurite):
-        store = function_app.consumers().orders.store
+        store = orders.queue_consumer().store
 
         @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         @given(st.lists(deliveries, min_size=DELIVERIES_PER_EXAMPLE, max_size=DELIVERIES_PER_EXAMPLE))
@@ -113,10 +113,10 @@ def test_generated_deliveries_are_processed_or_dead_lettered(azurite: Azurite, o
         assert sum(delivered.values()) >= 10_000
         assert delivered["processed"] > 100 and delivered["invalid"] > 5_000 and delivered["duplicate"] > 0
 
-        dead = store.dead_letters(function_app.consumers().orders.name)
+        dead = store.dead_letters(orders.queue_consumer().name)
         refused = [o for o in outcomes.seen if o["outcome"] in {"invalid", "conflict"}]
         assert {(d.message_id, d.reason) for d in dead} == {(o["message_id"], o["reason"]) for o in refused}
         assert all(d.body is not None and d.reason and d.detail for d in dead)
-        assert harness.orphans(store, function_app.consumers().orders.name, harness.charges_per_order(store)) == []
+        assert harness.orphans(store, orders.queue_consumer().name, harness.charges_per_order(store)) == []
         for injection in INJECTIONS:  # a key never widens a query: each one finds only itself
             assert set(effects_by_order(store, injection)) <= {injection}

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from azure.data.tables import TableClient, TableServiceClient
 
-import function_app
-from shared.bindings import RetryLater
-from shared.idempotency import Delivery, Effects, Entity, IdempotentConsumer, Outcome, StoreUnavailable
+from consumers import orders as orders_app
+from shared.idempotency import Delivery, Effects, Entity, IdempotentConsumer, Outcome, StoreUnavailable, registry
+from shared.idempotency.bindings import RetryLater
 from shared.idempotency.keys import consumer_partition, encode_key
 from shared.idempotency.records import MARKER_KIND
-from shared.orders import OrderEffects, effects_by_order
+from shared.orders.checks import OrderEffects, effects_by_order
 from tests.functions import app_settings, fresh_app, servicebus_message, store_down, user_function
 from tools.azurite import Azurite
 
@@ -37,14 +37,14 @@ def an_order(order_id: str | None = None, amount: float = 12.5) -> dict[str, Any
 def tables(azurite: Azurite) -> Iterator[tuple[TableClient, TableClient]]:
     with fresh_app(azurite) as name:
         service = TableServiceClient.from_connection_string(azurite.connection_string)
-        function_app.consumers()  # creates the tables
+        registry.shared_store()  # creates the tables
         yield service.get_table_client(name), service.get_table_client(name + "dl")
 
 
 def effects(table: TableClient, order_id: str) -> tuple[int, int]:
     """(orders, charges) really stored for one order id, in the app's store."""
-    assert function_app.consumers().orders.store.table.table_name == table.table_name  # type: ignore[attr-defined]
-    found = effects_by_order(function_app.consumers().orders.store, order_id).get(order_id, OrderEffects())
+    assert orders_app.queue_consumer().store.table.table_name == table.table_name  # type: ignore[attr-defined]
+    found = effects_by_order(orders_app.queue_consumer().store, order_id).get(order_id, OrderEffects())
     return found.orders, found.charges
 
 
@@ -147,7 +147,7 @@ def test_invalid_messages_are_dead_lettered_with_reason_and_nothing_written(
 
 def test_a_store_down_at_start_abandons_the_message() -> None:
     down = Azurite()  # never started: nothing listens on its port
-    with app_settings(DEDUP_STORAGE_CONNECTION=down.connection_string, ORDERS_TABLE="ordersdown"):
+    with app_settings(DEDUP_STORAGE_CONNECTION=down.connection_string, DEDUP_TABLE="ordersdown"):
         order = an_order()
         with pytest.raises(StoreUnavailable):  # raised: the host abandons, nothing is lost
             orders(servicebus_message(order, order["orderId"]))
@@ -166,7 +166,7 @@ def test_markers_never_exist_without_their_effects(tables: tuple[TableClient, Ta
 
 def test_store_errors_are_retried_by_the_broker(tables: tuple[TableClient, TableClient], azurite: Azurite) -> None:
     order = an_order()
-    with store_down(function_app.consumers().orders), pytest.raises(RetryLater) as info:
+    with store_down(orders_app.queue_consumer()), pytest.raises(RetryLater) as info:
         orders(servicebus_message(order, order["orderId"]))
     assert info.value.result.outcome.value == "transient"
     orders(servicebus_message(order, order["orderId"], delivery_count=2))
@@ -176,7 +176,7 @@ def test_store_errors_are_retried_by_the_broker(tables: tuple[TableClient, Table
 def test_a_handler_with_more_effects_than_one_commit_holds_is_invalid(azurite: Azurite) -> None:
     """It could never succeed: dead-lettered with a reason, not retried until the DLQ."""
     with fresh_app(azurite):
-        store = function_app.consumers().orders.store
+        store = orders_app.queue_consumer().store
         consumer = IdempotentConsumer("too-many", store, lambda order, context: Effects(
             [Entity(f"line|{i}", {"n": i}) for i in range(store.max_effects + 1)]))  # fmt: skip
         result = consumer.process(Delivery(body=b'{"n": 1}', message_id="m-1"))

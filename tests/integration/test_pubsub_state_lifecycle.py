@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
-import function_app
-from shared.idempotency import DedupKey, DedupStore, Entity, Marker, State, fingerprint
+from consumers import orders
+from shared.idempotency import DedupKey, Entity, Marker, State, fingerprint
 from shared.idempotency.keys import consumer_partition
 from shared.idempotency.records import GUARD_KIND, MARKER_KIND, utcnow
 from shared.idempotency.resubmit import check_bodies, check_ids
 from shared.idempotency.table_store import TableStore
+from shared.idempotency.testing import entities
 from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
 
@@ -27,13 +28,9 @@ billing, shipping, order_status = (user_function(name) for name in ("billing", "
 @pytest.fixture
 def store(azurite: Azurite) -> Iterator[TableStore]:
     with fresh_app(azurite):
-        store = function_app.consumers().orders.store
+        store = orders.queue_consumer().store
         assert isinstance(store, TableStore)
         yield store
-
-
-def entities(store: DedupStore, name: str) -> list[dict[str, Any]]:
-    return [item.data for item in store.scan() if item.entity == name]
 
 
 def an_order() -> dict[str, Any]:
@@ -61,14 +58,6 @@ def test_duplicates_are_suppressed_per_subscriber(store: TableStore) -> None:
     assert len(entities(store, "picklist")) == 1
     markers = sorted(item.key.scope for item in store.scan() if item.key is not None)
     assert markers == ["billing", "shipping"]
-
-
-def test_a_consumer_identity_is_configuration_not_a_function_name(azurite: Azurite) -> None:
-    with fresh_app(azurite, BILLING_CONSUMER_NAME="finance"):
-        order = an_order()
-        billing(servicebus_message(order, order["orderId"]))  # the function is still named `billing`
-        store = function_app.consumers().billing.store
-        assert [item.key.scope for item in store.scan() if item.key is not None] == ["finance"]
 
 
 # -- ordering: versioned, event-carried state ---------------------------------------------
@@ -180,7 +169,7 @@ def test_the_resubmission_report_tells_what_a_resubmit_would_do(store: TableStor
     user_function("orders")(servicebus_message(other, other["orderId"]))
     now = utcnow()
     claimed = DedupKey("orders", "o-claimed")
-    consumer = function_app.consumers().orders
+    consumer = orders.queue_consumer()
     store.claim(Marker(claimed, consumer.partition_of(claimed), State.IN_PROGRESS, "fp", now,
                        now + timedelta(days=1), lease_until=now + timedelta(minutes=5), owner="w"), now)  # fmt: skip
 

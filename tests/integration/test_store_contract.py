@@ -1,302 +1,58 @@
-"""The store contract. Every store passes it against a real server: Table Storage on
-Azurite; Cosmos DB on the local emulator (tests needing atomic batches skip there) or on
-real Cosmos DB when COSMOS_CONTRACT_ENDPOINT / COSMOS_CONTRACT_KEY are set."""
+"""The store contract (shared.idempotency.contract) run against each shipped store's real
+server: Table Storage on Azurite; Cosmos DB on the local emulator (tests needing atomic
+batches skip there) or on real Cosmos DB when COSMOS_CONTRACT_ENDPOINT / COSMOS_CONTRACT_KEY
+are set."""
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import uuid
-from dataclasses import replace
-from datetime import timedelta
-from typing import Any
-
 import pytest
-from azure.core.exceptions import HttpResponseError
+from azure.cosmos import PartitionKey
+from azure.data.tables import TableServiceClient
 
-from shared.idempotency import (
-    AlreadyClaimed,
-    CommitStatus,
-    DeadLetter,
-    DedupKey,
-    DedupStore,
-    Entity,
-    Marker,
-    State,
-    StoreUnavailable,
-    VersionConflict,
-)
+from shared.idempotency import DedupStore
+from shared.idempotency.contract import StoreContract
 from shared.idempotency.cosmos_store import CosmosStore
-from shared.idempotency.keys import encode_key
-from shared.idempotency.records import utcnow
 from shared.idempotency.table_store import TableStore
-from tests.conftest import needs_real_batches
+from tests.conftest import EMULATED, NO_ATOMIC_BATCHES, new_cosmos_store, new_table_store
 from tools.azurite import Azurite
-
-HOUR = timedelta(hours=1)
-
-
-def key(name: str | None = None) -> DedupKey:
-    return DedupKey("orders", name or uuid.uuid4().hex)
+from tools.cosmos_emulator import CosmosEmulator, emulated
 
 
-def in_progress(k: DedupKey, *, lease: timedelta = HOUR, expires: timedelta = HOUR, owner: str = "w1") -> Marker:
-    now = utcnow()
-    return Marker(k, k.id, State.IN_PROGRESS, "fp", now, now + expires, lease_until=now + lease, owner=owner)
+class TestTableStore(StoreContract):
+    @pytest.fixture
+    def store(self, azurite: Azurite) -> DedupStore:
+        return new_table_store(azurite)
+
+    def unreachable_store(self) -> DedupStore:
+        down = Azurite()  # never started: nothing listens on its port
+        service = TableServiceClient.from_connection_string(down.connection_string, retry_total=0)
+        return TableStore(service, table="unreachable")
 
 
-def partition_rows(store: DedupStore, partition: str) -> list[str]:
-    return sorted(item.name for item in store.scan(partition))
+class TestCosmosStore(StoreContract):
+    no_atomic_batches = NO_ATOMIC_BATCHES
 
+    @pytest.fixture
+    def store(self, request: pytest.FixtureRequest) -> DedupStore:
+        return new_cosmos_store(request)
 
-def entity(store: DedupStore, partition: str, name: str) -> dict[str, Any]:
-    [found] = [item.data for item in store.scan(partition) if item.entity == name]
-    return found
+    def atomic_batches(self, store: DedupStore) -> bool:
+        return id(store) not in EMULATED
 
+    def expires_natively(self, store: DedupStore) -> bool:
+        return True
 
-def write_business_entity_only(store: DedupStore, partition: str, name: str, data: dict[str, Any]) -> None:
-    if isinstance(store, TableStore):
-        store.table.create_entity({"PartitionKey": encode_key(partition), "RowKey": encode_key(name), **data})
-    else:
+    def unreachable_store(self) -> DedupStore:
+        with CosmosEmulator() as emulator:  # a server of its own, stopped once the store is built
+            database = emulator.client().create_database_if_not_exists("down")
+            container = database.create_container("c", partition_key=PartitionKey("/partitionKey"))
+            dead = database.create_container("d", partition_key=PartitionKey("/scope"))
+            store = CosmosStore(emulated(container), emulated(dead), "partitionKey")
+        return store
+
+    def assert_dead_letters_expire(self, store: DedupStore, scope: str) -> None:
         assert isinstance(store, CosmosStore)
-        store.container.create_item({"id": encode_key(name), "partitionKey": partition, "entity": name, **data})
-
-
-def test_commit_writes_marker_and_effects_together(store: DedupStore) -> None:
-    k = key()
-    effects = [Entity("order", {"amount": 5.0, "items": [{"sku": "a"}]}), Entity("charge", {"amount": 5.0})]
-    result = store.commit(k, k.id, "fp1", effects, {"ok": True}, utcnow() + HOUR)
-    assert result.status is CommitStatus.NEW
-    marker = store.get(k, k.id)
-    assert marker is not None and marker.state is State.COMPLETED and marker.result == {"ok": True}
-    order = entity(store, k.id, "order")
-    assert order["items"] in ('[{"sku":"a"}]', [{"sku": "a"}])  # Table keeps JSON text, Cosmos the value
-    assert len(partition_rows(store, k.id)) == 4  # guard, marker, order, charge
-
-
-def test_same_payload_is_a_duplicate_and_writes_nothing(store: DedupStore) -> None:
-    k = key()
-    store.commit(k, k.id, "fp1", [Entity("order", {"n": 1})], None, utcnow() + HOUR)
-    before = partition_rows(store, k.id)
-    again = store.commit(k, k.id, "fp1", [Entity("order", {"n": 1})], None, utcnow() + HOUR)
-    assert again.status is CommitStatus.DUPLICATE
-    assert partition_rows(store, k.id) == before
-
-
-def test_different_payload_is_a_mismatch_and_writes_nothing(store: DedupStore) -> None:
-    # one business document: on Cosmos, its own marker (create_item, no batch) — runs on the emulator too
-    k = key()
-    store.commit(k, k.id, "fp1", [Entity("order", {"n": 1})], None, utcnow() + HOUR)
-    before = partition_rows(store, k.id)
-    other = store.commit(k, k.id, "fp2", [Entity("order", {"n": 2})], None, utcnow() + HOUR)
-    assert other == type(other)(CommitStatus.MISMATCH, "fp1")
-    assert partition_rows(store, k.id) == before
-    assert entity(store, k.id, "order")["n"] == 1
-
-
-def test_a_failing_business_write_leaves_no_marker(store: DedupStore) -> None:
-    needs_real_batches(store)  # a failed batch must leave nothing behind
-    k = key()
-    # Two effects with the same name: the second insert fails inside the transaction.
-    effects = [Entity("order", {"n": 1}), Entity("order", {"n": 2})]
-    with pytest.raises(HttpResponseError):
-        store.commit(k, k.id, "fp1", effects, None, utcnow() + HOUR)
-    assert store.get(k, k.id) is None
-    assert partition_rows(store, k.id) == []
-
-
-def test_an_existing_business_entity_without_marker_counts_as_applied(store: DedupStore) -> None:
-    # one business document: on Cosmos, its own marker (create_item, no batch) — runs on the emulator too
-    k = key()
-    write_business_entity_only(store, k.id, "order", {"n": 1})
-    result = store.commit(k, k.id, "fp1", [Entity("order", {"n": 1})], None, utcnow() + HOUR)
-    assert result.status is CommitStatus.DUPLICATE
-    assert store.get(k, k.id) is None
-    assert [item.entity for item in store.scan(k.id)] == ["order"]  # one document, never a second
-
-
-def test_concurrent_commits_have_exactly_one_winner(store: DedupStore) -> None:
-    k = key()
-    barrier = threading.Barrier(8)
-    statuses: list[CommitStatus] = []
-
-    def deliver() -> None:
-        barrier.wait()
-        statuses.append(store.commit(k, k.id, "fp1", [Entity("order", {})], None, utcnow() + HOUR).status)
-
-    threads = [threading.Thread(target=deliver) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert sorted(statuses) == sorted([CommitStatus.NEW] + [CommitStatus.DUPLICATE] * 7)
-    assert [item.entity for item in store.scan(k.id)].count("order") == 1
-
-
-def test_claim_then_complete(store: DedupStore) -> None:
-    k = key()
-    claimed = store.claim(in_progress(k), utcnow())
-    assert claimed.version
-    done = store.complete(claimed, {"charge": "ch_1"})
-    stored = store.get(k, k.id)
-    assert stored is not None and stored.state is State.COMPLETED and stored.result == {"charge": "ch_1"}
-    assert stored.version == done.version and stored.lease_until is None
-
-
-def test_a_refused_step_is_final(store: DedupStore) -> None:
-    k = key()
-    claimed = store.claim(in_progress(k), utcnow())
-    store.complete(claimed, {"status": 402, "detail": "declined"}, State.REFUSED)
-    stored = store.get(k, k.id)
-    assert stored is not None and stored.state is State.REFUSED and stored.final
-    assert not stored.reclaimable(utcnow() + HOUR / 2)  # a refusal is never taken over before it expires
-    assert store.stale_claims(utcnow() + HOUR, 10) == []
-
-
-def test_a_retried_claim_of_the_same_owner_is_its_own(store: DedupStore) -> None:
-    k = key()
-    first = store.claim(in_progress(k, owner="w1"), utcnow())
-    again = store.claim(in_progress(k, owner="w1"), utcnow())  # the insert's response was lost
-    assert again.owner == "w1" and again.version == first.version
-
-
-def test_a_live_claim_is_not_taken(store: DedupStore) -> None:
-    k = key()
-    store.claim(in_progress(k, owner="w1"), utcnow())
-    with pytest.raises(AlreadyClaimed) as info:
-        store.claim(in_progress(k, owner="w2"), utcnow())
-    assert isinstance(info.value.existing, Marker) and info.value.existing.owner == "w1"
-
-
-def test_an_expired_marker_is_reclaimed_and_an_unexpired_one_is_not(store: DedupStore) -> None:
-    expired, live = key(), key()
-    store.claim(in_progress(expired, expires=-HOUR, owner="old"), utcnow())
-    store.claim(in_progress(live, lease=-HOUR / 2, expires=HOUR, owner="old"), utcnow())  # lease ran out
-    unexpired = key()
-    store.claim(in_progress(unexpired, owner="old"), utcnow())
-
-    assert store.claim(in_progress(expired, owner="new"), utcnow()).owner == "new"
-    assert store.claim(in_progress(live, owner="new"), utcnow()).owner == "new"
-    with pytest.raises(AlreadyClaimed):
-        store.claim(in_progress(unexpired, owner="new"), utcnow())
-    stored = store.get(unexpired, unexpired.id)
-    assert stored is not None and stored.owner == "old"
-
-
-def test_a_lapsed_claim_is_not_taken_over_by_another_payload(store: DedupStore) -> None:
-    k = key()
-    store.claim(in_progress(k, lease=-HOUR / 2, owner="old"), utcnow())
-    other = replace(in_progress(k, owner="new"), fingerprint="another-payload")
-    with pytest.raises(AlreadyClaimed) as info:
-        store.claim(other, utcnow())
-    assert isinstance(info.value.existing, Marker) and info.value.existing.fingerprint == "fp"
-
-
-def test_racing_takeovers_of_a_stale_claim_have_one_winner(store: DedupStore) -> None:
-    k = key()
-    store.claim(in_progress(k, lease=-HOUR / 2, owner="dead"), utcnow())
-    barrier = threading.Barrier(8)
-    winners: list[str] = []
-
-    def take(owner: str) -> None:
-        barrier.wait()
-        with contextlib.suppress(AlreadyClaimed):
-            winners.append(store.claim(in_progress(k, owner=owner), utcnow()).owner or "")
-
-    threads = [threading.Thread(target=take, args=(f"w{i}",)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert len(winners) == 1
-    stored = store.get(k, k.id)
-    assert stored is not None and stored.owner == winners[0]
-
-
-def test_completion_and_replacement_with_a_stale_version_are_rejected(store: DedupStore) -> None:
-    k = key()
-    first = store.claim(in_progress(k, lease=-HOUR / 2, owner="slow"), utcnow())
-    second = store.claim(in_progress(k, owner="fast"), utcnow())  # took over
-    with pytest.raises(VersionConflict):
-        store.complete(first, {"charged": 2})
-    with pytest.raises(VersionConflict):
-        store.replace(replace(first, lease_until=utcnow()), first.version or "")
-    store.complete(second, {"charged": 1})
-    stored = store.get(k, k.id)
-    assert stored is not None and stored.owner == "fast" and stored.result == {"charged": 1}
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        "a/b",
-        "a#b",
-        "a?b",
-        "a\\b",
-        "ctl\x00\x01\x1f\x7f",
-        "unicodé 🙂",
-        "' or PartitionKey ne '",
-        "~x",
-        "%2F",
-        "x" * 2048,
-    ],
-)
-def test_hostile_keys_are_stored_and_found_again(store: DedupStore, name: str) -> None:
-    k = DedupKey("orders", name)
-    assert store.commit(k, k.id, "fp", [Entity("order", {})], None, utcnow() + HOUR).status is CommitStatus.NEW
-    stored = store.get(k, k.id)
-    assert stored is not None and stored.key == k
-    assert store.commit(k, k.id, "fp", [Entity("order", {})], None, utcnow() + HOUR).status is CommitStatus.DUPLICATE
-
-
-def test_distinct_hostile_keys_never_collide(store: DedupStore) -> None:
-    names = ["a/b", "a%2Fb", "a%252Fb", "~a", "%7Ea", "x" * 2048, "x" * 2047 + "y", "a|b", "a%7Cb"]
-    for name in names:
-        k = DedupKey("orders", name)
-        status = store.commit(k, "shared-partition", "fp", [], None, utcnow() + HOUR).status
-        assert status is CommitStatus.NEW, name
-
-
-def test_dead_letters_are_recorded_once_with_their_body(store: DedupStore) -> None:
-    body = bytes(range(256)) * 600  # not UTF-8, and larger than one property
-    record = DeadLetter("orders", "invalid_json", "bad", body, message_id="m/1", delivery_count=2)
-    store.dead_letter(record)
-    store.dead_letter(replace(record, delivery_count=3))  # a redelivery of the same message
-    stored = store.dead_letters("orders")
-    assert len(stored) == 1
-    assert stored[0].body == body and stored[0].reason == "invalid_json" and stored[0].delivery_count == 3
-
-
-def test_an_unreachable_store_is_transient() -> None:
-    down = Azurite()  # never started: nothing listens on its port
-    store = new_store_at(down)
-    k = key()
-    with pytest.raises(StoreUnavailable):
-        store.commit(k, k.id, "fp", [], None, utcnow() + HOUR)
-    with pytest.raises(StoreUnavailable):
-        store.get(k, k.id)
-
-
-def new_store_at(emulator: Azurite) -> TableStore:
-    from azure.data.tables import TableServiceClient
-
-    service = TableServiceClient.from_connection_string(emulator.connection_string, retry_total=0)
-    return TableStore(service, table="unreachable")
-
-
-def test_dead_letter_records_expire_after_their_retention(store: DedupStore) -> None:
-    """Refused bodies may hold personal data: each record is deleted
-    DEDUP_DEAD_LETTER_RETENTION after it was written (Table: the purge; Cosmos: its ttl)."""
-    store.dead_letter_retention = timedelta(minutes=10)
-    scope = "s" + uuid.uuid4().hex[:8]
-    store.dead_letter(DeadLetter(scope, "invalid_json", "not JSON", b"x" * 200_000, message_id="m-1"))
-    assert [r.message_id for r in store.dead_letters(scope)] == ["m-1"]
-    if isinstance(store, CosmosStore):
         (item,) = store.dead_letter_container.query_items(
             "SELECT * FROM c WHERE c.scope = @s", parameters=[{"name": "@s", "value": scope}], partition_key=scope
         )
         assert item["ttl"] == 600  # Cosmos DB deletes it (the local emulator does not enforce ttl)
-        return
-    assert store.purge_expired(utcnow() + timedelta(minutes=9), 100).deleted == 0
-    assert store.purge_expired(utcnow() + timedelta(minutes=11), 100).deleted >= 1
-    assert store.dead_letters(scope) == []

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-import function_app
+from shared.idempotency import registry
 from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
 
@@ -59,7 +59,7 @@ def total(snapshot: dict[Any, Any], name: str) -> int:
 def app(azurite: Azurite, request: pytest.FixtureRequest) -> Iterator[str]:
     """cold: no cache of completed keys (a duplicate seen by another instance)."""
     with fresh_app(azurite, DEDUP_CACHE_SIZE=request.param):
-        function_app.consumers()  # tables created before we count
+        registry.shared_store()  # tables created before we count
         yield request.param
 
 

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-import function_app
-from shared.bindings import RetryLater, servicebus_delivery
+from consumers import orders as orders_app
 from shared.idempotency import (
     DedupKey,
     IdempotentConsumer,
@@ -21,6 +20,7 @@ from shared.idempotency import (
     State,
     StepPolicy,
 )
+from shared.idempotency.bindings import RetryLater, servicebus_delivery
 from shared.idempotency.downstream import IdempotentHttp
 from shared.idempotency.keys import consumer_partition
 from shared.idempotency.reconcile import ESCALATION, escalate_stale_claims
@@ -28,7 +28,8 @@ from shared.idempotency.records import utcnow
 from shared.idempotency.resubmit import check_ids
 from shared.idempotency.settings import DedupConfig
 from shared.idempotency.table_store import TableStore
-from shared.orders import SCHEMA, effects_by_order, order_handler
+from shared.orders import SCHEMA, order_handler
+from shared.orders.checks import effects_by_order
 from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
 from tools.faults import Crash
@@ -54,7 +55,7 @@ def payments() -> Iterator[PaymentService]:
 def app(azurite: Azurite, payments: PaymentService) -> Iterator[TableStore]:
     """The real app, with a payment API and a short lease."""
     with fresh_app(azurite, PAYMENT_API_URL=payments.url, DEDUP_LEASE=SHORT_LEASE, DEDUP_IN_FLIGHT_WAIT="PT0S"):
-        store = function_app.consumers().orders.store
+        store = orders_app.queue_consumer().store
         assert isinstance(store, TableStore)
         yield store
 
@@ -253,7 +254,7 @@ def test_a_declined_charge_is_final_not_stuck(app: TableStore, payments: Payment
     assert [r.reason for r in app.dead_letters("orders")] == ["downstream_rejected"]  # one record, idempotent
     assert effects_by_order(app, order["orderId"]) == {}
     assert escalate_stale_claims(app, timedelta(0), now=utcnow() + timedelta(days=1)) == []
-    consumer = function_app.consumers().orders  # and a DLQ resubmission would be refused again
+    consumer = orders_app.queue_consumer()  # and a DLQ resubmission would be refused again
     assert [line.verdict for line in check_ids(consumer, [order["orderId"]])] == ["refused"]
 
 

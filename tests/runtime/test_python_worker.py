@@ -22,7 +22,8 @@ from azure.data.tables import TableServiceClient
 from shared.idempotency.keys import consumer_partition
 from shared.idempotency.table_store import TableStore
 from shared.ledger import message_id as posting_message_id
-from shared.orders import SHIPPED, OrderEffects, effects_by_order
+from shared.orders import SHIPPED
+from shared.orders.checks import OrderEffects, effects_by_order
 from tools.azurite import Azurite
 from tools.harness import RunConfig, run
 from tools.runtime import build
@@ -64,7 +65,7 @@ def table(store_server: Azurite) -> str:
 
 def app_settings(azurite: Azurite, table: str) -> dict[str, str]:
     """The documented local settings, pointed at this Azurite."""
-    return {**DOCUMENTED, "DEDUP_STORAGE_CONNECTION": azurite.connection_string, "ORDERS_TABLE": table,
+    return {**DOCUMENTED, "DEDUP_STORAGE_CONNECTION": azurite.connection_string, "DEDUP_TABLE": table,
             "DEDUP_DEADLETTER_TABLE": table + "dl", "DEDUP_IN_FLIGHT_WAIT": "PT0S"}  # fmt: skip
 
 

@@ -1,22 +1,29 @@
 """The edge between Functions bindings and the dedup module: how each trigger builds a
-Delivery and settles a Result. The only part of ``shared`` that imports azure.functions."""
+Delivery and settles a Result. The only module of the library, with ``maintenance``, that
+imports azure.functions (the ``functions`` extra)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 import azure.functions as func
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 
-from shared.idempotency import Delivery, Effects, Handler, InvalidMessage, Outcome, Result, joined_identity
-from shared.idempotency.consumer import parse_json
-from shared.idempotency.steps import Context
+from .consumer import Delivery, Effects, Handler, IdempotentConsumer, Outcome, Result, parse_json
+from .errors import InvalidMessage, StoreUnavailable
+from .keys import joined_identity
+from .steps import Context
 
+# Service Bus bodies reach the function as the producer's bytes. With the default (string)
+# the host also merges a JSON body's top-level fields into the trigger metadata, where a body
+# field named "MessageId" would replace the broker's MessageId, the dedup key; a batch would
+# be re-serialised, and a body that is not JSON would fail the whole batch before our code.
+BODY_AS_BYTES = func.DataType.BINARY
 REPLAYED = "Idempotent-Replayed"
 RETRY_AFTER_SECONDS = "5"
 MAX_REQUEST_BYTES = 256 * 1024  # as a Service Bus Standard message: larger bodies get 413 before parsing
@@ -218,6 +225,14 @@ def refusal(result: Result) -> func.HttpResponse:
         detail = (result.detail or "")[:500] if result.reason in PUBLIC_REASONS else "the request was refused"
         return problem(400, f"Invalid request: {result.reason}", detail)
     return unavailable()
+
+
+def ready(consumer: Callable[[], IdempotentConsumer]) -> IdempotentConsumer | func.HttpResponse:
+    """A cold instance whose store is unreachable answers as a warm one does: 503 + Retry-After."""
+    try:
+        return consumer()
+    except StoreUnavailable:
+        return unavailable()
 
 
 def unavailable() -> func.HttpResponse:

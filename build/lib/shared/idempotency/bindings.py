@@ -1,0 +1,247 @@
+"""The edge between Functions bindings and the dedup module: how each trigger builds a
+Delivery and settles a Result. The only module of the library, with ``maintenance``, that
+imports azure.functions (the ``functions`` extra)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+import azure.functions as func
+from cloudevents.core.bindings.http import HTTPMessage, from_http_event
+
+from .consumer import Delivery, Effects, Handler, IdempotentConsumer, Outcome, Result, parse_json
+from .errors import InvalidMessage, StoreUnavailable
+from .keys import joined_identity
+from .steps import Context
+
+# Service Bus bodies reach the function as the producer's bytes. With the default (string)
+# the host also merges a JSON body's top-level fields into the trigger metadata, where a body
+# field named "MessageId" would replace the broker's MessageId, the dedup key; a batch would
+# be re-serialised, and a body that is not JSON would fail the whole batch before our code.
+BODY_AS_BYTES = func.DataType.BINARY
+REPLAYED = "Idempotent-Replayed"
+RETRY_AFTER_SECONDS = "5"
+MAX_REQUEST_BYTES = 256 * 1024  # as a Service Bus Standard message: larger bodies get 413 before parsing
+MAX_IDEMPOTENCY_KEY = 255  # characters
+CLOUDEVENT_REQUIRED = ("id", "source", "specversion", "type")  # CloudEvents 1.0 required attributes
+# Refusal reasons whose detail is ours to show to an HTTP caller; any other detail (a
+# downstream service's answer, a store error) stays in logs and dead-letter records.
+PUBLIC_REASONS = frozenset({"invalid_json", "schema_violation", "missing_key", "key_too_long", "key_mismatch",
+                            "too_deep", "duplicate_member"})  # fmt: skip
+
+
+class RetryLater(Exception):
+    """Raised so that the host abandons the message (Service Bus) or retries the event
+    (Event Grid): nothing was committed, or another delivery holds the claim."""
+
+    def __init__(self, result: Result) -> None:
+        super().__init__(f"{result.outcome.value}: {result.reason or ''} {result.key or ''}".strip())
+        self.result = result
+
+
+def acknowledge_or_retry(result: Result) -> None:
+    """Service Bus (classic binding) and Event Grid: returning completes the message or
+    accepts the event, raising abandons it or makes Event Grid retry with backoff.
+    Refused messages (invalid, conflict) were recorded as dead letters by the consumer
+    before this point, so accepting them loses nothing and stops useless retries."""
+    if not result.acknowledge:
+        raise RetryLater(result)
+
+
+# -- Service Bus ---------------------------------------------------------------------------
+
+
+def servicebus_delivery(msg: func.ServiceBusMessage) -> Delivery:
+    """Only the producer's MessageId may become the key; delivery count and the rest
+    go to logs and dead-letter records."""
+    properties = dict(msg.application_properties or {})
+    traceparent = properties.get("traceparent") or properties.get("Diagnostic-Id")
+    return Delivery(
+        body=msg.get_body(),
+        message_id=msg.message_id or None,
+        correlation_id=msg.correlation_id or None,
+        delivery_count=msg.delivery_count,
+        traceparent=str(traceparent) if traceparent else None,
+        properties=properties,
+    )
+
+
+# -- CloudEvents (Event Grid trigger, or plain HTTP) ---------------------------------------
+
+
+def cloudevent_delivery(
+    source: str | None,
+    event_id: str | None,
+    attributes: Mapping[str, Any],
+    data: Any,
+) -> Delivery:
+    """Key = (source, id), the CloudEvents uniqueness rule; the payload that is validated
+    and fingerprinted is the immutable part: type, subject and data. ``traceparent``,
+    when present, is the correlation id."""
+    envelope = {"type": attributes.get("type"), "subject": attributes.get("subject"), "data": data}
+    return Delivery(
+        body=json.dumps(envelope, separators=(",", ":"), default=str).encode(),
+        message_id=joined_identity(source, event_id) if source and event_id else None,
+        correlation_id=attributes.get("traceparent"),
+        traceparent=attributes.get("traceparent"),
+    )
+
+
+def eventgrid_delivery(event: func.CloudEvent) -> Delivery:
+    attributes = {**(event.extension_attrs or {}), "type": event.type, "subject": event.subject}
+    return cloudevent_delivery(event.source, event.id, attributes, event.get_json())
+
+
+def http_cloudevent_delivery(req: func.HttpRequest) -> Delivery | str:
+    """Structured or binary content mode, parsed by the CloudEvents SDK after checking the
+    required attributes on the raw request (the SDK would invent a random id, and a 1.0
+    specversion, for an event that has none); the reason, when it is not a valid event.
+    The caller is part of the key: a caller can create or suppress only its own events,
+    never an Event Grid delivery's nor another caller's."""
+    structured = req.headers.get("Content-Type", "").startswith("application/cloudevents+json")
+    try:
+        attributes = parse_json(req.get_body()) if structured else None
+    except InvalidMessage as exc:
+        return f"the structured event is not valid JSON ({exc.reason})"
+
+    def present(name: str) -> bool:
+        value = attributes.get(name) if isinstance(attributes, dict) else req.headers.get(f"ce-{name}")
+        return isinstance(value, str) and value != ""
+
+    missing = [name for name in CLOUDEVENT_REQUIRED if not present(name)]
+    if missing:
+        return f"missing required CloudEvents attribute(s): {', '.join(missing)}"
+    try:
+        event = from_http_event(HTTPMessage(headers=dict(req.headers), body=req.get_body()))
+    except Exception:  # noqa: BLE001 - the SDK raises several types for malformed events
+        return "not a CloudEvents 1.0 event (structured or binary mode)"
+    if event.get_specversion() != "1.0":
+        return "specversion must be 1.0"
+    envelope = {**event.get_attributes(), "type": event.get_type(), "subject": event.get_subject()}
+    delivery = cloudevent_delivery(event.get_source(), event.get_id(), envelope, event.get_data())
+    caller = caller_identity(req)
+    return replace(delivery, message_id=joined_identity(caller, delivery.message_id or ""), origin=caller)
+
+
+def webhook_handshake(req: func.HttpRequest) -> func.HttpResponse:
+    """CloudEvents webhook validation (abuse protection): echo the requesting origin."""
+    origin = req.headers.get("WebHook-Request-Origin")
+    if not origin:
+        return problem(400, "missing WebHook-Request-Origin", "this endpoint answers the CloudEvents handshake")
+    headers = {"WebHook-Allowed-Origin": origin, "WebHook-Allowed-Rate": "*", "Allow": "POST"}
+    return func.HttpResponse(status_code=200, headers=headers)
+
+
+def cloudevent_response(result: Result) -> func.HttpResponse:
+    """204: accepted, no content (CloudEvents HTTP webhook)."""
+    if result.outcome in (Outcome.PROCESSED, Outcome.DUPLICATE):
+        return func.HttpResponse(
+            status_code=204, headers={REPLAYED: "true"} if result.outcome is Outcome.DUPLICATE else {}
+        )
+    return refusal(result)
+
+
+# -- HTTP with Idempotency-Key -------------------------------------------------------------
+
+
+def caller_identity(req: func.HttpRequest) -> str:
+    """Who is calling, so that one client never sees another's stored responses.
+    The Easy Auth principal (trusted only when Easy Auth is on: the platform then strips
+    any such header sent by a client), else the function key used (hashed, never
+    stored), else ``anonymous`` — only possible with auth level ANONYMOUS or locally."""
+    principal: str | None = req.headers.get("x-ms-client-principal-id")
+    if principal and os.environ.get("WEBSITE_AUTH_ENABLED", "").lower() == "true":
+        return "principal:" + principal
+    key = req.headers.get("x-functions-key") or req.params.get("code")
+    if key:
+        return "key:" + hashlib.sha256(key.encode()).hexdigest()[:32]
+    return "anonymous"
+
+
+def http_delivery(req: func.HttpRequest) -> Delivery | func.HttpResponse:
+    """A JSON request with its Idempotency-Key, or the problem response that refuses it.
+    The consumer keys it by the business key in the body (one order per orderId, whatever
+    the Idempotency-Key); the caller is its origin, so a caller's retry under a new key
+    replays its own response, and nobody else's request matches it."""
+    key = req.headers.get("Idempotency-Key")
+    if not key:
+        return problem(400, "Idempotency-Key header required", "send a unique key per logical request")
+    if len(key) > MAX_IDEMPOTENCY_KEY:
+        return problem(400, "Idempotency-Key too long", f"at most {MAX_IDEMPOTENCY_KEY} characters")
+    if not req.headers.get("Content-Type", "").startswith("application/json"):
+        return problem(415, "Unsupported media type", "send Content-Type: application/json")
+    caller, traceparent = caller_identity(req), req.headers.get("traceparent")
+    return Delivery(body=req.get_body(), message_id=joined_identity(caller, key), correlation_id=traceparent,
+                    traceparent=traceparent, origin=caller)  # fmt: skip
+
+
+def too_large(req: func.HttpRequest) -> func.HttpResponse | None:
+    """413 before anything parses the body."""
+    declared = req.headers.get("Content-Length", "")
+    size = int(declared) if declared.isdigit() else len(req.get_body())
+    if size > MAX_REQUEST_BYTES:
+        return problem(413, "Request too large", f"bodies are limited to {MAX_REQUEST_BYTES} bytes")
+    return None
+
+
+def stored_response(handler: Handler, status: int, location: str) -> Handler:
+    """Store the HTTP response (status, body, headers) as the result, so a repeat
+    replays exactly what the first request answered. ``location``: a format string
+    applied to the handler's result."""
+
+    def handle(payload: Any, context: Context) -> Effects:
+        effects = handler(payload, context)
+        assert isinstance(effects, Effects), "an HTTP response is stored with a marker"
+        headers = {"Location": location.format(**effects.result)}
+        return Effects(effects.entities, {"status": status, "body": effects.result, "headers": headers})
+
+    return handle
+
+
+def http_response(result: Result) -> func.HttpResponse:
+    if result.outcome in (Outcome.PROCESSED, Outcome.DUPLICATE) and isinstance(result.result, dict):
+        headers = dict(result.result.get("headers") or {})
+        if result.outcome is Outcome.DUPLICATE:
+            headers[REPLAYED] = "true"
+        return func.HttpResponse(json.dumps(result.result["body"]), status_code=int(result.result["status"]),
+                                 headers=headers, mimetype="application/json")  # fmt: skip
+    if result.outcome is Outcome.DUPLICATE:  # processed long ago: its stored response has expired
+        return problem(409, "Already processed", "this request was processed; its stored response has expired")
+    return refusal(result)
+
+
+def refusal(result: Result) -> func.HttpResponse:
+    if result.outcome is Outcome.CONFLICT:
+        return problem(409, "Conflict with an earlier request",
+                       "this business key was already used by another request or another caller")  # fmt: skip
+    if result.outcome is Outcome.IN_FLIGHT:
+        return problem(409, "A request with this key is in progress", "retry later", retry_after=True)
+    if result.outcome is Outcome.INVALID:
+        detail = (result.detail or "")[:500] if result.reason in PUBLIC_REASONS else "the request was refused"
+        return problem(400, f"Invalid request: {result.reason}", detail)
+    return unavailable()
+
+
+def ready(consumer: Callable[[], IdempotentConsumer]) -> IdempotentConsumer | func.HttpResponse:
+    """A cold instance whose store is unreachable answers as a warm one does: 503 + Retry-After."""
+    try:
+        return consumer()
+    except StoreUnavailable:
+        return unavailable()
+
+
+def unavailable() -> func.HttpResponse:
+    return problem(503, "Temporarily unavailable", "retry later", retry_after=True)
+
+
+def problem(status: int, title: str, detail: str, *, retry_after: bool = False) -> func.HttpResponse:
+    """RFC 9457 problem details."""
+    body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
+    headers = {"Retry-After": RETRY_AFTER_SECONDS} if retry_after else {}
+    return func.HttpResponse(json.dumps(body), status_code=status, headers=headers,
+                             mimetype="application/problem+json")  # fmt: skip

@@ -1,0 +1,92 @@
+"""How markers and dead-letter records are laid out, in every store: one field map, so
+that the stores agree on what a record holds. Each store only renames fields to its
+convention (Table Storage: PascalCase) and encodes values its SDK cannot take as they are
+(Table: JSON text; Cosmos DB: times as fixed-width strings). The message's body and the
+store's own ids are the store's business."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from .keys import DedupKey
+from .records import MARKER_KIND, Marker, State
+from .store import DeadLetter
+
+DETAIL_LIMIT = 8_000  # characters of a refusal's detail kept with a dead letter
+
+
+def marker_fields(marker: Marker) -> dict[str, Any]:
+    """A marker's fields; absent ones are left out (each costs encoding time per commit)."""
+    fields: dict[str, Any] = {
+        "kind": MARKER_KIND,
+        "scope": marker.key.scope,
+        "keyId": marker.key.id,
+        "state": marker.state.value,
+        "fingerprint": marker.fingerprint,
+        "createdAt": marker.created_at,
+        "expiresAt": marker.expires_at,
+    }
+    optional = {
+        "step": marker.key.step or None,
+        "result": marker.result,
+        "leaseUntil": marker.lease_until,
+        "owner": marker.owner,
+        # the raw partition, for reconciliation's cross-partition scan of claims
+        "partition": marker.partition if marker.claimed else None,
+    }
+    fields.update({name: value for name, value in optional.items() if value is not None})
+    return fields
+
+
+def marker_from(fields: Mapping[str, Any], partition: str, version: str | None) -> Marker:
+    return Marker(
+        key=DedupKey(fields["scope"], fields["keyId"], fields.get("step") or ""),
+        partition=partition,
+        state=State(fields["state"]),
+        fingerprint=fields["fingerprint"],
+        created_at=fields.get("createdAt") or fields["expiresAt"],
+        expires_at=fields["expiresAt"],
+        lease_until=fields.get("leaseUntil"),
+        result=fields.get("result"),
+        owner=fields.get("owner"),
+        version=version,
+    )
+
+
+def dead_letter_fields(record: DeadLetter, recorded_at: datetime, expires_at: datetime) -> dict[str, Any]:
+    """A dead letter's fields but its body."""
+    fields: dict[str, Any] = {
+        "scope": record.scope,
+        "reason": record.reason,
+        "detail": record.detail[:DETAIL_LIMIT],
+        "recordedAt": recorded_at,
+        "expiresAt": expires_at,
+    }
+    optional = {
+        "messageId": record.message_id,
+        "correlationId": record.correlation_id,
+        "deliveryCount": record.delivery_count,
+        "keyId": record.key_id,
+        "fingerprint": record.fingerprint,
+        "storedFingerprint": record.stored_fingerprint,
+    }
+    fields.update({name: value for name, value in optional.items() if value is not None})
+    return fields
+
+
+def dead_letter_from(fields: Mapping[str, Any], body: bytes) -> DeadLetter:
+    return DeadLetter(
+        scope=fields["scope"],
+        reason=fields["reason"],
+        detail=fields["detail"],
+        body=body,
+        message_id=fields.get("messageId"),
+        correlation_id=fields.get("correlationId"),
+        delivery_count=fields.get("deliveryCount"),
+        key_id=fields.get("keyId"),
+        fingerprint=fields.get("fingerprint"),
+        stored_fingerprint=fields.get("storedFingerprint"),
+        recorded_at=fields.get("recordedAt"),
+    )

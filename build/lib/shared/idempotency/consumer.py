@@ -1,0 +1,386 @@
+"""The idempotent-consumer flow. Trigger-neutral: a trigger turns its binding into a
+Delivery, calls ``process`` and settles the returned Result (see bindings.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
+from . import telemetry
+from .errors import (
+    DownstreamRejected,
+    DownstreamUnavailable,
+    FingerprintMismatch,
+    InFlight,
+    InvalidMessage,
+    LeaseLost,
+    StoreUnavailable,
+)
+from .fingerprint import fingerprint
+from .keys import DedupKey, KeySource, consumer_partition, from_message_id
+from .records import JSON, Entity, utcnow
+from .settings import DedupConfig
+from .steps import Context
+from .store import Commit, CommitStatus, DeadLetter, DedupStore, StateStatus
+
+log = logging.getLogger("idempotency")
+
+
+class Outcome(StrEnum):
+    PROCESSED = "processed"  # effects committed with the marker, now
+    DUPLICATE = "duplicate"  # same key, same payload: nothing written, acknowledge
+    IN_FLIGHT = "in_flight"  # another delivery holds a live claim: retry later
+    CONFLICT = "conflict"  # same key, different payload: dead-lettered, alert raised
+    INVALID = "invalid"  # can never be processed as sent: dead-lettered with reason
+    TRANSIENT = "transient"  # nothing committed: let the broker redeliver
+    STALE = "stale"  # an older version of state already superseded: acknowledge
+
+
+RETRY_OUTCOMES = frozenset({Outcome.IN_FLIGHT, Outcome.TRANSIENT})
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One delivery of a message, whatever the trigger. Only ``message_id`` (producer
+    assigned) may feed the key; the rest is for logs and operators."""
+
+    body: bytes
+    message_id: str | None = None
+    correlation_id: str | None = None
+    delivery_count: int | None = None
+    traceparent: str | None = None  # W3C trace context of the producer, when it sent one
+    properties: Mapping[str, Any] = field(default_factory=dict)
+    # Who sent it, where the channel lets anyone send (an HTTP caller): part of the
+    # fingerprint, so one caller never replays, nor matches, another caller's request.
+    origin: str | None = None
+
+
+@dataclass(frozen=True)
+class Result:
+    outcome: Outcome
+    key: DedupKey | None = None
+    reason: str | None = None
+    detail: str | None = None
+    result: JSON = None
+    fingerprint: str | None = None
+    stored_fingerprint: str | None = None
+
+    @property
+    def acknowledge(self) -> bool:
+        """False: the trigger must make the broker redeliver (abandon / raise)."""
+        return self.outcome not in RETRY_OUTCOMES
+
+
+@dataclass(frozen=True)
+class Effects:
+    """What a handler decides for one new message: the business entities to commit with
+    the marker (one transaction) and the result to store for replays."""
+
+    entities: list[Entity]
+    result: JSON = None
+
+
+@dataclass(frozen=True)
+class LatestState:
+    """Event-carried state transfer: the message holds the absolute state and its version.
+    Applying it is naturally idempotent — written only when newer — so no dedup marker
+    is written at all. Prefer this wherever the message can carry the whole state."""
+
+    entity: Entity
+    version: int
+    result: JSON = None
+
+
+Handler = Callable[[Any, Context], Effects | LatestState]
+"""Decides the entities to commit with the marker (or the latest state to apply);
+effects outside the transaction go through ``context.step`` (two-phase). Do not catch
+broad exceptions around a step: its errors (in flight, mismatch, lease lost) are the
+flow's to settle."""
+
+_STATE_OUTCOMES = {StateStatus.APPLIED: Outcome.PROCESSED, StateStatus.SAME: Outcome.DUPLICATE,
+                   StateStatus.STALE: Outcome.STALE}  # fmt: skip
+
+
+MAX_JSON_DEPTH = 32
+
+
+def parse_json(body: bytes) -> Any:
+    """Strict JSON: no NaN/Infinity, no duplicate member names (which copy would win
+    differs between parsers, so the fingerprint could not mean the same payload), nesting
+    at most MAX_JSON_DEPTH deep."""
+
+    def reject_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    def unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        members = dict(pairs)
+        if len(members) != len(pairs):
+            raise InvalidMessage("duplicate_member", "an object repeats a member name")
+        return members
+
+    try:
+        payload = json.loads(body.decode("utf-8"), parse_constant=reject_constant, object_pairs_hook=unique_members)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise InvalidMessage("invalid_json", str(exc)[:500]) from exc
+    _check_depth(payload)
+    return payload
+
+
+def _check_depth(payload: Any) -> None:
+    level = [payload]
+    for _ in range(MAX_JSON_DEPTH):
+        level = [child for value in level if isinstance(value, dict | list)
+                 for child in (value.values() if isinstance(value, dict) else value)]  # fmt: skip
+        if not level:
+            return
+    if any(isinstance(value, dict | list) for value in level):
+        raise InvalidMessage("too_deep", f"JSON nesting is limited to {MAX_JSON_DEPTH} levels")
+
+
+def _fingerprint(delivery: Delivery, payload: Any) -> str:
+    return fingerprint(payload if delivery.origin is None else {"origin": delivery.origin, "payload": payload})
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A message decided by its handler, waiting for its commit."""
+
+    key: DedupKey
+    partition: str
+    fingerprint: str
+    effects: Effects
+    expires_at: datetime
+
+    @property
+    def commit(self) -> Commit:
+        return Commit(self.key, self.partition, self.fingerprint, self.effects.entities, self.effects.result,
+                      self.expires_at)  # fmt: skip
+
+
+class CompletedKeys:
+    """A bounded, thread-safe LRU of (key → fingerprint) this instance saw completed. A
+    completed marker never goes back, so a hit with the same fingerprint is a duplicate
+    without asking the store; a miss proves nothing and goes to the store."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._keys: OrderedDict[DedupKey, str] = OrderedDict()
+        self._mutex = threading.Lock()
+
+    def get(self, key: DedupKey) -> str | None:
+        with self._mutex:
+            fp = self._keys.get(key)
+            if fp is not None:
+                self._keys.move_to_end(key)
+            return fp
+
+    def put(self, key: DedupKey, fp: str) -> None:
+        if self._size <= 0:
+            return
+        with self._mutex:
+            self._keys[key] = fp
+            self._keys.move_to_end(key)
+            while len(self._keys) > self._size:
+                self._keys.popitem(last=False)
+
+
+class IdempotentConsumer:
+    """Stable key → atomic claim-and-commit → explicit outcome.
+
+    ``name`` is the consumer's identity in the shared store: keep it stable across
+    function renames, and distinct per subscriber.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        store: DedupStore,
+        handler: Handler,
+        *,
+        key_source: KeySource = from_message_id,
+        schema: Mapping[str, Any] | None = None,
+        config: DedupConfig | None = None,
+        partition_for: Callable[[DedupKey], str] = lambda key: key.id,
+        replay_results: bool = False,
+        record_refusals: bool = True,
+    ) -> None:
+        """``config``: retention, step lease and wait, cache size; by default read from the
+        app settings (``DedupConfig.from_settings()``), as the README documents them.
+        ``replay_results``: a duplicate reads the stored result back (one more read,
+        for duplicates only) — HTTP needs it, a queue does not. ``record_refusals``:
+        invalid and conflicting messages are written to the dead-letter records before
+        they are acknowledged — a queue needs it, HTTP tells its caller instead.
+        The cache keeps keys this instance saw completed, so that hot duplicates cost no
+        store request; never an in-progress key, never trusted to decide "new"."""
+        config = config or DedupConfig.from_settings()
+        if not name or "|" in name:
+            raise ValueError(f"consumer name {name!r}: non-empty, without '|'")
+        self.name = name
+        self.store = store
+        self._handler = handler
+        self._key_source = key_source
+        self._validator = Draft202012Validator(schema) if schema is not None else None
+        self._retention = config.retention
+        self._steps = config.steps
+        self._partition_for = partition_for
+        self._replay = replay_results
+        self._record_refusals = record_refusals
+        self._completed = CompletedKeys(0 if replay_results else config.cache_size)  # replays need the result
+
+    def identify(self, delivery: Delivery) -> tuple[DedupKey, str, str]:
+        """Key, partition and fingerprint as processing derives them, or InvalidMessage
+        when processing would dead-letter the message; touches no store."""
+        payload, key, fp = self._read(delivery)
+        self._validate(payload)
+        return key, self.partition_of(key), fp
+
+    def _read(self, delivery: Delivery) -> tuple[Any, DedupKey, str]:
+        payload = parse_json(delivery.body)
+        key = DedupKey(self.name, self._key_source(delivery.message_id, payload) or "")
+        return payload, key, _fingerprint(delivery, payload)
+
+    def partition_of(self, key: DedupKey) -> str:
+        return consumer_partition(self.name, self._partition_for(key))
+
+    def process(self, delivery: Delivery) -> Result:
+        return self.process_batch([delivery])[0]
+
+    def process_batch(self, deliveries: Sequence[Delivery]) -> list[Result]:
+        """Each message is decided on its own; the commits of those that share a
+        partition go to the store together (``commit_many``: on Table Storage, up to 100
+        operations per transaction), and a conflict isolates only its own message."""
+        started = time.perf_counter()
+        with ExitStack() as spans:
+            current = [spans.enter_context(telemetry.span(self.name, d)) for d in deliveries]
+            decided = [self._decide(delivery) for delivery in deliveries]
+            waiting = [i for i, item in enumerate(decided) if isinstance(item, _Pending)]
+            results = [item if isinstance(item, Result) else None for item in decided]
+            committed = self._commit([item for item in decided if isinstance(item, _Pending)])
+            for i, outcome in zip(waiting, committed, strict=True):
+                results[i] = outcome
+            finished: list[Result] = []
+            for delivery, result, span in zip(deliveries, results, current, strict=True):
+                assert result is not None
+                if self._record_refusals and result.outcome in (Outcome.INVALID, Outcome.CONFLICT):
+                    result = self._dead_letter(delivery, result)
+                telemetry.record(self.name, delivery, result, (time.perf_counter() - started) * 1000, span)
+                finished.append(result)
+        return finished
+
+    def _decide(self, delivery: Delivery) -> Result | _Pending:
+        """Everything up to the commit: parse, key, validate, fingerprint, the cache of
+        completed keys, then the handler (and its two-phase steps)."""
+        key: DedupKey | None = None
+        fp: str | None = None
+        try:
+            payload, key, fp = self._read(delivery)
+            self._validate(payload)
+            if self._completed.get(key) == fp:
+                return Result(Outcome.DUPLICATE, key, "completed_recently", fingerprint=fp, stored_fingerprint=fp)
+            partition, expires_at = self.partition_of(key), utcnow() + self._retention
+            effects = self._handler(payload, Context(key, partition, fp, self.store, self._steps, expires_at))
+            if isinstance(effects, Effects) and len(effects.entities) > self.store.max_effects:
+                raise InvalidMessage("too_many_effects", f"{len(effects.entities)} entities; one commit holds "
+                                     f"{self.store.max_effects}")  # fmt: skip
+            if isinstance(effects, LatestState):
+                status = self.store.upsert_if_newer(partition, effects.entity, effects.version)
+                return Result(_STATE_OUTCOMES[status], key, result=effects.result, fingerprint=fp)
+            return _Pending(key, partition, fp, effects, expires_at)
+        except Exception as exc:  # noqa: BLE001 - mapped to exactly one outcome below
+            return self._failure(exc, key, fp)
+
+    def _commit(self, pending: list[_Pending]) -> list[Result]:
+        if not pending:
+            return []
+        claiming = time.perf_counter()
+        try:
+            commits = self.store.commit_many([p.commit for p in pending])
+        except Exception as exc:  # noqa: BLE001 - nothing was committed that we know of: all retry
+            return [self._failure(exc, p.key, p.fingerprint) for p in pending]
+        per_message = (time.perf_counter() - claiming) * 1000 / len(pending)
+        results = []
+        for item, commit in zip(pending, commits, strict=True):
+            telemetry.claim_duration(self.name, per_message)
+            if commit.status is CommitStatus.MISMATCH:
+                results.append(self._mismatch(item.key, item.fingerprint, commit.stored_fingerprint))
+                continue
+            self._completed.put(item.key, item.fingerprint)
+            if commit.status is CommitStatus.NEW:
+                results.append(Result(Outcome.PROCESSED, item.key, result=item.effects.result,
+                                      fingerprint=item.fingerprint))  # fmt: skip
+            else:
+                results.append(self._duplicate(item.key, item.partition, item.fingerprint, commit.stored_fingerprint))
+        return results
+
+    def _failure(self, exc: Exception, key: DedupKey | None, fp: str | None) -> Result:
+        if isinstance(exc, InvalidMessage):
+            return Result(Outcome.INVALID, key, exc.reason, exc.detail)
+        if isinstance(exc, DownstreamRejected):
+            return Result(Outcome.INVALID, key, "downstream_rejected", str(exc)[:500])
+        if isinstance(exc, FingerprintMismatch):
+            return self._mismatch(key, fp or "", exc.stored_fingerprint)
+        if isinstance(exc, InFlight):
+            return Result(Outcome.IN_FLIGHT, key, "claimed_elsewhere", "another delivery holds a live claim")
+        transient = {StoreUnavailable: "store_unavailable", DownstreamUnavailable: "downstream_unavailable",
+                     LeaseLost: "lease_lost"}  # fmt: skip
+        for kind, reason in transient.items():  # subclasses too
+            if isinstance(exc, kind):
+                return Result(Outcome.TRANSIENT, key, reason, str(exc)[:500])
+        log.error("dedup handler failed for %s", key, exc_info=exc)  # a bug: never acknowledge it
+        return Result(Outcome.TRANSIENT, key, "handler_error", repr(exc)[:500])
+
+    def _duplicate(self, key: DedupKey, partition: str, fp: str, stored_fp: str | None) -> Result:
+        if not self._replay:
+            return Result(Outcome.DUPLICATE, key, fingerprint=fp, stored_fingerprint=stored_fp)
+        try:
+            stored = self.store.get(key, partition)
+        except StoreUnavailable as exc:
+            return Result(Outcome.TRANSIENT, key, "store_unavailable", str(exc)[:500])
+        result = stored.result if stored else None
+        return Result(Outcome.DUPLICATE, key, result=result, fingerprint=fp, stored_fingerprint=stored_fp)
+
+    @staticmethod
+    def _mismatch(key: DedupKey | None, fp: str, stored: str | None) -> Result:
+        detail = "the key was already processed with a different payload"
+        return Result(Outcome.CONFLICT, key, "fingerprint_mismatch", detail, fingerprint=fp, stored_fingerprint=stored)
+
+    def _validate(self, payload: Any) -> None:
+        if self._validator is None:
+            return
+        error = best_match(self._validator.iter_errors(payload))
+        if error is not None:
+            where = "/".join(str(part) for part in error.absolute_path) or "(root)"
+            raise InvalidMessage("schema_violation", f"{where}: {error.message[:400]}")
+
+    def _dead_letter(self, delivery: Delivery, result: Result) -> Result:
+        """Record the refused message durably before it is acknowledged; if that fails,
+        the message must go back to the broker instead."""
+        record = DeadLetter(
+            scope=self.name,
+            reason=result.reason or result.outcome.value,
+            detail=result.detail or "",
+            body=delivery.body,
+            message_id=delivery.message_id,
+            correlation_id=delivery.correlation_id,
+            delivery_count=delivery.delivery_count,
+            key_id=result.key.id if result.key else None,
+            fingerprint=result.fingerprint,
+            stored_fingerprint=result.stored_fingerprint,
+        )
+        try:
+            self.store.dead_letter(record)
+        except Exception as exc:  # noqa: BLE001 - whatever failed, the broker keeps the message
+            return Result(Outcome.TRANSIENT, result.key, "dead_letter_failed", repr(exc)[:500])
+        return result

@@ -1,0 +1,288 @@
+"""Azure Cosmos DB for NoSQL store.
+
+Layout: one container partitioned by ``/partitionKey``, a property the store owns and sets
+to the message's partition (the order id for the orders consumer), so that a message's
+marker and documents share one logical partition and commit in one transactional batch,
+and no business field (an event's ``orderId``, say) is ever taken for the partition.
+Ids reuse the Table encoding (``dedup|<scope>|<id>``; documents by their encoded name).
+
+- One business document: the document *is* the marker (the pattern's example). Its id is
+  derived from the dedup key, it carries the fingerprint, and ``create_item`` claims and
+  writes at once; a 409 means it exists: one read tells duplicate from mismatch.
+- Several documents: a guard (key, fingerprint), the marker and the documents go into
+  one batch; the index of the operation that failed with 409 tells "same payload" (the
+  guard) from "different payload" (the marker) in one request, as on Table Storage.
+- Retention is native: markers and guards carry ``ttl``; business documents ``ttl: -1``
+  so that the container's ``defaultTtl`` never removes them.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from azure.core import MatchConditions
+from azure.cosmos import ContainerProxy, exceptions
+
+from .codec import dead_letter_fields, dead_letter_from, marker_fields, marker_from
+from .errors import StoreUnavailable, VersionConflict
+from .keys import DedupKey, encode_key, guard_id, marker_id
+from .records import GUARD_KIND, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
+from .store import (
+    DEFAULT_DEAD_LETTER_RETENTION,
+    Commit,
+    CommitResult,
+    CommitStatus,
+    DeadLetter,
+    DedupStore,
+    StoredState,
+    store_errors,
+)
+
+MAX_BATCH_OPERATIONS = 100  # Cosmos transactional batch limit (and 2 MB)
+STATE_VERSION = "stateVersion"  # the version of a document written by upsert_if_newer
+_MAX_BODY_BYTES = 896_000  # the same bound as the Table store: one item stays under 2 MB
+_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"  # fixed width: string order is time order in queries
+
+
+def _time(value: datetime) -> str:
+    return value.astimezone(UTC).strftime(_TIME)
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    return datetime.strptime(value, _TIME).replace(tzinfo=UTC) if value else None
+
+
+class CosmosStore(DedupStore):
+    def __init__(
+        self,
+        container: ContainerProxy,
+        dead_letters: ContainerProxy,
+        partition_field: str,
+        *,
+        dead_letter_retention: timedelta = DEFAULT_DEAD_LETTER_RETENTION,
+    ) -> None:
+        """``partition_field``: the property named by the container's partition key path.
+        The dead-letter container needs TTL on (``defaultTtl: -1``): each record carries its own."""
+        self.dead_letter_retention = dead_letter_retention
+        self._container = container
+        self._dead = dead_letters
+        self._pk = partition_field
+
+    @property
+    def container(self) -> ContainerProxy:
+        return self._container
+
+    @property
+    def dead_letter_container(self) -> ContainerProxy:
+        return self._dead
+
+    @property
+    def partition_field(self) -> str:
+        return self._pk
+
+    # -- atomic path ---------------------------------------------------------------------
+
+    def commit_many(self, commits: Sequence[Commit]) -> list[CommitResult]:
+        return [self._commit(commit) for commit in commits]  # one partition key per batch
+
+    def _commit(self, commit: Commit) -> CommitResult:
+        key, partition, fingerprint, effects, result, expires_at = commit
+        marker = Marker(key, partition, State.COMPLETED, fingerprint, utcnow(), expires_at, result=result)
+        if len(effects) == 1:
+            return self._commit_document_as_marker(marker, effects[0])
+        if len(effects) + 2 > MAX_BATCH_OPERATIONS:
+            raise ValueError(f"a Cosmos batch holds at most {MAX_BATCH_OPERATIONS - 2} documents")
+        guard = {"id": guard_id(key, fingerprint), self._pk: partition, "kind": GUARD_KIND, "ttl": _ttl(expires_at)}
+        operations: list[Any] = [("create", (guard,)), ("create", (self._marker_item(marker),))]
+        operations += [("create", (self._document(partition, effect),)) for effect in effects]
+        try:
+            with store_errors():
+                self._container.execute_item_batch(operations, partition_key=partition)
+        except exceptions.CosmosBatchOperationError as exc:
+            if _status_at(exc, exc.error_index) != 409:
+                raise
+            return self.conflict(commit, guard_exists=exc.error_index == 0)
+        return CommitResult(CommitStatus.NEW, fingerprint)
+
+    def _commit_document_as_marker(self, marker: Marker, effect: Entity) -> CommitResult:
+        """The business document, under its own id, carries the marker's fields and never
+        expires: it is both the record and the marker. A 409 on its id: if it carries this
+        key, its fingerprint tells duplicate from mismatch; if it does not, the business
+        document outlived its marker — applied, the same rule as the Table store's."""
+        document, fields = self._document(marker.partition, effect), self._marker_item(marker)
+        taken = (fields.keys() - {"id", "ttl", self._pk}) & effect.data.keys()
+        if taken:
+            raise ValueError(
+                f"entity {effect.name!r}: {sorted(taken)} are the marker's fields in a one-document commit"
+            )
+        item = {**fields, **document, "ttl": -1}
+        try:
+            with store_errors():
+                self._container.create_item(item)
+        except exceptions.CosmosResourceExistsError:
+            with store_errors():
+                existing = self._container.read_item(document["id"], partition_key=marker.partition)
+            if not self._carries(existing, marker.key):
+                return CommitResult(CommitStatus.DUPLICATE, None)
+            stored_fp = existing.get("fingerprint")
+            status = CommitStatus.DUPLICATE if stored_fp == marker.fingerprint else CommitStatus.MISMATCH
+            return CommitResult(status, stored_fp)
+        return CommitResult(CommitStatus.NEW, marker.fingerprint)
+
+    @staticmethod
+    def _carries(item: dict[str, Any], key: DedupKey) -> bool:
+        return item.get("kind") == MARKER_KIND and (item.get("scope"), item.get("keyId"), item.get("step") or "") == (
+            key.scope, key.id, key.step)  # fmt: skip
+
+    # -- two-phase primitives ------------------------------------------------------------
+
+    def get(self, key: DedupKey, partition: str) -> Marker | None:
+        """A point read of the marker; for a message committed as one business document
+        (its own marker, under the document's id), a query of the partition."""
+        item: dict[str, Any]
+        try:
+            with store_errors():
+                item = dict(self._container.read_item(marker_id(key), partition_key=partition))
+        except exceptions.CosmosResourceNotFoundError:
+            if key.step:
+                return None
+            query = "SELECT * FROM c WHERE c.kind = @kind AND c.scope = @scope AND c.keyId = @key AND c.entity != null"
+            parameters: list[dict[str, Any]] = [{"name": "@kind", "value": MARKER_KIND},
+                                                {"name": "@scope", "value": key.scope},
+                                                {"name": "@key", "value": key.id}]  # fmt: skip
+            with store_errors():
+                found = list(self._container.query_items(query, parameters=parameters, partition_key=partition))
+            if not found:
+                return None
+            item = found[0]
+        return self._marker_from(item)
+
+    def insert(self, marker: Marker) -> Marker | None:
+        try:
+            with store_errors():
+                item = self._container.create_item(self._marker_item(marker))
+        except exceptions.CosmosResourceExistsError:
+            return None
+        return replace(marker, version=item["_etag"])
+
+    def replace(self, marker: Marker, if_version: str) -> Marker:
+        try:
+            with store_errors():
+                item = self._container.replace_item(
+                    marker_id(marker.key),
+                    self._marker_item(marker),
+                    etag=if_version,
+                    match_condition=MatchConditions.IfNotModified,
+                )
+        except (exceptions.CosmosAccessConditionFailedError, exceptions.CosmosResourceNotFoundError) as exc:
+            raise VersionConflict(str(exc)) from exc
+        return replace(marker, version=item["_etag"])
+
+    def stale_claims(self, lease_expired_before: datetime, limit: int) -> list[Marker]:
+        query = (
+            "SELECT * FROM c WHERE c.kind = @kind AND c.state = @state AND c.leaseUntil < @cutoff"
+        )  # fmt: skip
+        parameters: list[dict[str, Any]] = [
+            {"name": "@kind", "value": MARKER_KIND},
+            {"name": "@state", "value": State.IN_PROGRESS.value},
+            {"name": "@cutoff", "value": _time(lease_expired_before)},
+        ]
+        found: list[Marker] = []
+        with store_errors():
+            for item in self._container.query_items(query, parameters=parameters, enable_cross_partition_query=True):
+                found.append(self._marker_from(item))
+                if len(found) >= limit:
+                    break
+        return found
+
+    # -- naturally idempotent writes ----------------------------------------------------
+
+    def read_state(self, partition: str, name: str) -> StoredState | None:
+        try:
+            with store_errors():
+                current = self._container.read_item(encode_key(name), partition_key=partition)
+        except exceptions.CosmosResourceNotFoundError:
+            return None
+        return StoredState(int(current.get(STATE_VERSION, -1)), current["_etag"])
+
+    def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None) -> bool:
+        body = {**self._document(partition, entity), STATE_VERSION: version}
+        try:
+            with store_errors():
+                if if_etag is None:
+                    self._container.create_item(body)
+                else:
+                    self._container.replace_item(body["id"], body, etag=if_etag,
+                                                 match_condition=MatchConditions.IfNotModified)  # fmt: skip
+        except (exceptions.CosmosResourceExistsError, exceptions.CosmosAccessConditionFailedError):
+            return False
+        return True
+
+    # -- dead letters --------------------------------------------------------------------
+
+    def dead_letter(self, record: DeadLetter) -> None:
+        if len(record.body) > _MAX_BODY_BYTES:
+            raise StoreUnavailable(f"a {len(record.body)}-byte body does not fit one dead-letter item")
+        recorded = record.recorded_at or utcnow()
+        fields = _to_cosmos(dead_letter_fields(record, recorded, recorded + self.dead_letter_retention))
+        item = {**fields, "id": record.record_id, "body": base64.b64encode(record.body).decode(),
+                "ttl": max(1, int(self.dead_letter_retention.total_seconds()))}  # fmt: skip
+        with store_errors():
+            self._dead.upsert_item(item)
+
+    def dead_letters(self, scope: str) -> list[DeadLetter]:
+        parameters: list[dict[str, Any]] = [{"name": "@scope", "value": scope}]
+        with store_errors():
+            items = list(
+                self._dead.query_items("SELECT * FROM c WHERE c.scope = @scope", parameters=parameters,
+                                       partition_key=scope)
+            )  # fmt: skip
+        return [dead_letter_from(_from_cosmos(item), base64.b64decode(item["body"])) for item in items]
+
+    def scan(self, partition: str | None = None) -> Iterator[StoredItem]:
+        scope: dict[str, Any] = (
+            {"enable_cross_partition_query": True} if partition is None else {"partition_key": partition}
+        )
+        with store_errors():
+            for item in self._container.query_items("SELECT * FROM c", **scope):
+                kind = item.get("kind")
+                key = DedupKey(item["scope"], item["keyId"], item.get("step") or "") if kind == MARKER_KIND else None
+                yield StoredItem(item["id"], kind, key, item.get("entity"), item)
+
+    # -- item mapping ------------------------------------------------------------------
+
+    def _marker_item(self, marker: Marker) -> dict[str, Any]:
+        fields = _to_cosmos(marker_fields(marker))
+        return {**fields, "id": marker_id(marker.key), self._pk: marker.partition, "ttl": _ttl(marker.expires_at)}
+
+    def _document(self, partition: str, effect: Entity) -> dict[str, Any]:
+        if {"id", "ttl", "entity"} & effect.data.keys() or effect.data.get(self._pk, partition) != partition:
+            raise ValueError(f"entity {effect.name!r}: id, ttl, entity and {self._pk} are the store's to set")
+        return {**effect.data, "id": encode_key(effect.name), self._pk: partition, "entity": effect.name, "ttl": -1}
+
+    def _marker_from(self, item: dict[str, Any]) -> Marker:
+        return marker_from(_from_cosmos(item), item[self._pk], item.get("_etag"))
+
+
+def _to_cosmos(fields: dict[str, Any]) -> dict[str, Any]:
+    return {name: _time(value) if isinstance(value, datetime) else value for name, value in fields.items()}
+
+
+def _from_cosmos(item: dict[str, Any]) -> dict[str, Any]:
+    times = ("createdAt", "expiresAt", "leaseUntil", "recordedAt")
+    return {name: _parse_time(value) if name in times else value for name, value in item.items()}
+
+
+def _ttl(expires_at: datetime) -> int:
+    """Cosmos ``ttl`` is in whole seconds from the last write, at least 1."""
+    return max(1, math.ceil((expires_at - utcnow()).total_seconds()))
+
+
+def _status_at(exc: exceptions.CosmosBatchOperationError, index: int) -> int | None:
+    responses = exc.operation_responses or []
+    return responses[index].get("statusCode") if 0 <= index < len(responses) else None

@@ -1,0 +1,169 @@
+"""A store in memory, for unit tests of handlers and of stores' callers. It passes the
+same contract suite as the real stores, but proves nothing about Table Storage or Cosmos
+DB: their transactions, ETags and limits are only proven against their servers."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from .errors import StoreUnavailable, VersionConflict
+from .keys import DedupKey, encode_key, guard_id, marker_id
+from .records import GUARD_KIND, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
+from .store import (
+    DEFAULT_DEAD_LETTER_RETENTION,
+    Commit,
+    CommitResult,
+    CommitStatus,
+    DeadLetter,
+    DedupStore,
+    Purge,
+    StoredState,
+)
+
+STATE_VERSION = "stateVersion"
+
+
+@dataclass(frozen=True)
+class _Item:
+    etag: str
+    kind: str | None = None  # MARKER_KIND, GUARD_KIND, or None for business data
+    marker: Marker | None = None
+    entity: str | None = None
+    data: dict[str, Any] | None = None
+    expires_at: datetime | None = None
+
+
+class MemoryStore(DedupStore):
+    """``available = False`` makes every call fail as an unreachable store does."""
+
+    def __init__(self, *, dead_letter_retention: timedelta = DEFAULT_DEAD_LETTER_RETENTION) -> None:
+        self.dead_letter_retention = dead_letter_retention
+        self.available = True
+        self._lock = threading.Lock()
+        self._etags = itertools.count(1)
+        self._items: dict[tuple[str, str], _Item] = {}  # (partition, id)
+        self._dead: dict[tuple[str, str], tuple[DeadLetter, datetime]] = {}  # (scope, record id)
+
+    def _check(self) -> None:
+        if not self.available:
+            raise StoreUnavailable("the in-memory store is marked unavailable")
+
+    def _etag(self) -> str:
+        return f'W/"{next(self._etags)}"'
+
+    # -- atomic path ---------------------------------------------------------------------
+
+    def commit_many(self, commits: Sequence[Commit]) -> list[CommitResult]:
+        return [self._commit(commit) for commit in commits]
+
+    def _commit(self, commit: Commit) -> CommitResult:
+        self._check()
+        key, partition, fingerprint, effects, result, expires_at = commit
+        names = [encode_key(effect.name) for effect in effects]
+        if len(effects) > self.max_effects or len(set(names)) < len(names):
+            raise ValueError(f"a commit holds at most {self.max_effects} entities, each name once")
+        guard = guard_id(key, fingerprint)
+        with self._lock:
+            taken = [i for i in (guard, marker_id(key), *names) if (partition, i) in self._items]
+            if not taken:
+                marker = Marker(key, partition, State.COMPLETED, fingerprint, utcnow(), expires_at, result=result)
+                self._items[(partition, guard)] = _Item(self._etag(), GUARD_KIND, expires_at=expires_at)
+                self._items[(partition, marker_id(key))] = _Item(self._etag(), MARKER_KIND, marker)
+                for name, effect in zip(names, effects, strict=True):
+                    self._items[(partition, name)] = _Item(self._etag(), entity=effect.name, data=dict(effect.data))
+                return CommitResult(CommitStatus.NEW, fingerprint)
+        return self.conflict(commit, guard_exists=taken[0] == guard)
+
+    # -- two-phase primitives ------------------------------------------------------------
+
+    def get(self, key: DedupKey, partition: str) -> Marker | None:
+        self._check()
+        item = self._items.get((partition, marker_id(key)))
+        return replace(item.marker, version=item.etag) if item and item.marker else None
+
+    def insert(self, marker: Marker) -> Marker | None:
+        self._check()
+        with self._lock:
+            if (marker.partition, marker_id(marker.key)) in self._items:
+                return None
+            return self._put(marker)
+
+    def replace(self, marker: Marker, if_version: str) -> Marker:
+        self._check()
+        with self._lock:
+            current = self._items.get((marker.partition, marker_id(marker.key)))
+            if current is None or current.etag != if_version:
+                raise VersionConflict("the marker changed or vanished")
+            return self._put(marker)
+
+    def _put(self, marker: Marker) -> Marker:
+        item = _Item(self._etag(), MARKER_KIND, replace(marker, version=None))
+        self._items[(marker.partition, marker_id(marker.key))] = item
+        return replace(marker, version=item.etag)
+
+    def stale_claims(self, lease_expired_before: datetime, limit: int) -> list[Marker]:
+        self._check()
+        found = [
+            replace(item.marker, version=item.etag)
+            for item in list(self._items.values())
+            if item.marker and item.marker.state is State.IN_PROGRESS
+            and item.marker.lease_until is not None and item.marker.lease_until < lease_expired_before
+        ]  # fmt: skip
+        return found[:limit]
+
+    # -- naturally idempotent writes ----------------------------------------------------
+
+    def read_state(self, partition: str, name: str) -> StoredState | None:
+        self._check()
+        item = self._items.get((partition, encode_key(name)))
+        return None if item is None else StoredState(int((item.data or {}).get(STATE_VERSION, -1)), item.etag)
+
+    def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None) -> bool:
+        self._check()
+        place = (partition, encode_key(entity.name))
+        with self._lock:
+            current = self._items.get(place)
+            if (current.etag if current else None) != if_etag:
+                return False
+            self._items[place] = _Item(self._etag(), entity=entity.name, data={**entity.data, STATE_VERSION: version})
+            return True
+
+    # -- dead letters and lifecycle ------------------------------------------------------
+
+    def dead_letter(self, record: DeadLetter) -> None:
+        self._check()
+        recorded = record.recorded_at or utcnow()
+        stored = replace(record, recorded_at=recorded)
+        self._dead[(record.scope, record.record_id)] = (stored, recorded + self.dead_letter_retention)
+
+    def dead_letters(self, scope: str) -> list[DeadLetter]:
+        self._check()
+        return [record for (s, _), (record, _) in list(self._dead.items()) if s == scope]
+
+    def purge_expired(self, now: datetime, budget: int) -> Purge:
+        self._check()
+        with self._lock:
+            items = [place for place, item in self._items.items() if (_expiry(item) or now) < now]
+            dead = [place for place, (_, expires) in self._dead.items() if expires < now]
+            for place in items[:budget]:
+                del self._items[place]
+            for place in dead[: max(0, budget - len(items))]:
+                del self._dead[place]
+        deleted = min(budget, len(items) + len(dead))
+        return Purge(len(self._items) + len(self._dead) + deleted, deleted, 0)
+
+    def scan(self, partition: str | None = None) -> Iterator[StoredItem]:
+        self._check()
+        for (p, name), item in list(self._items.items()):
+            if partition is None or p == partition:
+                data = dict(item.data or {})
+                yield StoredItem(name, item.kind, item.marker.key if item.marker else None, item.entity, data)
+
+
+def _expiry(item: _Item) -> datetime | None:
+    return item.marker.expires_at if item.marker else item.expires_at

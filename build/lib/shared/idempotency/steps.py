@@ -1,0 +1,121 @@
+"""Effects that cannot join the transaction (a payment API, an e-mail): two phases per
+step. Claim the step *in progress* with a lease, make the call with a downstream
+idempotency key, then mark it *completed* with its result — every write fenced by the
+marker's version, so a worker whose lease was taken over can never complete it."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from .errors import AlreadyClaimed, DownstreamRejected, FingerprintMismatch, InFlight, LeaseLost, VersionConflict
+from .keys import DedupKey
+from .records import JSON, Marker, State, utcnow
+from .store import DedupStore
+
+log = logging.getLogger("idempotency")
+
+
+@dataclass(frozen=True)
+class StepPolicy:
+    """``lease``: how long a claim is protected from takeover; it must outlive the step's
+    call (its timeout) plus clock skew, and lapse while the broker still has deliveries
+    left (``make check-leases``). A takeover of a live but slow owner repeats the call with
+    the same downstream idempotency key, and the owner's fenced completion is refused, so
+    the lease bounds wasted calls, not correctness. ``in_flight_wait``: how long a delivery
+    that meets a live claim waits for it to finish (or lapse, then takes it over) before
+    giving the message back to the broker."""
+
+    lease: timedelta = timedelta(minutes=1)
+    in_flight_wait: timedelta = timedelta(seconds=10)
+
+
+DEFAULT_STEPS = StepPolicy()
+
+
+class Context:
+    """What a handler gets besides the payload: the message's key, and ``step`` for
+    effects outside the transaction."""
+
+    def __init__(
+        self,
+        key: DedupKey,
+        partition: str,
+        fingerprint: str,
+        store: DedupStore,
+        policy: StepPolicy,
+        expires_at: datetime,
+    ) -> None:
+        self.key = key
+        self._partition = partition
+        self._fingerprint = fingerprint
+        self._store = store
+        self._policy = policy
+        self._expires_at = expires_at
+        self._owner = uuid.uuid4().hex  # this delivery's identity as a claim owner
+
+    def step(self, name: str, call: Callable[[str], JSON]) -> JSON:
+        """Run ``call(idempotency_key)`` at most once to completion for (consumer,
+        message, step), and return its (JSON) result; a redelivery that finds the step
+        completed gets the stored result back without calling again."""
+        key = self.key.for_step(name)
+        claimed = self._claim(key)
+        if claimed.state is State.COMPLETED:
+            return claimed.result
+        if claimed.state is State.REFUSED:  # known: the service said no for good
+            raise DownstreamRejected(int(claimed.result["status"]), str(claimed.result["detail"]))
+        try:
+            result = call(key.downstream_key)
+        except DownstreamRejected as refused:
+            self._complete(claimed, {"status": refused.status, "detail": refused.detail}, State.REFUSED)
+            raise
+        except Exception:
+            self._end_lease(claimed)
+            raise
+        return self._complete(claimed, result)
+
+    def _claim(self, key: DedupKey) -> Marker:
+        deadline = time.monotonic() + self._policy.in_flight_wait.total_seconds()
+        pause = 0.1
+        while True:
+            now = utcnow()
+            marker = Marker(key, self._partition, State.IN_PROGRESS, self._fingerprint, now, self._expires_at,
+                            lease_until=now + self._policy.lease, owner=self._owner)  # fmt: skip
+            try:
+                return self._store.claim(marker, now)
+            except AlreadyClaimed as exc:
+                existing = exc.existing
+            if isinstance(existing, Marker):
+                if existing.fingerprint != self._fingerprint:
+                    raise FingerprintMismatch(existing.fingerprint)
+                if existing.final:
+                    return existing
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise InFlight(existing)
+            time.sleep(min(pause, left))  # the last attempt comes at the deadline: the whole wait counts
+            pause = min(pause * 2, 2.0)
+
+    def _complete(self, claimed: Marker, result: JSON, state: State = State.COMPLETED) -> JSON:
+        try:
+            self._store.complete(claimed, result, state)
+        except VersionConflict:
+            # Either our completion was applied and its response lost (we still own it),
+            # or another delivery took the claim over: then it owns the step, not us.
+            current = self._store.get(claimed.key, claimed.partition)
+            if current is None or current.owner != self._owner or current.state is not state:
+                raise LeaseLost(str(claimed.key)) from None
+        return result
+
+    def _end_lease(self, claimed: Marker) -> None:
+        """After a failed call, let the next delivery take over at once (same key
+        downstream) — but keep the marker: it still binds the key to this payload's
+        fingerprint, so a different payload is refused here, not by the service."""
+        try:
+            self._store.replace(replace(claimed, lease_until=utcnow()), claimed.version or "")
+        except VersionConflict:
+            log.warning("dedup claim %s was taken over before its lease ended", claimed.key)

@@ -1,0 +1,355 @@
+"""Azure Table Storage store.
+
+Layout: a marker is a sibling entity in the partition of the business entities it
+guards (a Table transaction spans one table and one PartitionKey). Its RowKey is
+``dedup|<scope>|<id>``; the atomic path also writes a *guard* ``<marker>|<fingerprint>``
+first in the same transaction, so that the index of the failing operation tells, in
+one request, "same payload" (the guard exists) from "different payload" (only the
+marker exists).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import unquote
+
+from azure.core import MatchConditions
+from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+from azure.data.tables import TableClient, TableServiceClient, TableTransactionError, UpdateMode
+
+from .codec import dead_letter_fields, dead_letter_from, marker_fields, marker_from
+from .errors import StoreUnavailable, VersionConflict
+from .keys import DedupKey, encode_key, guard_id, marker_id
+from .records import GUARD_KIND, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
+from .store import (
+    DEFAULT_DEAD_LETTER_RETENTION,
+    Commit,
+    CommitResult,
+    CommitStatus,
+    DeadLetter,
+    DedupStore,
+    Purge,
+    StoredState,
+    store_errors,
+)
+
+MAX_TRANSACTION_OPERATIONS = 100  # Table entity-group transaction limit
+STATE_VERSION = "StateVersion"  # the version of an entity written by upsert_if_newer
+_BODY_CHUNK = 64_000  # bytes per Edm.Binary property (limit 64 KiB)
+_MAX_BODY_CHUNKS = 14  # the whole entity must stay under 1 MiB
+
+
+class TableStore(DedupStore):
+    def __init__(
+        self,
+        service: TableServiceClient,
+        table: str,
+        dead_letter_table: str = "deadletters",
+        *,
+        dead_letter_retention: timedelta = DEFAULT_DEAD_LETTER_RETENTION,
+    ) -> None:
+        self.dead_letter_retention = dead_letter_retention
+        self._service = service
+        self._table: TableClient = service.get_table_client(table)
+        self._dead: TableClient = service.get_table_client(dead_letter_table)
+
+    @property
+    def table(self) -> TableClient:
+        return self._table
+
+    @property
+    def dead_letter_table(self) -> str:
+        return self._dead.table_name
+
+    def create_tables(self) -> None:
+        with store_errors():
+            for client in (self._table, self._dead):
+                self._service.create_table_if_not_exists(client.table_name)
+
+    # -- atomic path ---------------------------------------------------------------------
+
+    def commit_many(self, commits: Sequence[Commit]) -> list[CommitResult]:
+        """Messages sharing a partition are committed together, in transactions of up to
+        100 operations. A transaction that fails on one message's operation drops that
+        message (the failing index says duplicate or mismatch) and goes again with the
+        rest. The same key twice in one call: the later copy waits for a later round."""
+        results: dict[int, CommitResult] = {}
+        remaining = list(range(len(commits)))
+        while remaining:
+            keys: set[DedupKey] = set()
+            this_round: list[int] = []
+            later: list[int] = []
+            for i in remaining:
+                (later if commits[i].key in keys else this_round).append(i)
+                keys.add(commits[i].key)
+            groups: dict[str, list[int]] = {}
+            for i in this_round:
+                groups.setdefault(commits[i].partition, []).append(i)
+            for partition, members in groups.items():
+                for chunk in _chunks(commits, members):
+                    results.update(self._transact(commits, partition, chunk))
+            remaining = later
+        return [results[i] for i in range(len(commits))]
+
+    def _transact(self, commits: Sequence[Commit], partition: str, chunk: list[int]) -> dict[int, CommitResult]:
+        results: dict[int, CommitResult] = {}
+        pk, now = encode_key(partition), utcnow()
+        while chunk:
+            operations: list[Any] = []
+            owners: list[tuple[int, int]] = []  # per operation: (message, position in the message)
+            for i in chunk:
+                key, _, fingerprint, effects, result, expires_at = commits[i]
+                marker = Marker(key, partition, State.COMPLETED, fingerprint, now, expires_at, result=result)
+                guard = {"PartitionKey": pk, "RowKey": guard_id(key, fingerprint), "Kind": GUARD_KIND,
+                         "ExpiresAt": expires_at}  # fmt: skip
+                entities = [guard, self._marker_entity(marker), *(self.effect_entity(pk, e) for e in effects)]
+                operations += [("create", entity) for entity in entities]
+                owners += [(i, position) for position in range(len(entities))]
+            try:
+                with store_errors():
+                    self._table.submit_transaction(operations)
+            except TableTransactionError as exc:
+                if getattr(exc, "error_code", None) != "EntityAlreadyExists":
+                    raise
+                failed = _failed_operation(exc)
+                if failed is None and len(chunk) > 1:  # the service did not say which: one by one
+                    for i in chunk:
+                        results.update(self._transact(commits, partition, [i]))
+                    return results
+                i, position = owners[failed] if failed is not None else (chunk[0], None)
+                results[i] = self.conflict(commits[i], guard_exists=position == 0)
+                chunk = [j for j in chunk if j != i]
+                continue
+            results.update({i: CommitResult(CommitStatus.NEW, commits[i].fingerprint) for i in chunk})
+            break
+        return results
+
+    # -- two-phase primitives ------------------------------------------------------------
+
+    def get(self, key: DedupKey, partition: str) -> Marker | None:
+        try:
+            with store_errors():
+                entity = self._table.get_entity(encode_key(partition), marker_id(key))
+        except ResourceNotFoundError:
+            return None
+        return self._marker_from(entity, partition)
+
+    def insert(self, marker: Marker) -> Marker | None:
+        try:
+            with store_errors():
+                meta = self._table.create_entity(self._marker_entity(marker))
+        except ResourceExistsError:
+            return None
+        return _versioned(marker, meta)
+
+    def replace(self, marker: Marker, if_version: str) -> Marker:
+        try:
+            with store_errors():
+                meta = self._table.update_entity(
+                    self._marker_entity(marker),
+                    mode=UpdateMode.REPLACE,
+                    etag=if_version,
+                    match_condition=MatchConditions.IfNotModified,
+                )
+        except (ResourceModifiedError, ResourceNotFoundError) as exc:
+            raise VersionConflict(str(exc)) from exc
+        return _versioned(marker, meta)
+
+    def stale_claims(self, lease_expired_before: datetime, limit: int) -> list[Marker]:
+        # Markers live beside the business data, in every partition: this is a filtered
+        # scan, bounded by ``limit``; run it from a timer, never on the message path.
+        query = self._table.query_entities(
+            "Kind eq @kind and State eq @state and LeaseUntil lt @cutoff",
+            parameters={"kind": MARKER_KIND, "state": State.IN_PROGRESS.value, "cutoff": lease_expired_before},
+            results_per_page=min(limit, 1000),
+        )
+        found: list[Marker] = []
+        with store_errors():
+            for entity in query:
+                found.append(self._marker_from(entity, entity["Partition"]))
+                if len(found) >= limit:
+                    break
+        return found
+
+    # -- naturally idempotent writes ----------------------------------------------------
+
+    def read_state(self, partition: str, name: str) -> StoredState | None:
+        try:
+            with store_errors():
+                current = self._table.get_entity(encode_key(partition), encode_key(name), select=[STATE_VERSION])
+        except ResourceNotFoundError:
+            return None
+        stored = current.get(STATE_VERSION)
+        return StoredState(-1 if stored is None else int(stored), str(current.metadata["etag"]))
+
+    def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None) -> bool:
+        body = {**self.effect_entity(encode_key(partition), entity), STATE_VERSION: version}
+        try:
+            with store_errors():
+                if if_etag is None:
+                    self._table.create_entity(body)
+                else:
+                    self._table.update_entity(body, mode=UpdateMode.REPLACE, etag=if_etag,
+                                              match_condition=MatchConditions.IfNotModified)  # fmt: skip
+        except (ResourceExistsError, ResourceModifiedError):
+            return False
+        return True
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def purge_expired(self, now: datetime, budget: int) -> Purge:
+        """Markers live beside the business data, in every partition, so finding the
+        expired ones is a filtered scan (continuation tokens, pages of 1,000). Within a
+        page they are grouped by partition and deleted in transactions of up to 100 —
+        a marker and its guard go in one request — each delete conditional on the ETag
+        read, so a marker rewritten meanwhile (a takeover) is kept."""
+        markers = self._purge(
+            self._table,
+            "( Kind eq @marker or Kind eq @guard ) and ExpiresAt lt @now",  # the SDK splits on spaces
+            {"marker": MARKER_KIND, "guard": GUARD_KIND, "now": now},
+            budget,
+        )
+        dead = self._purge(self._dead, "ExpiresAt lt @now", {"now": now}, budget - markers.deleted)
+        return Purge(markers.scanned + dead.scanned, markers.deleted + dead.deleted, markers.requests + dead.requests)
+
+    def _purge(self, table: TableClient, query: str, parameters: dict[str, Any], budget: int) -> Purge:
+        found = table.query_entities(query, parameters=parameters, select=["PartitionKey", "RowKey"],
+                                     results_per_page=1000)  # fmt: skip
+        scanned = deleted = requests = 0
+        with store_errors():
+            for page in found.by_page():
+                if deleted >= budget:
+                    break
+                requests += 1
+                by_partition: dict[str, list[Any]] = {}
+                for entity in page:
+                    scanned += 1
+                    if deleted + sum(map(len, by_partition.values())) < budget:
+                        by_partition.setdefault(entity["PartitionKey"], []).append(entity)
+                for entities in by_partition.values():
+                    for start in range(0, len(entities), MAX_TRANSACTION_OPERATIONS):
+                        chunk = entities[start : start + MAX_TRANSACTION_OPERATIONS]
+                        deleted += self._delete_unchanged(table, chunk)
+                        requests += 1
+        return Purge(scanned, deleted, requests)
+
+    @staticmethod
+    def _delete_unchanged(table: TableClient, entities: list[Any]) -> int:
+        operations: list[Any] = [
+            ("delete", e, {"etag": e.metadata["etag"], "match_condition": MatchConditions.IfNotModified})
+            for e in entities
+        ]
+        try:
+            table.submit_transaction(operations)
+        except (TableTransactionError, ResourceModifiedError, ResourceNotFoundError):
+            return 0  # one of them changed or vanished since the scan: the next run retries
+        return len(entities)
+
+    # -- dead letters --------------------------------------------------------------------
+
+    def dead_letter(self, record: DeadLetter) -> None:
+        chunks = [record.body[i : i + _BODY_CHUNK] for i in range(0, len(record.body), _BODY_CHUNK)]
+        if len(chunks) > _MAX_BODY_CHUNKS:
+            # Refuse rather than keep a truncated copy: the broker then keeps the message.
+            raise StoreUnavailable(f"a {len(record.body)}-byte body does not fit one dead-letter entity")
+        recorded = record.recorded_at or utcnow()
+        fields = dead_letter_fields(record, recorded, recorded + self.dead_letter_retention)
+        entity = {"PartitionKey": encode_key(record.scope), "RowKey": record.record_id, **_to_table(fields),
+                  "BodyChunks": len(chunks), **{f"Body{i}": chunk for i, chunk in enumerate(chunks)}}  # fmt: skip
+        with store_errors():
+            self._dead.upsert_entity(entity, mode=UpdateMode.REPLACE)
+
+    def dead_letters(self, scope: str) -> list[DeadLetter]:
+        query = self._dead.query_entities("PartitionKey eq @pk", parameters={"pk": encode_key(scope)})
+        with store_errors():
+            return [_dead_letter(entity) for entity in query]
+
+    def scan(self, partition: str | None = None) -> Iterator[StoredItem]:
+        if partition is None:
+            entities = self._table.list_entities()
+        else:
+            entities = self._table.query_entities("PartitionKey eq @pk", parameters={"pk": encode_key(partition)})
+        with store_errors():
+            for entity in entities:
+                kind = entity.get("Kind")
+                key = (
+                    DedupKey(entity["Scope"], entity["KeyId"], entity.get("Step") or "")
+                    if kind == MARKER_KIND
+                    else None
+                )
+                name = None if kind else unquote(entity["RowKey"])
+                yield StoredItem(entity["RowKey"], kind, key, name, dict(entity))
+
+    # -- entity mapping ------------------------------------------------------------------
+
+    @staticmethod
+    def _marker_entity(marker: Marker) -> dict[str, Any]:
+        return {"PartitionKey": encode_key(marker.partition), "RowKey": marker_id(marker.key),
+                **_to_table(marker_fields(marker))}  # fmt: skip
+
+    @staticmethod
+    def effect_entity(pk: str, effect: Entity) -> dict[str, Any]:
+        entity: dict[str, Any] = {"PartitionKey": pk, "RowKey": encode_key(effect.name)}
+        for name, value in effect.data.items():
+            # Tables hold scalars only: nested values are stored as JSON text.
+            entity[name] = json.dumps(value, separators=(",", ":")) if isinstance(value, dict | list) else value
+        return entity
+
+    @staticmethod
+    def _marker_from(entity: Any, partition: str) -> Marker:
+        return marker_from(_from_table(entity), partition, entity.metadata.get("etag"))
+
+
+def _versioned(marker: Marker, meta: Any) -> Marker:
+    return replace(marker, version=meta.get("etag"))
+
+
+def _chunks(commits: Sequence[Commit], members: list[int]) -> Iterator[list[int]]:
+    """Whole messages per transaction, at most 100 operations (guard + marker + effects)."""
+    chunk: list[int] = []
+    operations = 0
+    for i in members:
+        size = len(commits[i].effects) + 2
+        if size > MAX_TRANSACTION_OPERATIONS:
+            raise ValueError(f"a Table transaction holds at most {MAX_TRANSACTION_OPERATIONS - 2} effects")
+        if operations + size > MAX_TRANSACTION_OPERATIONS:
+            yield chunk
+            chunk, operations = [], 0
+        chunk.append(i)
+        operations += size
+    if chunk:
+        yield chunk
+
+
+def _failed_operation(exc: TableTransactionError) -> int | None:
+    """The service prefixes a transaction error with the failing operation's index
+    ("1:The specified entity already exists."); None when it did not say."""
+    prefix, colon, _ = (getattr(exc, "message", "") or "").partition(":")
+    return int(prefix) if colon and prefix.isdigit() else None
+
+
+def _to_table(fields: dict[str, Any]) -> dict[str, Any]:
+    """Table properties are PascalCase scalars: a result is stored as JSON text."""
+    return {name[0].upper() + name[1:]: json.dumps(value, separators=(",", ":")) if name == "result" else value
+            for name, value in fields.items()}  # fmt: skip
+
+
+def _from_table(entity: Any) -> dict[str, Any]:
+    fields = {name[0].lower() + name[1:]: value for name, value in entity.items()}
+    if "result" in fields:
+        fields["result"] = json.loads(fields["result"])
+    return fields
+
+
+def _dead_letter(entity: Any) -> DeadLetter:
+    body = b"".join(_as_bytes(entity[f"Body{i}"]) for i in range(entity.get("BodyChunks", 0)))
+    return dead_letter_from(_from_table(entity), body)
+
+
+def _as_bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else base64.b64decode(value)

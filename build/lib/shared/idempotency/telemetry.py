@@ -1,0 +1,84 @@
+"""Observability through the OpenTelemetry API, so it reaches whatever the app configured
+(Azure Monitor on Azure, a console exporter in the demo, nothing: no-op):
+
+- one structured log line per outcome, with the dedup key and the correlation id;
+- metrics: ``dedup.outcomes`` (consumer, outcome), ``dedup.duplicates``,
+  ``dedup.duration`` and ``dedup.claim.duration`` histograms (ms),
+  ``dedup.store.requests`` (every HTTP request a store client sends);
+- a span per message, continuing the producer's trace (``traceparent``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+if TYPE_CHECKING:
+    from .consumer import Delivery, Result
+
+log = logging.getLogger("idempotency")
+_meter = metrics.get_meter("idempotency")
+_tracer = trace.get_tracer("idempotency")
+_outcomes = _meter.create_counter("dedup.outcomes", description="Messages by consumer and outcome")
+_duplicates = _meter.create_counter("dedup.duplicates", description="Duplicate deliveries suppressed")
+_duration = _meter.create_histogram("dedup.duration", unit="ms", description="Time to reach an outcome")
+_claim = _meter.create_histogram("dedup.claim.duration", unit="ms", description="Store time to claim and commit")
+_requests = _meter.create_counter("dedup.store.requests", description="HTTP requests sent by the store clients")
+
+# Outcomes an operator must look at are logged as errors: they are the alerts.
+_LEVELS = {"conflict": logging.ERROR, "invalid": logging.WARNING, "transient": logging.WARNING}
+
+
+def count_store_request(request: Any) -> None:
+    """An azure-core ``raw_request_hook``: called for every request, retries included."""
+    _requests.add(1, {"method": request.http_request.method})
+
+
+def claim_duration(consumer: str, milliseconds: float) -> None:
+    _claim.record(milliseconds, {"consumer": consumer})
+
+
+@contextmanager
+def span(consumer: str, delivery: Delivery) -> Iterator[trace.Span]:
+    """A consumer span, child of the incoming trace context when there is one."""
+    carrier = {"traceparent": delivery.traceparent} if delivery.traceparent else {}
+    parent = TraceContextTextMapPropagator().extract(carrier)
+    with _tracer.start_as_current_span(f"dedup {consumer}", context=parent, kind=trace.SpanKind.CONSUMER) as current:
+        current.set_attribute("messaging.consumer.group.name", consumer)
+        if delivery.message_id:
+            current.set_attribute("messaging.message.id", delivery.message_id)
+        yield current
+
+
+def record(consumer: str, delivery: Delivery, result: Result, duration_ms: float, current: trace.Span) -> None:
+    outcome = result.outcome.value
+    fields = {
+        "consumer": consumer,
+        "outcome": outcome,
+        "dedup_key": result.key.id if result.key else None,
+        "message_id": delivery.message_id,
+        "correlation_id": delivery.correlation_id,
+        "delivery_count": delivery.delivery_count,
+        "reason": result.reason,
+        "fingerprint": result.fingerprint,
+        "stored_fingerprint": result.stored_fingerprint,
+    }
+    level = _LEVELS.get(outcome, logging.INFO)
+    if log.isEnabledFor(level):
+        shown = " ".join(f"{name}={value!r}" for name, value in fields.items() if value is not None)
+        log.log(level, "dedup %s", shown, extra={"dedup": fields})
+    attributes = {"consumer": consumer, "outcome": outcome}
+    _outcomes.add(1, attributes)
+    _duration.record(duration_ms, attributes)
+    if outcome == "duplicate":
+        _duplicates.add(1, {"consumer": consumer})
+    current.set_attribute("dedup.outcome", outcome)
+    if result.key is not None:
+        current.set_attribute("dedup.key", result.key.id)
+    if outcome in ("conflict", "transient", "invalid"):
+        current.set_status(trace.StatusCode.ERROR, result.reason or outcome)

@@ -1,0 +1,55 @@
+"""Shipments as CloudEvents, from Event Grid and from ``POST /api/events``: one consumer
+identity, so the same event through either door is applied once."""
+
+from __future__ import annotations
+
+import azure.functions as func
+
+from shared.idempotency import IdempotentConsumer
+from shared.idempotency.bindings import (
+    acknowledge_or_retry,
+    cloudevent_response,
+    eventgrid_delivery,
+    http_cloudevent_delivery,
+    problem,
+    ready,
+    too_large,
+    webhook_handshake,
+)
+from shared.idempotency.registry import consumer, shared_store
+from shared.orders import SHIPPED_SCHEMA, shipment_handler
+
+bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
+NAME = "order-events"
+
+
+@consumer
+def grid_consumer() -> IdempotentConsumer:
+    return IdempotentConsumer(NAME, shared_store(), shipment_handler, schema=SHIPPED_SCHEMA)
+
+
+@consumer
+def api_consumer() -> IdempotentConsumer:
+    """The same markers; refusals are told to the HTTP caller instead of recorded."""
+    return IdempotentConsumer(NAME, shared_store(), shipment_handler, schema=SHIPPED_SCHEMA, record_refusals=False)
+
+
+@bp.function_name("order_events")
+@bp.event_grid_trigger(arg_name="event")
+def order_events(event: func.CloudEvent) -> None:
+    acknowledge_or_retry(grid_consumer().process(eventgrid_delivery(event)))
+
+
+@bp.function_name("events_api")
+@bp.route(route="events", methods=["POST", "OPTIONS"], auth_level=func.AuthLevel.FUNCTION)
+def events_api(req: func.HttpRequest) -> func.HttpResponse:
+    if req.method == "OPTIONS":
+        return webhook_handshake(req)
+    refused = too_large(req)
+    if refused is not None:
+        return refused
+    delivery = http_cloudevent_delivery(req)
+    if isinstance(delivery, str):
+        return problem(400, "Not a valid CloudEvent", delivery)
+    found = ready(api_consumer)
+    return found if isinstance(found, func.HttpResponse) else cloudevent_response(found.process(delivery))

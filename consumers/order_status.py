@@ -1,0 +1,26 @@
+"""Event-carried state: each message holds an order's whole status and its version; the
+store keeps the newest (a versioned upsert), so no marker is needed."""
+
+from __future__ import annotations
+
+import azure.functions as func
+
+from shared.idempotency import IdempotentConsumer, from_body_field
+from shared.idempotency.bindings import BODY_AS_BYTES, acknowledge_or_retry, servicebus_delivery
+from shared.idempotency.registry import consumer, shared_store
+from shared.orders import STATUS_SCHEMA, status_handler
+
+bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
+
+
+@consumer
+def status_consumer() -> IdempotentConsumer:
+    return IdempotentConsumer("order-status", shared_store(), status_handler, schema=STATUS_SCHEMA,
+                              key_source=from_body_field("orderId"))  # fmt: skip
+
+
+@bp.function_name("order_status")
+@bp.service_bus_queue_trigger(arg_name="msg", queue_name="%ORDER_STATUS_QUEUE%", connection="ServiceBusConnection",
+                              data_type=BODY_AS_BYTES)  # fmt: skip
+def order_status(msg: func.ServiceBusMessage) -> None:
+    acknowledge_or_retry(status_consumer().process(servicebus_delivery(msg)))

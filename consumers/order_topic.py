@@ -1,0 +1,37 @@
+"""Publish/subscribe: billing and shipping each receive every order from the topic and
+keep their own markers (their names scope their keys), so neither blocks the other."""
+
+from __future__ import annotations
+
+import azure.functions as func
+
+from shared.idempotency import IdempotentConsumer
+from shared.idempotency.bindings import BODY_AS_BYTES, acknowledge_or_retry, servicebus_delivery
+from shared.idempotency.registry import consumer, shared_store
+from shared.orders import SCHEMA, invoice_handler, picklist_handler
+
+bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
+
+
+@consumer
+def billing_consumer() -> IdempotentConsumer:
+    return IdempotentConsumer("billing", shared_store(), invoice_handler, schema=SCHEMA)
+
+
+@consumer
+def shipping_consumer() -> IdempotentConsumer:
+    return IdempotentConsumer("shipping", shared_store(), picklist_handler, schema=SCHEMA)
+
+
+@bp.function_name("billing")
+@bp.service_bus_topic_trigger(arg_name="msg", topic_name="%ORDER_TOPIC%", subscription_name="%BILLING_SUBSCRIPTION%",
+                              connection="ServiceBusConnection", data_type=BODY_AS_BYTES)  # fmt: skip
+def billing(msg: func.ServiceBusMessage) -> None:
+    acknowledge_or_retry(billing_consumer().process(servicebus_delivery(msg)))
+
+
+@bp.function_name("shipping")
+@bp.service_bus_topic_trigger(arg_name="msg", topic_name="%ORDER_TOPIC%", subscription_name="%SHIPPING_SUBSCRIPTION%",
+                              connection="ServiceBusConnection", data_type=BODY_AS_BYTES)  # fmt: skip
+def shipping(msg: func.ServiceBusMessage) -> None:
+    acknowledge_or_retry(shipping_consumer().process(servicebus_delivery(msg)))

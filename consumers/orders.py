@@ -1,0 +1,62 @@
+"""Orders, from a Service Bus queue and from ``POST /api/orders``: one order record and one
+ledger posting per order, the charge through the payment API when one is configured."""
+
+from __future__ import annotations
+
+import os
+
+import azure.functions as func
+
+from shared.idempotency import IdempotentConsumer, from_body_field
+from shared.idempotency.bindings import (
+    BODY_AS_BYTES,
+    acknowledge_or_retry,
+    http_delivery,
+    http_response,
+    ready,
+    servicebus_delivery,
+    stored_response,
+    too_large,
+)
+from shared.idempotency.downstream import IdempotentHttp
+from shared.idempotency.registry import consumer, shared_store
+from shared.orders import SCHEMA, order_handler
+
+bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
+
+
+def payments() -> IdempotentHttp | None:
+    url = os.environ.get("PAYMENT_API_URL")
+    return IdempotentHttp(url) if url else None
+
+
+@consumer
+def queue_consumer() -> IdempotentConsumer:
+    return IdempotentConsumer("orders", shared_store(), order_handler(payments()), schema=SCHEMA)
+
+
+@consumer
+def api_consumer() -> IdempotentConsumer:
+    """Keyed by the business key: one order per orderId, whatever the Idempotency-Key; a
+    duplicate answers with the stored response, refusals are told to the caller."""
+    handler = stored_response(order_handler(payments()), 201, "/api/orders/{orderId}")
+    by_order = from_body_field("orderId")
+    return IdempotentConsumer("orders-api", shared_store(), handler, schema=SCHEMA, key_source=by_order,
+                              replay_results=True, record_refusals=False)  # fmt: skip
+
+
+@bp.function_name("orders")
+@bp.service_bus_queue_trigger(arg_name="msg", queue_name="%ORDERS_QUEUE%", connection="ServiceBusConnection",
+                              data_type=BODY_AS_BYTES)  # fmt: skip
+def orders(msg: func.ServiceBusMessage) -> None:
+    acknowledge_or_retry(queue_consumer().process(servicebus_delivery(msg)))
+
+
+@bp.function_name("orders_api")
+@bp.route(route="orders", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
+def orders_api(req: func.HttpRequest) -> func.HttpResponse:
+    delivery = too_large(req) or http_delivery(req)
+    if isinstance(delivery, func.HttpResponse):
+        return delivery
+    found = ready(api_consumer)
+    return found if isinstance(found, func.HttpResponse) else http_response(found.process(delivery))

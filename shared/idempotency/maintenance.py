@@ -1,0 +1,31 @@
+"""The store's housekeeping as a Functions Blueprint: register it once per app
+(``app.register_functions(maintenance.bp)``); it works on the app's shared store."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import astuple
+
+import azure.functions as func
+
+from .reconcile import escalate_stale_claims
+from .records import utcnow
+from .registry import shared_store
+from .settings import duration, setting
+
+bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
+
+
+@bp.function_name("reconcile_claims")
+@bp.timer_trigger(arg_name="timer", schedule="0 */15 * * * *", use_monitor=True)
+def reconcile_claims(timer: func.TimerRequest) -> None:
+    """Escalates two-phase claims whose lease expired more than DEDUP_STALE_AFTER ago."""
+    escalate_stale_claims(shared_store(), duration("DEDUP_STALE_AFTER", "PT1H"))
+
+
+@bp.function_name("purge_markers")
+@bp.timer_trigger(arg_name="timer", schedule="0 30 3 * * *", use_monitor=True)
+def purge_markers(timer: func.TimerRequest) -> None:
+    """Table Storage has no TTL: delete expired markers, at most DEDUP_PURGE_BUDGET a run."""
+    purge = shared_store().purge_expired(utcnow(), int(setting("DEDUP_PURGE_BUDGET", "20000")))
+    logging.getLogger("idempotency").info("dedup purge: scanned=%d deleted=%d requests=%d", *astuple(purge))

@@ -1,0 +1,66 @@
+"""The app's consumers, each declared in the module of its functions and built on first
+use from the app settings; all of them share one store (their names scope their keys).
+
+    @consumer
+    def invoices() -> IdempotentConsumer:
+        return IdempotentConsumer("invoices", shared_store(), on_invoice, schema=SCHEMA)
+
+``invoices()`` then returns the same consumer on every call, until ``reset()`` — after
+the settings changed, in tests and tools — rebuilds them all. ``using_store(store)`` runs
+every consumer on a store of your choice (an in-memory one in unit tests).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from .consumer import IdempotentConsumer
+from .settings import app_store
+from .store import DedupStore
+
+ConsumerFactory = Callable[[], IdempotentConsumer]
+
+_declared: list[functools._lru_cache_wrapper[IdempotentConsumer]] = []
+_substitute: list[DedupStore] = []  # set by using_store()
+
+
+def consumer(build: ConsumerFactory) -> ConsumerFactory:
+    """Declare one of the app's consumers: built once, on first use (a cold instance
+    whose store is unreachable fails that call, not the app's import)."""
+    cached = functools.cache(build)
+    _declared.append(cached)
+    return cached
+
+
+def shared_store() -> DedupStore:
+    """The app's store (DEDUP_STORE, DEDUP_TABLE…): one client and connection pool for all."""
+    return _substitute[-1] if _substitute else _app_store()
+
+
+_app_store = functools.cache(app_store)
+
+
+def declared() -> list[IdempotentConsumer]:
+    """Every declared consumer, built: what operators' tools look consumers up in."""
+    return [build() for build in _declared]
+
+
+def reset() -> None:
+    """Forget the store and every built consumer: the next use reads the settings again."""
+    _app_store.cache_clear()
+    for build in _declared:
+        build.cache_clear()
+
+
+@contextmanager
+def using_store(store: DedupStore) -> Iterator[DedupStore]:
+    """Every consumer built inside uses ``store`` instead of the settings' one."""
+    reset()
+    _substitute.append(store)
+    try:
+        yield store
+    finally:
+        _substitute.remove(store)
+        reset()

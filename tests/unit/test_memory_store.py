@@ -1,0 +1,21 @@
+"""The in-memory store passes the same contract as the real ones (for users' unit tests;
+it proves nothing about Azure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.idempotency import DedupStore
+from shared.idempotency.contract import StoreContract
+from shared.idempotency.memory_store import MemoryStore
+
+
+class TestMemoryStore(StoreContract):
+    @pytest.fixture
+    def store(self) -> DedupStore:
+        return MemoryStore()
+
+    def unreachable_store(self) -> DedupStore:
+        store = MemoryStore()
+        store.available = False
+        return store
