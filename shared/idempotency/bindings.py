@@ -204,11 +204,11 @@ def stored_response(handler: Handler, status: int, location: str) -> Handler:
 
 
 def http_response(result: Result) -> func.HttpResponse:
-    if result.outcome in (Outcome.PROCESSED, Outcome.DUPLICATE) and isinstance(result.result, dict):
-        headers = dict(result.result.get("headers") or {})
+    if result.outcome in (Outcome.PROCESSED, Outcome.DUPLICATE) and isinstance(result.response, dict):
+        headers = dict(result.response.get("headers") or {})
         if result.outcome is Outcome.DUPLICATE:
             headers[REPLAYED] = "true"
-        return func.HttpResponse(json.dumps(result.result["body"]), status_code=int(result.result["status"]),
+        return func.HttpResponse(json.dumps(result.response["body"]), status_code=int(result.response["status"]),
                                  headers=headers, mimetype="application/json")  # fmt: skip
     if result.outcome is Outcome.DUPLICATE:  # processed long ago: its stored response has expired
         return problem(409, "Already processed", "this request was processed; its stored response has expired")

@@ -73,7 +73,7 @@ class Result:
     key: DedupKey | None = None
     reason: str | None = None
     detail: str | None = None
-    result: JSON = None
+    response: JSON = None  # what the handler answered (Effects.result), and what a replay answers again
     fingerprint: str | None = None
     stored_fingerprint: str | None = None
 
@@ -296,7 +296,7 @@ class IdempotentConsumer:
                                      f"{self.store.max_effects}")  # fmt: skip
             if isinstance(effects, LatestState):
                 status = self.store.upsert_if_newer(partition, effects.entity, effects.version)
-                return Result(_STATE_OUTCOMES[status], key, result=effects.result, fingerprint=fp)
+                return Result(_STATE_OUTCOMES[status], key, response=effects.result, fingerprint=fp)
             return _Pending(key, partition, fp, effects, expires_at)
         except Exception as exc:  # noqa: BLE001 - mapped to exactly one outcome below
             return self._failure(exc, key, fp)
@@ -318,7 +318,7 @@ class IdempotentConsumer:
                 continue
             self._completed.put(item.key, item.fingerprint)
             if commit.status is CommitStatus.NEW:
-                results.append(Result(Outcome.PROCESSED, item.key, result=item.effects.result,
+                results.append(Result(Outcome.PROCESSED, item.key, response=item.effects.result,
                                       fingerprint=item.fingerprint))  # fmt: skip
             else:
                 results.append(self._duplicate(item.key, item.partition, item.fingerprint, commit.stored_fingerprint))
@@ -349,7 +349,7 @@ class IdempotentConsumer:
         except StoreUnavailable as exc:
             return Result(Outcome.TRANSIENT, key, "store_unavailable", str(exc)[:500])
         result = stored.result if stored else None
-        return Result(Outcome.DUPLICATE, key, result=result, fingerprint=fp, stored_fingerprint=stored_fp)
+        return Result(Outcome.DUPLICATE, key, response=result, fingerprint=fp, stored_fingerprint=stored_fp)
 
     @staticmethod
     def _mismatch(key: DedupKey | None, fp: str, stored: str | None) -> Result:

@@ -1,0 +1,98 @@
+"""The README's "Add your own consumer", followed literally: every block of that section
+is applied to a copy of the repository (new files written, diffs applied, the emulator's
+queue added), then the copy indexes the new function, passes the delivery checks and runs
+the README's test against a real Azurite. A block that no longer applies fails here."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+SECTION = "## Add your own consumer"
+INDEXED = ("import json, function_app; print(json.dumps([json.loads(f.get_raw_bindings()[0]) "
+           "for f in function_app.app.get_functions() if f.get_function_name() == 'invoices']))")  # fmt: skip
+BLOCK = re.compile(r"^```(\w+) (\S+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+
+
+def walkthrough() -> list[tuple[str, str, str]]:
+    """(language, file, text) of every fenced block that names a file, in order."""
+    readme = README.read_text()
+    assert SECTION in readme, "the README has no walkthrough section"
+    section = readme.split(SECTION, 1)[1].split("\n## ", 1)[0]
+    return BLOCK.findall(section)
+
+
+def apply(copy: Path, language: str, path: str, text: str) -> None:
+    target = copy / path
+    if language == "python":
+        assert not target.exists(), f"{path} already exists: the walkthrough adds it"
+        target.write_text(text)
+    elif language == "diff":
+        lines = text.splitlines()
+        old = "".join(line[1:] + "\n" for line in lines if line.startswith("-"))
+        new = "".join(line[1:] + "\n" for line in lines if line.startswith("+"))
+        content = target.read_text()
+        assert content.count(old) == 1, f"the README's diff of {path} no longer applies:\n{old}"
+        target.write_text(content.replace(old, new))
+    elif language == "json":
+        config = json.loads(target.read_text())
+        queues = config["UserConfig"]["Namespaces"][0]["Queues"]
+        queue = json.loads(text)
+        assert queue["Properties"].keys() == queues[0]["Properties"].keys()  # every property the others set
+        queues.append(queue)
+        target.write_text(json.dumps(config, indent=2) + "\n")
+    else:
+        raise AssertionError(f"a {language} block for {path}: the test does not know how to apply it")
+
+
+@pytest.fixture
+def copy(tmp_path: Path) -> Path:
+    """The repository as a fresh clone has it (tracked and new files), plus node_modules."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
+                            check=True, capture_output=True, text=True).stdout.split("\0")  # fmt: skip
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, tmp_path / name)
+    (tmp_path / "node_modules").symlink_to(ROOT / "node_modules")
+    return tmp_path
+
+
+def run(copy: Path, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DEDUP_", "COSMOS_"))}
+    done = subprocess.run([sys.executable, *args], cwd=copy, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def test_the_readme_walkthrough_adds_a_working_consumer(copy: Path) -> None:
+    blocks = walkthrough()
+    assert [(language, path) for language, path, _ in blocks] == [
+        ("python", "consumers/invoices.py"),
+        ("python", "tests/test_invoices.py"),
+        ("diff", "local.settings.json.example"),
+        ("diff", "infra/main.bicep"),
+        ("diff", "infra/modules/servicebus.bicep"),
+        ("json", "emulator/servicebus-config.json"),
+    ]
+    for block in blocks:
+        apply(copy, *block)
+
+    [trigger] = json.loads(run(copy, "-c", INDEXED).splitlines()[-1])
+    assert (trigger["type"], trigger["queueName"], trigger["dataType"]) == ("serviceBusTrigger", "%INVOICES_QUEUE%",
+                                                                            "BINARY")  # fmt: skip
+    assert json.loads((copy / "local.settings.json.example").read_text())["Values"]["INVOICES_QUEUE"] == "invoices"
+    assert "INVOICES_QUEUE: 'invoices'" in (copy / "infra/main.bicep").read_text()
+
+    for check in ("leases", "retention"):
+        assert run(copy, "-m", "tools.delivery_checks", check).startswith("OK")
+    assert "1 passed" in run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_invoices.py")
