@@ -5,7 +5,6 @@ thin — binding → dedup module → settlement; the flow lives in shared/idemp
 from __future__ import annotations
 
 import logging
-import os
 
 import azure.functions as func
 
@@ -15,11 +14,9 @@ from shared.idempotency import maintenance
 # The worker logs at INFO: keep the SDKs' per-request HTTP logging out of the app's logs.
 logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
 
-if os.environ.get("APPLICATIONINSIGHTS_CONNECTION_STRING"):  # on Azure: metrics, traces and logs to App Insights
-    from azure.identity import DefaultAzureCredential
-    from azure.monitor.opentelemetry import configure_azure_monitor
-
-    configure_azure_monitor(credential=DefaultAzureCredential())  # Entra ID ingestion: local auth is off
+# Telemetry: on Azure the worker configures OpenTelemetry with the Azure Monitor distro
+# (host.json "telemetryMode", app setting PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY);
+# the dedup module reports through the OpenTelemetry API (shared/idempotency/telemetry.py).
 
 app = func.FunctionApp()
 for blueprint in [*consumers.blueprints(), maintenance.bp]:

@@ -22,6 +22,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from azure.core.exceptions import HttpResponseError
+
 from shared.idempotency import DedupStore
 from shared.orders.checks import effects_by_order
 
@@ -60,7 +62,7 @@ class SmokeReport:
     written_once: int = 0
     written_twice: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
-    dead_lettered: Counter[str] = field(default_factory=Counter)
+    dead_lettered: Counter[str] | None = field(default_factory=Counter)  # None: not readable by this identity
     broker_dead_letters: list[tuple[str, str]] = field(default_factory=list)
 
     @property
@@ -68,7 +70,11 @@ class SmokeReport:
         return 1 if self.written_twice else 2 if self.missing else 0
 
     def render(self) -> str:
-        reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(self.dead_lettered.items())) or "none"
+        reasons = (
+            "not readable with the operator role (it excludes refused messages' bodies)"
+            if self.dead_lettered is None
+            else ", ".join(f"{reason} {count}" for reason, count in sorted(self.dead_lettered.items())) or "none"
+        )
         broker = ", ".join(f"{mid}: {why}" for mid, why in self.broker_dead_letters[:10]) or "none"
         return "\n".join([
             f"run {self.plan.run}: sent {len(self.plan.orders)} orders, {len(self.plan.duplicates)} exact duplicates, "
@@ -97,9 +103,15 @@ def report(store: DedupStore, scope: str, plan: Plan) -> SmokeReport:
             result.written_once += 1
         else:
             result.written_twice.append(order["orderId"])
-    for record in store.dead_letters(scope):
-        if (record.key_id or record.message_id or "").startswith(plan.run):
-            result.dead_lettered[record.reason] += 1
+    try:
+        records = store.dead_letters(scope)
+    except HttpResponseError as exc:
+        if exc.status_code != 403:
+            raise
+        result.dead_lettered = None
+        return result
+    ours = [record for record in records if (record.key_id or record.message_id or "").startswith(plan.run)]
+    result.dead_lettered = Counter(record.reason for record in ours)
     return result
 
 

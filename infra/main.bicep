@@ -49,8 +49,8 @@ param deadLetterResubmitDays int = 7
 @description('Create the Event Grid subscription. It needs the order_events function to exist, so azd sets it after the first deploy (postdeploy hook).')
 param deployEventSubscription bool = false
 
-@description('Optional principal (user or pipeline) allowed to send orders and publish events, e.g. for the smoke test.')
-param senderPrincipalId string = ''
+@description('Optional operator (azd passes the deploying user, AZURE_PRINCIPAL_ID) for the smoke test: may send to and peek the orders queue, publish events and read the records table or container. Empty: no operator role.')
+param principalId string = ''
 
 var suffix = uniqueString(resourceGroup().id, environmentName)
 var tags = { 'azd-env-name': environmentName }
@@ -141,7 +141,9 @@ module roles 'modules/roles.bicep' = {
     eventGridTopicName: eventGrid.outputs.name
     eventGridPrincipalId: eventGrid.outputs.principalId
     eventDeadLetterContainer: storage.outputs.eventDeadLetterContainer
-    senderPrincipalId: senderPrincipalId
+    operatorPrincipalId: principalId
+    ordersQueueName: serviceBus.outputs.queueName
+    recordsName: 'records'
   }
 }
 

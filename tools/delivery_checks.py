@@ -63,6 +63,8 @@ def redeliveries(infra: Path = INFRA) -> list[Redelivery]:
         scope = {n: spec.get("default") for n, spec in tree.get("parameters", {}).items()}
         scope.update({n: _resolve(v, values) for n, v in _body(module).get("params", {}).items()})
         for symbol, spec in tree.get("resources", {}).items():
+            if spec.get("existing"):  # declared elsewhere (e.g. a role's scope): read there
+                continue
             properties = _body(spec).get("properties", {})
             name = f"{module['detail']['path']}:{symbol}"
             if spec["type"] in (QUEUE, SUBSCRIPTION):

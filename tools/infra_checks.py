@@ -90,6 +90,14 @@ def _text(value: Any) -> str:
 SECRET_PATTERNS = re.compile(r"listKeys|listConnectionStrings|AccountKey=|SharedAccessKey|primaryKey|masterKey")
 
 
+# The operator (smoke test) may reach single entities only: never a namespace or an account.
+OPERATOR_SCOPES = frozenset({
+    "Microsoft.ServiceBus/namespaces/queues",
+    "Microsoft.EventGrid/topics",
+    "Microsoft.Storage/storageAccounts/tableServices/tables",
+})  # fmt: skip
+
+
 def policy_violations(infra: Path = INFRA) -> list[str]:
     found: list[str] = []
     main = parse(infra / "main.bicep")
@@ -157,9 +165,12 @@ def policy_violations(infra: Path = INFRA) -> list[str]:
                 types.get((assignment.file, str(scope))) == "Microsoft.Storage/storageAccounts/blobServices/containers"
             )
             require(container, f"{assignment.symbol}: Event Grid's identity reaches beyond its dead-letter container")
+        if "operatorPrincipalId" in _text(assignment.properties.get("principalId")):  # the smoke test's entities
+            entity = types.get((assignment.file, str(scope)))
+            require(entity in OPERATOR_SCOPES, f"{assignment.symbol}: the operator's role reaches beyond one entity")
     for assignment in by_type("Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments"):
-        require("subscription" not in _text(assignment.properties.get("scope")),
-                f"{assignment.symbol}: Cosmos role scoped beyond the account")  # fmt: skip
+        require("/dbs/" in _text(assignment.properties.get("scope")),
+                f"{assignment.symbol}: Cosmos role scoped beyond a database")  # fmt: skip
 
     publishing = {(p.config.get("parent"), p.config.get("name")): p.properties.get("allow")
                   for p in by_type("Microsoft.Web/sites/basicPublishingCredentialsPolicies")}  # fmt: skip

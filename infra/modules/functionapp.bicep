@@ -19,6 +19,12 @@ var baseSettings = {
   APPLICATIONINSIGHTS_CONNECTION_STRING: appInsightsConnectionString
   APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identityClientId};Authorization=AAD'
   PYTHON_ISOLATE_WORKER_DEPENDENCIES: '1'
+  // OpenTelemetry as Microsoft documents it for Python (host.json "telemetryMode"): the worker
+  // configures the Azure Monitor distro itself, Entra ID ingestion through the authentication
+  // string above; the app never calls configure_azure_monitor, so there is one telemetry stream.
+  // Workers read one name or the other (4.x up to 4.34: PYTHON_ENABLE_OPENTELEMETRY).
+  PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY: 'true'
+  PYTHON_ENABLE_OPENTELEMETRY: 'true'
 }
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {

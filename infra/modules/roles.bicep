@@ -10,8 +10,12 @@ param eventGridTopicName string
 param eventGridPrincipalId string
 @description('The blob container where Event Grid dead-letters events: its identity may write there only.')
 param eventDeadLetterContainer string
-@description('Optional operator (smoke test, pipeline): may send to the queue, peek its dead letters, publish to the topic and read the dedup tables.')
-param senderPrincipalId string
+@description('Optional operator (the deploying user under azd, or a pipeline) for the smoke test: may send to and peek the orders queue, publish to the topic and read the records table or container; nothing else.')
+param operatorPrincipalId string
+@description('The queue the smoke test sends to.')
+param ordersQueueName string
+@description('The table (or Cosmos container) holding business records and markers.')
+param recordsName string
 
 var roleIds = {
   serviceBusDataReceiver: '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
@@ -24,6 +28,9 @@ var roleIds = {
   eventGridDataSender: 'd5a91429-5739-47e2-a06b-3470a27159e7'
   storageTableDataReader: '76199698-9eea-4c19-bc75-cec21354c6b6'
 }
+var cosmosDatabase = 'dedup'
+var cosmosDataReader = '00000000-0000-0000-0000-000000000001'
+var cosmosDataContributor = '00000000-0000-0000-0000-000000000002'
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
   name: storageAccountName
@@ -39,6 +46,15 @@ resource appInsights 'Microsoft.Insights/components@2020-02-02' existing = {
 
 resource topic 'Microsoft.EventGrid/topics@2022-06-15' existing = {
   name: eventGridTopicName
+}
+
+resource ordersQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existing = {
+  parent: serviceBus
+  name: ordersQueueName
+}
+
+resource recordsTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' existing = {
+  name: '${storageAccountName}/default/${recordsName}'
 }
 
 resource receiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
@@ -113,49 +129,62 @@ resource cosmos 'Microsoft.DocumentDB/databaseAccounts@2024-11-15' existing = if
   name: cosmosAccountName
 }
 
-// Cosmos DB Built-in Data Contributor (a data-plane SQL role), scoped to the account.
+// Cosmos DB Built-in Data Contributor (a data-plane SQL role), scoped to the app's database.
 resource cosmosContributor 'Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments@2024-11-15' = if (!empty(cosmosAccountName)) {
   parent: cosmos
   name: guid(cosmosAccountName, principalId, 'cosmos-data-contributor')
   properties: {
     principalId: principalId
-    roleDefinitionId: '${cosmos.id}/sqlRoleDefinitions/00000000-0000-0000-0000-000000000002'
-    scope: cosmos.id
+    roleDefinitionId: '${cosmos.id}/sqlRoleDefinitions/${cosmosDataContributor}'
+    scope: '${cosmos.id}/dbs/${cosmosDatabase}'
   }
 }
 
-resource queueSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(senderPrincipalId)) {
-  name: guid(serviceBus.id, senderPrincipalId, roleIds.serviceBusDataSender)
-  scope: serviceBus
+// The operator: each role on the one resource the smoke test touches. Peeking the queue's
+// dead letters needs the receiver role (Service Bus has no peek-only role): on this queue only.
+// Refused messages' records (full bodies) stay out of reach.
+resource queueSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(operatorPrincipalId)) {
+  name: guid(ordersQueue.id, operatorPrincipalId, roleIds.serviceBusDataSender)
+  scope: ordersQueue
   properties: {
-    principalId: senderPrincipalId
+    principalId: operatorPrincipalId
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.serviceBusDataSender)
   }
 }
 
-resource topicSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(senderPrincipalId)) {
-  name: guid(topic.id, senderPrincipalId, roleIds.eventGridDataSender)
-  scope: topic
+resource queuePeeker 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(operatorPrincipalId)) {
+  name: guid(ordersQueue.id, operatorPrincipalId, roleIds.serviceBusDataReceiver)
+  scope: ordersQueue
   properties: {
-    principalId: senderPrincipalId
-    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.eventGridDataSender)
-  }
-}
-
-resource queuePeeker 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(senderPrincipalId)) {
-  name: guid(serviceBus.id, senderPrincipalId, roleIds.serviceBusDataReceiver)
-  scope: serviceBus
-  properties: {
-    principalId: senderPrincipalId
+    principalId: operatorPrincipalId
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.serviceBusDataReceiver)
   }
 }
 
-resource tableReader 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(senderPrincipalId)) {
-  name: guid(storage.id, senderPrincipalId, roleIds.storageTableDataReader)
-  scope: storage
+resource topicSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(operatorPrincipalId)) {
+  name: guid(topic.id, operatorPrincipalId, roleIds.eventGridDataSender)
+  scope: topic
   properties: {
-    principalId: senderPrincipalId
+    principalId: operatorPrincipalId
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.eventGridDataSender)
+  }
+}
+
+resource tableReader 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(operatorPrincipalId) && empty(cosmosAccountName)) {
+  name: guid(recordsTable.id, operatorPrincipalId, roleIds.storageTableDataReader)
+  scope: recordsTable
+  properties: {
+    principalId: operatorPrincipalId
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.storageTableDataReader)
+  }
+}
+
+resource cosmosReader 'Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments@2024-11-15' = if (!empty(operatorPrincipalId) && !empty(cosmosAccountName)) {
+  parent: cosmos
+  name: guid(cosmosAccountName, operatorPrincipalId, 'cosmos-data-reader')
+  properties: {
+    principalId: operatorPrincipalId
+    roleDefinitionId: '${cosmos.id}/sqlRoleDefinitions/${cosmosDataReader}'
+    scope: '${cosmos.id}/dbs/${cosmosDatabase}/colls/${recordsName}'
   }
 }

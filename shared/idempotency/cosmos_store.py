@@ -23,6 +23,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from itertools import islice
 from typing import Any
 
 from azure.core import MatchConditions
@@ -192,13 +193,9 @@ class CosmosStore(DedupStore):
             {"name": "@state", "value": State.IN_PROGRESS.value},
             {"name": "@cutoff", "value": _time(lease_expired_before)},
         ]
-        found: list[Marker] = []
         with store_errors():
-            for item in self._container.query_items(query, parameters=parameters, enable_cross_partition_query=True):
-                found.append(self._marker_from(item))
-                if len(found) >= limit:
-                    break
-        return found
+            items = self._container.query_items(query, parameters=parameters, enable_cross_partition_query=True)
+            return [self._marker_from(item) for item in islice(items, limit)]
 
     # -- naturally idempotent writes ----------------------------------------------------
 

@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
+from itertools import islice
 from typing import Any
 from urllib.parse import unquote
 
@@ -168,13 +169,8 @@ class TableStore(DedupStore):
             parameters={"kind": MARKER_KIND, "state": State.IN_PROGRESS.value, "cutoff": lease_expired_before},
             results_per_page=min(limit, 1000),
         )
-        found: list[Marker] = []
         with store_errors():
-            for entity in query:
-                found.append(self._marker_from(entity, entity["Partition"]))
-                if len(found) >= limit:
-                    break
-        return found
+            return [self._marker_from(entity, entity["Partition"]) for entity in islice(query, limit)]
 
     # -- naturally idempotent writes ----------------------------------------------------
 

@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from azure.data.tables import TableServiceClient
 from opentelemetry.sdk.trace import TracerProvider
 
 from client.producer import order_message, shipped_event
@@ -87,6 +88,20 @@ def test_the_report_counts_what_the_store_holds(store: DedupStore) -> None:
     assert result.dead_lettered == {"fingerprint_mismatch": 1}
     assert result.exit_code == 0
     assert "orders written once: 20" in result.render()
+
+
+def test_the_report_says_when_the_operator_role_cannot_read_dead_letters(store: DedupStore, azurite: Azurite) -> None:
+    """The operator role reads the records table only: the dead-letter table answers 403."""
+    plan = make_plan(3, 0.0, 0, seed=4)
+    deliver(plan.orders)
+    assert isinstance(store, TableStore)
+    wrong_key = azurite.connection_string.replace("AccountKey=", "AccountKey=AAAA")
+    denied = TableStore(TableServiceClient.from_connection_string(wrong_key), store.table.table_name,
+                        store.dead_letter_table)  # fmt: skip
+    store.dead_letters = denied.dead_letters  # type: ignore[method-assign]
+    result = report(store, "orders", plan)
+    assert (result.written_once, result.dead_lettered, result.exit_code) == (3, None, 0)
+    assert "not readable with the operator role" in result.render()
 
 
 def test_the_report_fails_on_a_double_write_and_on_missing_orders(store: DedupStore) -> None:

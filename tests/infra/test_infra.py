@@ -61,6 +61,10 @@ BREAKAGES = [
      "name: 'scm'\n  properties: { allow: true }", "scm basic publishing"),
     ("modules/roles.bicep", "  scope: deadLetterContainer\n", "  scope: storage\n", "beyond its dead-letter container"),
     ("modules/cosmos.bicep", "kind: 'Hash', version: 2 }", "kind: 'Hash' }", "partition key version"),
+    ("modules/roles.bicep", "  scope: ordersQueue\n", "  scope: serviceBus\n", "operator's role reaches beyond"),
+    ("modules/roles.bicep", "  scope: recordsTable\n", "  scope: storage\n", "operator's role reaches beyond"),
+    ("modules/roles.bicep", "scope: '${cosmos.id}/dbs/${cosmosDatabase}'", "scope: cosmos.id",
+     "Cosmos role scoped beyond a database"),
 ]  # fmt: skip
 
 

@@ -42,6 +42,8 @@ from tools.runtime.triggers import (
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTED = json.loads((ROOT / "local.settings.json.example").read_text())["Values"]
 FUNCTION_KEY = "a-function-key"
+INFRA_APP = ROOT / "infra" / "modules" / "functionapp.bicep"
+TELEMETRY_FLAGS = ("PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY", "PYTHON_ENABLE_OPENTELEMETRY")
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +172,30 @@ def test_without_dependency_isolation_the_workers_own_azure_functions_fails_inde
         indexed = host.index()
     assert indexed.result.status == host.pb.StatusResult.Failure
     assert "CloudEvent" in indexed.result.exception.message
+
+
+def test_the_deployed_telemetry_settings_make_the_worker_configure_azure_monitor_once(
+    runtime: build.Runtime, store_server: Azurite, table: str
+) -> None:
+    """The app settings infra deploys for OpenTelemetry: the worker configures the Azure Monitor
+    distro from the app's own packages and announces it to the host; the app configures nothing
+    itself (a second configuration would duplicate every log record)."""
+    deployed = INFRA_APP.read_text()
+    flags = {name: "true" for name in TELEMETRY_FLAGS if f"{name}: 'true'" in deployed}
+    assert flags.keys() == set(TELEMETRY_FLAGS)
+    nowhere = "InstrumentationKey=00000000-0000-0000-0000-000000000000;IngestionEndpoint=http://127.0.0.1:9/"
+    settings = {**app_settings(store_server, table), **flags, "APPLICATIONINSIGHTS_CONNECTION_STRING": nowhere}
+    with WorkerHost(runtime, settings) as host:
+        init = host.init()
+        assert init.result.status == host.pb.StatusResult.Success
+        assert init.capabilities.get("WorkerOpenTelemetryEnabled") == "true"
+        host.index()
+        order_id = new_id()
+        host.load("orders")
+        invocation = servicebus(host.trigger("orders"), ServiceBusMessage(an_order(order_id), order_id))
+        assert host.failed(host.invoke("orders", invocation)) is None
+        said = host.worker_output() + "\n".join(log.message for log in host.logs)
+        assert said.count("Successfully configured Azure monitor distro") == 1
 
 
 # -- Service Bus ---------------------------------------------------------------------------------
