@@ -5,6 +5,7 @@ thin — binding → dedup module → settlement; the flow lives in shared/idemp
 from __future__ import annotations
 
 import logging
+import os
 
 import azure.functions as func
 
@@ -14,10 +15,25 @@ from shared.idempotency import maintenance
 # The worker logs at INFO: keep the SDKs' per-request HTTP logging out of the app's logs.
 logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
 
-# Telemetry: on Azure the worker configures OpenTelemetry with the Azure Monitor distro
-# (host.json "telemetryMode", app setting PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY);
-# the dedup module reports through the OpenTelemetry API (shared/idempotency/telemetry.py).
 
+def ensure_telemetry() -> None:
+    """On Azure the worker configures OpenTelemetry with the Azure Monitor distro (host.json
+    "telemetryMode", PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY / PYTHON_ENABLE_OPENTELEMETRY),
+    and the dedup module reports through the OpenTelemetry API. Worker 4.34 cannot when it
+    starts directly with PYTHON_ISOLATE_WORKER_DEPENDENCIES (it imports the distro before the
+    app's packages are on its path; a Flex placeholder's specialisation can): then, and only
+    then, the app configures it, the same way — one telemetry stream either way."""
+    from opentelemetry import trace
+
+    wanted = os.environ.get("PYTHON_ENABLE_OPENTELEMETRY", "").lower() == "true"
+    if wanted and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        from azure.monitor.opentelemetry import configure_azure_monitor
+
+        configure_azure_monitor()  # Entra ID ingestion from APPLICATIONINSIGHTS_AUTHENTICATION_STRING
+        logging.getLogger("idempotency").info("telemetry: Azure Monitor configured by the app (not by the worker)")
+
+
+ensure_telemetry()
 app = func.FunctionApp()
 for blueprint in [*consumers.blueprints(), maintenance.bp]:
     app.register_functions(blueprint)

@@ -174,28 +174,28 @@ def test_without_dependency_isolation_the_workers_own_azure_functions_fails_inde
     assert "CloudEvent" in indexed.result.exception.message
 
 
-def test_the_deployed_telemetry_settings_make_the_worker_configure_azure_monitor_once(
-    runtime: build.Runtime, store_server: Azurite, table: str
+@pytest.mark.parametrize("start", ["placeholder", "direct"])
+def test_the_deployed_telemetry_settings_configure_azure_monitor_exactly_once(
+    runtime: build.Runtime, store_server: Azurite, table: str, start: str
 ) -> None:
-    """The app settings infra deploys for OpenTelemetry: the worker configures the Azure Monitor
-    distro from the app's own packages and announces it to the host; the app configures nothing
-    itself (a second configuration would duplicate every log record)."""
+    """The app settings infra deploys for OpenTelemetry. A Flex placeholder's specialisation:
+    the worker configures the Azure Monitor distro from the app's packages and tells the host.
+    A direct start (a worker restart): worker 4.34 cannot import the distro yet (dependency
+    isolation), so the app does. Never both: a second configuration duplicates every record."""
     deployed = INFRA_APP.read_text()
     flags = {name: "true" for name in TELEMETRY_FLAGS if f"{name}: 'true'" in deployed}
     assert flags.keys() == set(TELEMETRY_FLAGS)
     nowhere = "InstrumentationKey=00000000-0000-0000-0000-000000000000;IngestionEndpoint=http://127.0.0.1:9/"
     settings = {**app_settings(store_server, table), **flags, "APPLICATIONINSIGHTS_CONNECTION_STRING": nowhere}
-    with WorkerHost(runtime, settings) as host:
-        init = host.init()
-        assert init.result.status == host.pb.StatusResult.Success
-        assert init.capabilities.get("WorkerOpenTelemetryEnabled") == "true"
-        host.index()
+    placeholder = start == "placeholder"
+    with WorkerHost(runtime, settings, placeholder=placeholder, hash_seed=SPECIALISES if placeholder else None) as host:
+        host.start_app()
         order_id = new_id()
-        host.load("orders")
-        invocation = servicebus(host.trigger("orders"), ServiceBusMessage(an_order(order_id), order_id))
-        assert host.failed(host.invoke("orders", invocation)) is None
+        assert deliver(host, "orders", an_order(order_id), order_id) is None
         said = host.worker_output() + "\n".join(log.message for log in host.logs)
-        assert said.count("Successfully configured Azure monitor distro") == 1
+    by_worker = said.count("Successfully configured Azure monitor distro")
+    by_app = said.count("Azure Monitor configured by the app")
+    assert (by_worker, by_app) == ((1, 0) if placeholder else (0, 1))
 
 
 # -- Service Bus ---------------------------------------------------------------------------------
