@@ -1,5 +1,6 @@
-"""Shipments as CloudEvents, from Event Grid and from ``POST /api/events``: one consumer
-identity, so the same event through either door is applied once."""
+"""Shipments as CloudEvents, from Event Grid and from ``POST /api/events``, under one
+consumer name. An event is keyed by (source, id); one sent over HTTP also by its caller, so
+no caller can pre-claim, or replay, an event that Event Grid delivers."""
 
 from __future__ import annotations
 

@@ -1,6 +1,10 @@
 // Idempotent consumers on Azure Functions: everything the app needs, with managed
-// identity only (no keys, no connection strings). Deploy with `azd up`, or
-// `az deployment group create -g <rg> -f infra/main.bicep -p infra/main.parameters.json`.
+// identity only (no keys, no connection strings). Deploy with `azd up` (README, Deploy).
+// Without azd (infra/main.parameters.json holds azd placeholders, so pass values instead):
+//   az deployment group create -g <rg> -f infra/main.bicep -p environmentName=<name> \
+//     principalId=$(az ad signed-in-user show --query id -o tsv) [dedupStore=cosmos]
+//   func azure functionapp publish <AZURE_FUNCTION_APP_NAME output> --python --build remote
+//   then the same deployment again with deployEventSubscription=true.
 targetScope = 'resourceGroup'
 
 @description('Short environment name, used to derive resource names.')
@@ -8,7 +12,41 @@ targetScope = 'resourceGroup'
 @maxLength(20)
 param environmentName string
 
-@description('Region for every resource.')
+@description('Region for every resource: one that offers Flex Consumption (az functionapp list-flexconsumption-locations).')
+@allowed([
+  'australiaeast'
+  'australiasoutheast'
+  'brazilsouth'
+  'canadacentral'
+  'centralindia'
+  'centralus'
+  'eastasia'
+  'eastus'
+  'eastus2'
+  'francecentral'
+  'germanywestcentral'
+  'italynorth'
+  'japaneast'
+  'koreacentral'
+  'northcentralus'
+  'northeurope'
+  'norwayeast'
+  'southafricanorth'
+  'southcentralus'
+  'southeastasia'
+  'southindia'
+  'spaincentral'
+  'swedencentral'
+  'uaenorth'
+  'uksouth'
+  'ukwest'
+  'westcentralus'
+  'westeurope'
+  'westus'
+  'westus2'
+  'westus3'
+])
+@metadata({ azd: { type: 'location' } })
 param location string = resourceGroup().location
 
 @description('Where dedup markers live: table (Azure Table Storage) or cosmos (Cosmos DB, serverless).')
@@ -48,6 +86,9 @@ param deadLetterResubmitDays int = 7
 
 @description('Create the Event Grid subscription. It needs the order_events function to exist, so azd sets it after the first deploy (postdeploy hook).')
 param deployEventSubscription bool = false
+
+@description('Optional Entra ID app registration (client id) for Easy Auth on the HTTP routes: `azd env set EASY_AUTH_CLIENT_ID <id>`. Empty: function keys only.')
+param easyAuthClientId string = ''
 
 @description('Optional operator (azd passes the deploying user, AZURE_PRINCIPAL_ID) for the smoke test: may send to and peek the orders queue, publish events and read the records table or container. Empty: no operator role.')
 param principalId string = ''
@@ -109,6 +150,7 @@ module functionApp 'modules/functionapp.bicep' = {
     storageAccountName: storage.outputs.name
     deploymentContainerUrl: storage.outputs.deploymentContainerUrl
     appInsightsConnectionString: monitoring.outputs.appInsightsConnectionString
+    easyAuthClientId: easyAuthClientId
     appSettings: {
       ServiceBusConnection__fullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
       ServiceBusConnection__credential: 'managedidentity'

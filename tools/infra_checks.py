@@ -176,8 +176,18 @@ def policy_violations(infra: Path = INFRA) -> list[str]:
                   for p in by_type("Microsoft.Web/sites/basicPublishingCredentialsPolicies")}  # fmt: skip
     for site in by_type("Microsoft.Web/sites"):
         require(site.config.get("identity", {}).get("type") == "UserAssigned", f"{site.symbol}: no managed identity")
+        require(site.properties.get("httpsOnly") is True, f"{site.symbol}: plain HTTP accepted")
         for kind in ("ftp", "scm"):
             require(publishing.get((site.symbol, kind)) is False, f"{site.symbol}: {kind} basic publishing credentials")
+        auth = [c for c in by_type("Microsoft.Web/sites/config")
+                if c.config.get("parent") == site.symbol and c.config.get("name") == "authsettingsV2"]  # fmt: skip
+        require(bool(auth), f"{site.symbol}: no Easy Auth option for the HTTP routes")
+        for config in auth:
+            validation = config.properties.get("globalValidation", {})
+            require(validation.get("requireAuthentication") is True
+                    and validation.get("unauthenticatedClientAction") == "Return401"
+                    and validation.get("excludedPaths", []) == ["/runtime/webhooks/eventgrid"],
+                    f"{site.symbol}: Easy Auth lets unauthenticated calls through")  # fmt: skip
         runtime = site.properties.get("functionAppConfig", {}).get("runtime", {})
         require(runtime == {"name": "python", "version": "3.11"}, f"{site.symbol}: runtime is not Python 3.11")
 

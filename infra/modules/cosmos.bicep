@@ -9,6 +9,8 @@ param tags object
 param defaultTtlSeconds int
 
 resource account 'Microsoft.DocumentDB/databaseAccounts@2024-11-15' = {
+  // checkov:skip=CKV_AZURE_101: public endpoint by default, identity-only auth, keys off; private endpoints: docs/operations.md, Network
+  // checkov:skip=CKV_AZURE_99: public endpoint by default, identity-only auth, keys off; private endpoints: docs/operations.md, Network
   name: name
   location: location
   tags: tags
@@ -16,7 +18,9 @@ resource account 'Microsoft.DocumentDB/databaseAccounts@2024-11-15' = {
   properties: {
     databaseAccountOfferType: 'Standard'
     disableLocalAuth: true
+    disableKeyBasedMetadataWriteAccess: true // containers change through ARM (this template), never the data plane
     minimalTlsVersion: 'Tls12'
+    backupPolicy: { type: 'Continuous', continuousModeProperties: { tier: 'Continuous7Days' } }
     capabilities: [{ name: 'EnableServerless' }]
     consistencyPolicy: { defaultConsistencyLevel: 'Session' }
     locations: [{ locationName: location, failoverPriority: 0 }]

@@ -5,6 +5,7 @@ param location string
 param tags object
 
 resource topic 'Microsoft.EventGrid/topics@2022-06-15' = {
+  // checkov:skip=CKV_AZURE_193: public endpoint by default, identity-only auth, keys off; private endpoints: docs/operations.md, Network
   name: name
   location: location
   tags: tags

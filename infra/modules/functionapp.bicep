@@ -10,6 +10,8 @@ param deploymentContainerUrl string
 param appInsightsConnectionString string
 @description('App settings of the template (README, Configuration).')
 param appSettings object
+@description('Optional client id of an Entra ID app registration: Easy Auth then requires its token on every HTTP route (401 without), and the caller scope of Idempotency-Keys is the token\'s principal, so a function-key rotation never turns a retry into a new request.')
+param easyAuthClientId string = ''
 
 var baseSettings = {
   AzureWebJobsStorage__accountName: storageAccountName
@@ -28,6 +30,7 @@ var baseSettings = {
 }
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
+  // checkov:skip=CKV_AZURE_225: zone redundancy is not offered in every Flex Consumption region allowed
   name: 'plan-${name}'
   location: location
   tags: tags
@@ -37,6 +40,10 @@ resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
 }
 
 resource app 'Microsoft.Web/sites@2024-04-01' = {
+  // checkov:skip=CKV_AZURE_222: public endpoint by default, identity-only auth, keys off; private endpoints: docs/operations.md, Network
+  // checkov:skip=CKV_AZURE_17: callers authenticate with function keys or Entra ID tokens (Easy Auth), not client certificates
+  // checkov:skip=CKV_AZURE_212: Flex Consumption scales instances on demand; always-ready instances are a cost choice
+  // checkov:skip=CKV_AZURE_213: no App Service health check on Flex Consumption: the platform watches the Functions host
   name: name
   location: location
   tags: union(tags, { 'azd-service-name': 'api' })
@@ -51,6 +58,7 @@ resource app 'Microsoft.Web/sites@2024-04-01' = {
     siteConfig: {
       minTlsVersion: '1.2'
       ftpsState: 'Disabled'
+      http20Enabled: true
     }
     functionAppConfig: {
       deployment: {
@@ -72,6 +80,13 @@ resource app 'Microsoft.Web/sites@2024-04-01' = {
   }
 
   resource settings 'config' = {
+    // checkov:skip=CKV_AZURE_13: a sites/config child (app settings or Easy Auth), which checkov reads as a whole web app
+    // checkov:skip=CKV_AZURE_63: a sites/config child (app settings or Easy Auth), which checkov reads as a whole web app
+    // checkov:skip=CKV_AZURE_65: a sites/config child (app settings or Easy Auth), which checkov reads as a whole web app
+    // checkov:skip=CKV_AZURE_66: a sites/config child (app settings or Easy Auth), which checkov reads as a whole web app
+    // checkov:skip=CKV_AZURE_80: a sites/config child (app settings or Easy Auth), which checkov reads as a whole web app
+    // checkov:skip=CKV_AZURE_88: a sites/config child (app settings or Easy Auth), which checkov reads as a whole web app
+    // checkov:skip=CKV_AZURE_222: a sites/config child (app settings or Easy Auth), which checkov reads as a whole web app
     name: 'appsettings'
     properties: union(baseSettings, appSettings)
   }
@@ -92,3 +107,36 @@ resource scmCredentials 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@
 
 output name string = app.name
 output id string = app.id
+
+// Easy Auth (optional): the platform validates Entra ID tokens before the function runs and
+// strips any client-sent principal header. Event Grid's webhook keeps its system-key auth.
+resource auth 'Microsoft.Web/sites/config@2024-04-01' = if (!empty(easyAuthClientId)) {
+  // checkov:skip=CKV_AZURE_13: a sites/config child (app settings or Easy Auth), which checkov reads as a whole web app
+  // checkov:skip=CKV_AZURE_63: a sites/config child (app settings or Easy Auth), which checkov reads as a whole web app
+  // checkov:skip=CKV_AZURE_65: a sites/config child (app settings or Easy Auth), which checkov reads as a whole web app
+  // checkov:skip=CKV_AZURE_66: a sites/config child (app settings or Easy Auth), which checkov reads as a whole web app
+  // checkov:skip=CKV_AZURE_80: a sites/config child (app settings or Easy Auth), which checkov reads as a whole web app
+  // checkov:skip=CKV_AZURE_88: a sites/config child (app settings or Easy Auth), which checkov reads as a whole web app
+  // checkov:skip=CKV_AZURE_222: a sites/config child (app settings or Easy Auth), which checkov reads as a whole web app
+  parent: app
+  name: 'authsettingsV2'
+  properties: {
+    platform: { enabled: true }
+    globalValidation: {
+      requireAuthentication: true
+      unauthenticatedClientAction: 'Return401'
+      excludedPaths: ['/runtime/webhooks/eventgrid']
+    }
+    identityProviders: {
+      azureActiveDirectory: {
+        enabled: true
+        registration: {
+          clientId: easyAuthClientId
+          openIdIssuer: '${environment().authentication.loginEndpoint}${tenant().tenantId}/v2.0'
+        }
+        validation: { allowedAudiences: ['api://${easyAuthClientId}', easyAuthClientId] }
+      }
+    }
+    login: { tokenStore: { enabled: false } }
+  }
+}

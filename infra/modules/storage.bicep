@@ -8,6 +8,8 @@ var deploymentContainer = 'app-package'
 var eventDeadLetterContainer = 'eventgrid-deadletters'
 
 resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {
+  // checkov:skip=CKV_AZURE_35: public endpoint by default, identity-only auth, keys off; private endpoints: docs/operations.md, Network
+  // checkov:skip=CKV_AZURE_206: LRS because ZRS is not offered in every Flex Consumption region allowed; choose ZRS where it is
   name: name
   location: location
   tags: tags

@@ -8,7 +8,7 @@ With ids it tells completed / refused / in progress / not processed; with bodies
 message body per line, as exported from the dead-letter queue) it also validates them and
 compares fingerprints, so it can tell a resubmit that would be a duplicate from one that
 would be a conflict, or dead-lettered again as invalid (with the reason). The consumer and
-its store come from the app (function_app.consumers(), i.e. the app settings).
+its store come from the app (the consumers function_app declares, built from the app settings).
 """
 
 from __future__ import annotations
