@@ -166,8 +166,8 @@ def policy_violations(infra: Path = INFRA) -> list[str]:
             )
             require(container, f"{assignment.symbol}: Event Grid's identity reaches beyond its dead-letter container")
         if "operatorPrincipalId" in _text(assignment.properties.get("principalId")):  # the smoke test's entities
-            entity = types.get((assignment.file, str(scope)))
-            require(entity in OPERATOR_SCOPES, f"{assignment.symbol}: the operator's role reaches beyond one entity")
+            target = types.get((assignment.file, str(scope)))
+            require(target in OPERATOR_SCOPES, f"{assignment.symbol}: the operator's role reaches beyond one entity")
     for assignment in by_type("Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments"):
         require("/dbs/" in _text(assignment.properties.get("scope")),
                 f"{assignment.symbol}: Cosmos role scoped beyond a database")  # fmt: skip
