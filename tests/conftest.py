@@ -11,6 +11,7 @@ from azure.data.tables import TableServiceClient
 from shared.idempotency import DedupStore, registry
 from shared.idempotency.cosmos_store import CosmosStore
 from shared.idempotency.settings import TRANSPORT
+from shared.idempotency.table_batch import TableTransactions
 from shared.idempotency.table_store import TableStore
 from tools.azurite import Azurite
 from tools.cosmos_emulator import CosmosEmulator, emulated
@@ -35,10 +36,12 @@ def azurite() -> Iterator[Azurite]:
         yield emulator
 
 
-def new_table_store(azurite: Azurite) -> TableStore:
+def new_table_store(azurite: Azurite, *, lean: bool = False) -> TableStore:
+    """``lean``: commits through table_batch.TableTransactions, else the SDK's."""
     name = "t" + uuid.uuid4().hex[:16]
     service = TableServiceClient.from_connection_string(azurite.connection_string, **TRANSPORT)
-    store = TableStore(service, table=name, dead_letter_table=name + "dl")
+    transactions = TableTransactions.of(service, name, **TRANSPORT) if lean else None
+    store = TableStore(service, table=name, dead_letter_table=name + "dl", transactions=transactions)
     store.create_tables()
     return store
 

@@ -13,6 +13,7 @@ from typing import Any
 import requests
 from azure.core.exceptions import ServiceRequestError, ServiceResponseError
 from azure.core.pipeline.transport import RequestsTransport, RequestsTransportResponse
+from azure.core.rest import HttpRequest as RestHttpRequest
 
 
 class Crash(BaseException):
@@ -76,11 +77,19 @@ class FaultyTransport(RequestsTransport):  # type: ignore[misc]
         return response
 
 
-def _status(request: Any, status: int) -> RequestsTransportResponse:
+def _status(request: Any, status: int) -> Any:
+    """A response the server never sent, in the type the pipeline expects for ``request``:
+    the SDK sends legacy transport requests, the lean transaction path azure.core.rest ones."""
     raw = requests.Response()
     raw.status_code = status
     raw.reason = "Service Unavailable (injected)"
     raw._content = b'{"odata.error":{"code":"ServerBusy","message":{"value":"injected"}}}'
     raw.headers["Content-Type"] = "application/json"
     raw.url = request.url
+    if isinstance(request, RestHttpRequest):
+        from azure.core.rest._requests_basic import RestRequestsTransportResponse  # what RequestsTransport returns
+
+        response = RestRequestsTransportResponse(request=request, internal_response=raw)  # type: ignore[no-untyped-call]
+        response.read()
+        return response
     return RequestsTransportResponse(request, raw)

@@ -25,7 +25,8 @@ from shared.idempotency import DedupKey, DedupStore, IdempotentConsumer, registr
 from shared.idempotency.cosmos_store import CosmosStore
 from shared.idempotency.keys import marker_id
 from shared.idempotency.records import GUARD_KIND
-from shared.idempotency.settings import TRANSPORT
+from shared.idempotency.settings import TRANSPORT, table_transactions
+from shared.idempotency.table_batch import TableTransactions
 from shared.idempotency.table_store import TableStore
 from shared.orders.checks import effects_by_order
 from tools import runtimes, workload
@@ -257,7 +258,8 @@ def _attach_store(
     table, dead = consumer.store.table.table_name, consumer.store.dead_letter_table
     transport = {"transport": FaultyTransport(plan)} if faulty else {}
     service = TableServiceClient.from_connection_string(azurite.connection_string, **transport, **TRANSPORT)
-    consumer.store = store_class(service, table, dead)
+    lean = TableTransactions.of(service, table, **transport, **TRANSPORT) if table_transactions() == "lean" else None
+    consumer.store = store_class(service, table, dead, transactions=lean)
     clean = TableServiceClient.from_connection_string(azurite.connection_string, **TRANSPORT)
     return TableStore(clean, table, dead)
 

@@ -107,15 +107,27 @@ def table_service() -> TableServiceClient:
     DEDUP_STORAGE_ENDPOINT (https://<account>.table.core.windows.net, managed identity)."""
     from azure.data.tables import TableServiceClient
 
+    from .table_batch import pooled_transport
+
+    options = {**TRANSPORT, "transport": pooled_transport()}  # more connections than concurrent calls
     connection = os.environ.get("DEDUP_STORAGE_CONNECTION")
     if connection:
-        return TableServiceClient.from_connection_string(connection, **TRANSPORT)
+        return TableServiceClient.from_connection_string(connection, **options)
     endpoint = os.environ.get("DEDUP_STORAGE_ENDPOINT")
     if endpoint:
         from azure.identity import DefaultAzureCredential
 
-        return TableServiceClient(endpoint, credential=DefaultAzureCredential(), **TRANSPORT)
+        return TableServiceClient(endpoint, credential=DefaultAzureCredential(), **options)
     raise ConfigurationError("set DEDUP_STORAGE_CONNECTION (local) or DEDUP_STORAGE_ENDPOINT (managed identity)")
+
+
+def table_transactions() -> str:
+    """DEDUP_TABLE_TRANSACTIONS: ``lean`` (default) builds and reads each commit's entity-group
+    transaction itself (table_batch.py); ``sdk`` uses the Azure SDK's submit_transaction."""
+    value = setting("DEDUP_TABLE_TRANSACTIONS", "lean").lower()
+    if value not in ("lean", "sdk"):
+        raise ConfigurationError(f"DEDUP_TABLE_TRANSACTIONS={value!r}: use 'lean' or 'sdk'")
+    return value
 
 
 def cosmos_client() -> CosmosClient:
@@ -140,9 +152,13 @@ def open_store(table: str, dead_letter_table: str, *, create: bool = True) -> De
     kind = setting("DEDUP_STORE", "table").lower()
     keep = dead_letter_retention()
     if kind == "table":
+        from .table_batch import TableTransactions, pooled_transport
         from .table_store import TableStore
 
-        store = TableStore(table_service(), table, dead_letter_table, dead_letter_retention=keep)
+        service = table_service()
+        lean = table_transactions() == "lean"
+        transactions = TableTransactions.of(service, table, transport=pooled_transport(), **TRANSPORT) if lean else None
+        store = TableStore(service, table, dead_letter_table, dead_letter_retention=keep, transactions=transactions)
         if create:
             store.create_tables()
         return store

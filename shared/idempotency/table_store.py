@@ -38,6 +38,7 @@ from .store import (
     StoredState,
     store_errors,
 )
+from .table_batch import TableTransactions, TransactionFailure
 
 MAX_TRANSACTION_OPERATIONS = 100  # Table entity-group transaction limit
 STATE_VERSION = "StateVersion"  # the version of an entity written by upsert_if_newer
@@ -53,8 +54,12 @@ class TableStore(DedupStore):
         dead_letter_table: str = "deadletters",
         *,
         dead_letter_retention: timedelta = DEFAULT_DEAD_LETTER_RETENTION,
+        transactions: TableTransactions | None = None,
     ) -> None:
+        """``transactions``: commits go through this lean transaction path (table_batch.py);
+        None: through the SDK's ``submit_transaction``."""
         self.dead_letter_retention = dead_letter_retention
+        self._lean = transactions
         self._service = service
         self._table: TableClient = service.get_table_client(table)
         self._dead: TableClient = service.get_table_client(dead_letter_table)
@@ -97,11 +102,27 @@ class TableStore(DedupStore):
             remaining = later
         return [results[i] for i in range(len(commits))]
 
+    def _submit(self, entities: list[dict[str, Any]]) -> TransactionFailure | None:
+        """One transaction of inserts: None when written; the refused operation when one
+        already existed (409 EntityAlreadyExists, nothing written); other errors raise."""
+        if self._lean is not None:
+            return self._lean.submit(entities)
+        try:
+            self._table.submit_transaction([("create", entity) for entity in entities])
+        except TableTransactionError as exc:
+            if getattr(exc, "error_code", None) != "EntityAlreadyExists":
+                raise
+            message = getattr(exc, "message", "") or ""
+            return TransactionFailure(
+                _failed_operation(message), exc.status_code or 409, "EntityAlreadyExists", message
+            )
+        return None
+
     def _transact(self, commits: Sequence[Commit], partition: str, chunk: list[int]) -> dict[int, CommitResult]:
         results: dict[int, CommitResult] = {}
         pk, now = encode_key(partition), utcnow()
         while chunk:
-            operations: list[Any] = []
+            operations: list[dict[str, Any]] = []
             owners: list[tuple[int, int]] = []  # per operation: (message, position in the message)
             for i in chunk:
                 key, _, fingerprint, effects, result, expires_at = commits[i]
@@ -109,15 +130,12 @@ class TableStore(DedupStore):
                 guard = {"PartitionKey": pk, "RowKey": guard_id(key, fingerprint), "Kind": GUARD_KIND,
                          "ExpiresAt": expires_at}  # fmt: skip
                 entities = [guard, self._marker_entity(marker), *(self.effect_entity(pk, e) for e in effects)]
-                operations += [("create", entity) for entity in entities]
+                operations += entities
                 owners += [(i, position) for position in range(len(entities))]
-            try:
-                with store_errors():
-                    self._table.submit_transaction(operations)
-            except TableTransactionError as exc:
-                if getattr(exc, "error_code", None) != "EntityAlreadyExists":
-                    raise
-                failed = _failed_operation(exc)
+            with store_errors():
+                failure = self._submit(operations)
+            if failure is not None:
+                failed = failure.index
                 if failed is None and len(chunk) > 1:  # the service did not say which: one by one
                     for i in chunk:
                         results.update(self._transact(commits, partition, [i]))
@@ -322,10 +340,10 @@ def _chunks(commits: Sequence[Commit], members: list[int]) -> Iterator[list[int]
         yield chunk
 
 
-def _failed_operation(exc: TableTransactionError) -> int | None:
+def _failed_operation(message: str) -> int | None:
     """The service prefixes a transaction error with the failing operation's index
     ("1:The specified entity already exists."); None when it did not say."""
-    prefix, colon, _ = (getattr(exc, "message", "") or "").partition(":")
+    prefix, colon, _ = message.partition(":")
     return int(prefix) if colon and prefix.isdigit() else None
 
 

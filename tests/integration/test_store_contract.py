@@ -12,6 +12,7 @@ from azure.data.tables import TableServiceClient
 from shared.idempotency import DedupStore
 from shared.idempotency.contract import StoreContract
 from shared.idempotency.cosmos_store import CosmosStore
+from shared.idempotency.table_batch import TableTransactions
 from shared.idempotency.table_store import TableStore
 from tests.conftest import EMULATED, NO_ATOMIC_BATCHES, new_cosmos_store, new_table_store
 from tools.azurite import Azurite
@@ -27,6 +28,20 @@ class TestTableStore(StoreContract):
         down = Azurite()  # never started: nothing listens on its port
         service = TableServiceClient.from_connection_string(down.connection_string, retry_total=0)
         return TableStore(service, table="unreachable")
+
+
+class TestTableStoreLean(TestTableStore):
+    """The same contract with commits through the lean transaction path (table_batch.py)."""
+
+    @pytest.fixture
+    def store(self, azurite: Azurite) -> DedupStore:
+        return new_table_store(azurite, lean=True)
+
+    def unreachable_store(self) -> DedupStore:
+        down = Azurite()
+        service = TableServiceClient.from_connection_string(down.connection_string, retry_total=0)
+        lean = TableTransactions.of(service, "unreachable", retry_total=0)
+        return TableStore(service, "unreachable", transactions=lean)
 
 
 class TestCosmosStore(StoreContract):

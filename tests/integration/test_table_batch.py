@@ -1,0 +1,205 @@
+"""The lean transaction path speaks the same protocol as the Azure SDK: the same requests
+(compared part by part, modulo boundaries, ids and dates) and the same reading of every
+answer — success, a conflict at each operation index, a bad entity, a too-large request —
+from the real Azurite, and from responses in the shape the Azure Table service documents.
+A decoding slip would misclassify messages silently (duplicate vs mismatch is read from the
+failing index), so every index and status is pinned here."""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from azure.core.exceptions import HttpResponseError
+from azure.data.tables import TableClient, TableServiceClient, TableTransactionError
+
+from shared.idempotency.table_batch import TableTransactions, TransactionFailure, decode, entity_json
+from tools.azurite import Azurite
+
+WHEN = datetime(2026, 11, 30, 12, 30, 15, 123456, tzinfo=UTC)
+ENTITIES: list[dict[str, Any]] = [
+    {"PartitionKey": "p", "RowKey": "strings", "S": "x", "Empty": "", "Unicode": "é🙂", "Quote": 'a"b\\c\n'},
+    {"PartitionKey": "p", "RowKey": "numbers", "I": 5, "Neg": -(2**31), "Max": 2**31 - 1, "F": 1.5, "Whole": 10.0,
+     "Nan": math.nan, "Inf": math.inf, "MinusInf": -math.inf, "B": True, "No": False},
+    {"PartitionKey": "p", "RowKey": "other", "D": WHEN, "Later": WHEN.astimezone(UTC) + timedelta(hours=1),
+     "Y": bytes(range(256)), "G": uuid.UUID("12345678-1234-5678-1234-567812345678"), "Missing": None},
+    {"PartitionKey": "dedup|orders|%2Fa~", "RowKey": "dedup|orders|o-1|" + "f" * 64, "Kind": "dedup-guard",
+     "ExpiresAt": WHEN},
+]  # fmt: skip
+
+
+@pytest.fixture
+def table(azurite: Azurite) -> Iterator[tuple[TableServiceClient, str]]:
+    name = "b" + uuid.uuid4().hex[:16]
+    service = TableServiceClient.from_connection_string(azurite.connection_string, retry_total=0)
+    service.create_table(name)
+    yield service, name
+    service.delete_table(name)
+
+
+def parts(body: bytes) -> list[tuple[str, dict[str, str], Any]]:
+    """The operations of a $batch body: (request line, headers but dates, JSON body)."""
+    found = []
+    for chunk in body.split(b"Content-Transfer-Encoding: binary\r\n")[1:]:
+        head, _, rest = chunk.partition(b"\r\n\r\n")  # the part's own headers (Content-ID)
+        request, _, payload = rest.partition(b"\r\n\r\n")
+        line, *headers = request.decode().split("\r\n")
+        named = dict(h.split(": ", 1) for h in [*head.decode().split("\r\n"), *headers] if h)
+        found.append((line, {k: v for k, v in named.items() if k not in ("x-ms-date", "Date")},
+                      json.loads(payload.split(b"\r\n--")[0])))  # fmt: skip
+    return found
+
+
+def captured(send: Any) -> Any:
+    """The $batch request a client sends (through its raw_request_hook)."""
+    seen: list[Any] = []
+    send(lambda request: seen.append(request.http_request) if "$batch" in request.http_request.url else None)
+    [request] = seen
+    return request
+
+
+def test_the_lean_request_is_the_sdks_modulo_boundaries_and_dates(table: tuple[TableServiceClient, str]) -> None:
+    service, name = table
+    entities = [dict(e, RowKey=e["RowKey"] + "-S") for e in ENTITIES[:3]]
+    sdk = captured(lambda hook: service.get_table_client(name).submit_transaction(
+        [("create", e) for e in entities], raw_request_hook=hook))  # fmt: skip
+    lean_entities = [dict(e, RowKey=e["RowKey"] + "-L") for e in ENTITIES[:3]]
+    lean = captured(lambda hook: TableTransactions.of(service, name, raw_request_hook=hook).submit(lean_entities))
+
+    def same(request: Any, suffix: str) -> list[tuple[str, dict[str, str], Any]]:
+        body = request.body if request.body is not None else request.content
+        return [(line, headers, {k: v.replace(suffix, "") if k == "RowKey" else v for k, v in payload.items()})
+                for line, headers, payload in parts(body)]  # fmt: skip
+
+    assert same(lean, "-L") == same(sdk, "-S")  # suffixes of one length: Content-Length compares too
+    outer = ("x-ms-version", "DataServiceVersion", "MaxDataServiceVersion", "Accept")
+    assert {h: lean.headers[h] for h in outer} == {h: sdk.headers[h] for h in outer}
+    assert lean.headers["Content-Type"].split("batch_")[0] == sdk.headers["Content-Type"].split("batch_")[0]
+    assert lean.headers["Authorization"].startswith("SharedKey devstoreaccount1:")
+
+
+def test_entities_are_encoded_by_the_sdks_type_rules() -> None:
+    from azure.data.tables._serialize import _add_entity_properties  # the SDK's own encoder, as the reference
+
+    for entity in ENTITIES:
+        assert entity_json(entity) == _add_entity_properties(entity), entity["RowKey"]
+    with pytest.raises(TypeError):
+        entity_json({"PartitionKey": "p", "RowKey": "r", "Big": 2**31})
+    with pytest.raises(TypeError):
+        entity_json({"PartitionKey": "p", "RowKey": "r", "List": [1]})
+
+
+def test_what_the_lean_path_writes_reads_back_as_the_sdk_wrote_it(table: tuple[TableServiceClient, str]) -> None:
+    service, name = table
+    client: TableClient = service.get_table_client(name)
+    assert TableTransactions.of(service, name).submit([dict(e, PartitionKey="lean") for e in ENTITIES[:3]]) is None
+    client.submit_transaction([("create", dict(e, PartitionKey="sdk")) for e in ENTITIES[:3]])
+
+    def stored(pk: str) -> list[dict[str, Any]]:
+        rows = client.query_entities("PartitionKey eq @pk", parameters={"pk": pk})
+        return sorted(({k: v for k, v in row.items() if k != "PartitionKey"} for row in rows),
+                      key=lambda row: row["RowKey"])  # fmt: skip
+
+    lean, sdk = stored("lean"), stored("sdk")
+    assert len(lean) == 3 and repr(lean) == repr(sdk)  # NaN != NaN: compare the representations
+
+
+@pytest.mark.parametrize("taken", [0, 1, 2, 3])
+def test_a_conflict_at_each_index_is_read_as_the_sdk_reads_it(
+    table: tuple[TableServiceClient, str], taken: int
+) -> None:
+    service, name = table
+    client = service.get_table_client(name)
+    rows = [{"PartitionKey": f"p{taken}", "RowKey": f"r{i}"} for i in range(4)]
+    client.create_entity(rows[taken])
+    failure = TableTransactions.of(service, name).submit(rows)
+    with pytest.raises(TableTransactionError) as sdk:
+        client.submit_transaction([("create", row) for row in rows])
+    assert failure is not None and (failure.index, failure.status, failure.code) == (taken, 409, "EntityAlreadyExists")
+    assert (sdk.value.status_code, sdk.value.error_code) == (409, "EntityAlreadyExists")
+    assert sdk.value.message.startswith(f"{taken}:")
+    assert [e["RowKey"] for e in client.query_entities("PartitionKey eq @pk", parameters={"pk": f"p{taken}"})] == [
+        rows[taken]["RowKey"]]  # nothing else written  # fmt: skip
+
+
+def test_refusals_other_than_a_conflict_raise_with_the_sdks_status(table: tuple[TableServiceClient, str]) -> None:
+    service, name = table
+    lean = TableTransactions.of(service, name, retry_total=0)
+    twice = [{"PartitionKey": "p", "RowKey": "same"}, {"PartitionKey": "p", "RowKey": "same"}]
+    with pytest.raises(HttpResponseError) as lean_error:
+        lean.submit(twice)
+    with pytest.raises(HttpResponseError) as sdk_error:
+        service.get_table_client(name).submit_transaction([("create", row) for row in twice])
+    assert lean_error.value.status_code == sdk_error.value.status_code
+    assert 400 <= (lean_error.value.status_code or 0) < 500
+
+    huge = [{"PartitionKey": "p", "RowKey": f"r{i}", "A": "x" * 30_000, "B": "y" * 30_000} for i in range(100)]  # 6 MB
+    with pytest.raises(HttpResponseError) as too_large:
+        lean.submit(huge)
+    with pytest.raises(HttpResponseError) as sdk_too_large:
+        service.get_table_client(name).submit_transaction([("create", row) for row in huge])
+    assert too_large.value.status_code == sdk_too_large.value.status_code == 413
+
+
+def test_a_missing_table_is_not_found() -> None:
+    with Azurite() as azurite:
+        service = TableServiceClient.from_connection_string(azurite.connection_string, retry_total=0)
+        with pytest.raises(HttpResponseError) as missing:
+            TableTransactions.of(service, "nosuchtable").submit([{"PartitionKey": "p", "RowKey": "r"}])
+    assert missing.value.status_code == 404
+
+
+def azure_response(*statuses: str, error: str | None = None) -> bytes:
+    """A changeset response as the Azure Table service documents it ("Performing entity group
+    transactions": multipart/mixed, one application/http part per answered operation)."""
+    body = ["--batchresponse_1\r\nContent-Type: multipart/mixed; boundary=changesetresponse_2\r\n\r\n"]
+    for index, status in enumerate(statuses):
+        body.append(f"--changesetresponse_2\r\nContent-Type: application/http\r\nContent-Transfer-Encoding: binary"
+                    f"\r\n\r\nHTTP/1.1 {status}\r\nContent-ID: {index + 1}\r\nX-Content-Type-Options: nosniff\r\n"
+                    "Cache-Control: no-cache\r\nDataServiceVersion: 3.0;\r\n")  # fmt: skip
+        if error and not status.startswith("2"):
+            body.append("Content-Type: application/json;odata=minimalmetadata;streaming=true;charset=utf-8\r\n\r\n"
+                        + error + "\r\n")  # fmt: skip
+        else:
+            body.append("ETag: W/\"datetime'2026-11-30T12%3A00%3A00.0000000Z'\"\r\n\r\n\r\n")
+    body.append("--changesetresponse_2--\r\n--batchresponse_1--\r\n")
+    return "".join(body).encode()
+
+
+def odata_error(code: str, message: str) -> str:
+    return json.dumps({"odata.error": {"code": code, "message": {"lang": "en-US", "value": message}}})
+
+
+EXISTS = "The specified entity already exists."
+CONDITION = "The update condition specified in the request was not satisfied."
+TOO_LARGE = "The property value exceeds the maximum allowed size (64KB)."
+DOCUMENTED = [
+    (azure_response("201 Created", "201 Created", "204 No Content"), None),
+    (azure_response("409 Conflict", error=odata_error("EntityAlreadyExists", f"0:{EXISTS}\nRequestId:x\nTime:t")),
+     TransactionFailure(0, 409, "EntityAlreadyExists", f"0:{EXISTS}\nRequestId:x\nTime:t")),
+    (azure_response("409 Conflict", error=odata_error("EntityAlreadyExists", f"3:{EXISTS}")),
+     TransactionFailure(3, 409, "EntityAlreadyExists", f"3:{EXISTS}")),
+    (azure_response("412 Precondition Failed", error=odata_error("UpdateConditionNotSatisfied", f"2:{CONDITION}")),
+     TransactionFailure(2, 412, "UpdateConditionNotSatisfied", f"2:{CONDITION}")),
+    (azure_response("400 Bad Request", error=odata_error("PropertyValueTooLarge", f"1:{TOO_LARGE}")),
+     TransactionFailure(1, 400, "PropertyValueTooLarge", f"1:{TOO_LARGE}")),
+    (azure_response("409 Conflict", error=odata_error("EntityAlreadyExists", EXISTS)),
+     TransactionFailure(None, 409, "EntityAlreadyExists", EXISTS)),
+    (azure_response("503 Server Unavailable", error="not json"), TransactionFailure(None, 503, "", "not json")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    DOCUMENTED,
+    ids=["success", "conflict at 0", "conflict at 3", "412 at 2", "400 at 1", "no index", "not json"],
+)
+def test_documented_responses_decode_to_the_failing_index_and_status(
+    response: bytes, expected: TransactionFailure | None
+) -> None:
+    assert decode(response) == expected
