@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import json
 import math
+import os
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,7 @@ from email.utils import formatdate
 from enum import Enum
 from typing import Any
 from urllib.parse import urlsplit
+from urllib.request import getproxies
 
 import requests
 from azure.core import PipelineClient
@@ -68,13 +70,19 @@ class TransactionFailure:
 
 def pooled_transport(pool: int = DEFAULT_POOL) -> RequestsTransport:
     """A requests session keeping up to ``pool`` connections per host (requests' default is
-    10), without urllib3 retries (azure-core's RetryPolicy retries), for either path."""
+    10), without urllib3 retries (azure-core's RetryPolicy retries), for either path. When
+    the environment sets no proxy, requests is told not to read it again on every request
+    (it scans the whole environment: ~0.3 ms a request); a CA bundle it names still applies."""
     session = requests.Session()
     no_retries = Retry(total=False, redirect=False, raise_on_status=False)
     adapter = requests.adapters.HTTPAdapter(pool_connections=pool, pool_maxsize=pool, max_retries=no_retries)
     for scheme in ("http://", "https://"):
         session.mount(scheme, adapter)
-    return RequestsTransport(session=session)
+    if getproxies():
+        return RequestsTransport(session=session)
+    session.trust_env = False
+    bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+    return RequestsTransport(session=session, **({"connection_verify": bundle} if bundle else {}))
 
 
 class SharedKeyPolicy(SansIOHTTPPolicy):  # type: ignore[type-arg]
@@ -114,6 +122,11 @@ class TableTransactions:
         read_timeout: float = 30,
     ) -> None:
         self._base = endpoint.rstrip("/")
+        # One batch boundary per client: the response's boundary follows it, and Python's
+        # http.client compiles a regular expression per distinct boundary when it reads the
+        # response headers (~0.5 ms). It cannot be forged from inside a part: bodies are JSON,
+        # whose strings never hold a raw line break.
+        self._boundary, self._changeset = f"batch_{uuid.uuid4()}", f"changeset_{uuid.uuid4()}"
         self._table_url = f"{self._base}/{table}"
         self._timeouts: dict[str, Any] = {"connection_timeout": connection_timeout, "read_timeout": read_timeout}
         auth: SansIOHTTPPolicy | BearerTokenCredentialPolicy  # type: ignore[type-arg]
@@ -146,9 +159,9 @@ class TableTransactions:
         """Insert every entity (one PartitionKey) atomically. None when all were written;
         the failure when the service refused one (nothing written); other errors raise
         as the SDK's do (HttpResponseError with the status)."""
-        batch, body = encode(self._table_url, operations)
+        body = encode(self._table_url, operations, self._boundary, self._changeset)
         request = HttpRequest("POST", f"{self._base}/$batch", content=body,
-                              headers={"Content-Type": f"multipart/mixed; boundary={batch}"})  # fmt: skip
+                              headers={"Content-Type": f"multipart/mixed; boundary={self._boundary}"})  # fmt: skip
         response = self._client.send_request(request, **self._timeouts)
         if response.status_code != 202:
             kind = ResourceNotFoundError if response.status_code == 404 else HttpResponseError
@@ -167,9 +180,8 @@ class TableTransactions:
 # -- the wire format -----------------------------------------------------------------------
 
 
-def encode(table_url: str, entities: Sequence[Mapping[str, Any]]) -> tuple[str, bytes]:
-    """The $batch body for inserts into ``table_url``: (batch boundary, bytes)."""
-    batch, changeset = f"batch_{uuid.uuid4()}", f"changeset_{uuid.uuid4()}"
+def encode(table_url: str, entities: Sequence[Mapping[str, Any]], batch: str, changeset: str) -> bytes:
+    """The $batch body for inserts into ``table_url``, delimited by ``batch`` and ``changeset``."""
     now = formatdate(usegmt=True)
     parts = [f"--{batch}\r\nContent-Type: multipart/mixed; boundary={changeset}\r\n\r\n".encode()]
     for index, entity in enumerate(entities):
@@ -183,7 +195,7 @@ def encode(table_url: str, entities: Sequence[Mapping[str, Any]]) -> tuple[str, 
             + b"\r\n"
         )
     parts.append(f"--{changeset}--\r\n\r\n--{batch}--\r\n".encode())
-    return batch, b"".join(parts)
+    return b"".join(parts)
 
 
 def entity_json(entity: Mapping[str, Any]) -> dict[str, Any]:

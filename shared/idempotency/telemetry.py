@@ -28,6 +28,7 @@ _outcomes = _meter.create_counter("dedup.outcomes", description="Messages by con
 _duplicates = _meter.create_counter("dedup.duplicates", description="Duplicate deliveries suppressed")
 _duration = _meter.create_histogram("dedup.duration", unit="ms", description="Time to reach an outcome")
 _claim = _meter.create_histogram("dedup.claim.duration", unit="ms", description="Store time to claim and commit")
+_propagator = TraceContextTextMapPropagator()
 _requests = _meter.create_counter("dedup.store.requests", description="HTTP requests sent by the store clients")
 
 # Outcomes an operator must look at are logged as errors: they are the alerts.
@@ -47,7 +48,7 @@ def claim_duration(consumer: str, milliseconds: float) -> None:
 def span(consumer: str, delivery: Delivery) -> Iterator[trace.Span]:
     """A consumer span, child of the incoming trace context when there is one."""
     carrier = {"traceparent": delivery.traceparent} if delivery.traceparent else {}
-    parent = TraceContextTextMapPropagator().extract(carrier)
+    parent = _propagator.extract(carrier)
     with _tracer.start_as_current_span(f"dedup {consumer}", context=parent, kind=trace.SpanKind.CONSUMER) as current:
         current.set_attribute("messaging.consumer.group.name", consumer)
         if delivery.message_id:

@@ -22,9 +22,14 @@ def persistent_azurite() -> Iterator[Azurite]:
         yield azurite
 
 
-def test_faults_and_an_outage_cause_no_double_effect_and_no_loss(persistent_azurite: Azurite) -> None:
+@pytest.mark.parametrize("transactions", ["lean", "sdk"])
+def test_faults_and_an_outage_cause_no_double_effect_and_no_loss(
+    persistent_azurite: Azurite, transactions: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On both transaction paths (DEDUP_TABLE_TRANSACTIONS): the faults hit each one's requests."""
+    monkeypatch.setenv("DEDUP_TABLE_TRANSACTIONS", transactions)
     config = RunConfig(messages=300, workers=6, dup_rate=0.3, fault_rate=0.08, seed=20261130, outage=True,
-                       table="chaosshort")  # fmt: skip
+                       table="chaosshort" + transactions)  # fmt: skip
     report = run(config, persistent_azurite)
     assert report.violations == []
     assert (report.double_effects, report.lost, report.orphans) == (0, 0, 0)

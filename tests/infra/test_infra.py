@@ -228,3 +228,21 @@ def test_every_checkov_skip_says_why() -> None:
     for file, line in skips:
         found = re.fullmatch(r"// checkov:skip=(CKV_AZURE_\d+): (.{20,})", line)
         assert found, f"{file}: {line!r} has no reason"
+
+
+def test_the_telemetry_setup_agrees_across_host_json_app_settings_and_code() -> None:
+    """Microsoft's OpenTelemetry setup for Python Functions: telemetryMode in host.json, the
+    worker's flags and Entra ID ingestion in the app settings, the distro in the packages;
+    the app configures it only where the worker could not (tests/runtime proves both)."""
+    root = INFRA.parent
+    assert json.loads((root / "host.json").read_text())["telemetryMode"] == "OpenTelemetry"
+    app = (INFRA / "modules" / "functionapp.bicep").read_text()
+    for flag in (
+        "PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY: 'true'",
+        "PYTHON_ENABLE_OPENTELEMETRY: 'true'",
+        "APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identityClientId};Authorization=AAD'",
+    ):
+        assert flag in app, flag
+    assert re.search(r"^azure-monitor-opentelemetry==", (root / "requirements.txt").read_text(), re.MULTILINE)
+    code = (root / "function_app.py").read_text()
+    assert code.count("configure_azure_monitor(") == 1 and "ProxyTracerProvider" in code

@@ -1,26 +1,35 @@
-"""`make bench` is not part of `make test`: this keeps every scenario running and checks
-the store round trips the benchmark reports, on the real Azurite, at a size that takes
-seconds."""
+"""`make bench` is not part of `make test`: this keeps every scenario running, through the
+delay proxy too, and checks the store round trips the benchmark reports and its
+exactly-once check, on the real Azurite, at a size that takes seconds."""
 
 from __future__ import annotations
 
 from bench.__main__ import SCENARIOS, Bench
 from tools.azurite import Azurite
+from tools.delay_proxy import delayed
 
 
 def test_every_scenario_runs_and_costs_the_round_trips_it_reports(azurite: Azurite) -> None:
-    bench = Bench(azurite, 20)
+    bench = Bench(azurite, azurite.port, 20, concurrency=4)
     measures = {name: scenario(bench) for name, scenario in SCENARIOS.items()}
     per_message = {name: m.requests / m.messages for name, m in measures.items()}
 
-    assert per_message["raw transaction of 2 inserts"] == per_message["raw transaction of 4 inserts"] == 1.0
-    assert per_message["baseline (effects, no dedup)"] == 1.0
-    assert per_message["atomic (marker + effects)"] == 1.0
-    assert per_message["two-phase (claim, call, complete, commit)"] == 3.0
-    assert per_message["duplicates 50%"] == 1.0
-    assert per_message["duplicates 90%, hot cache"] == 2 / 20  # the 2 new messages only
-    assert per_message["batch of 10"] == 2 / 20
-    assert per_message["batch of 100"] == 1 / 20
-    assert all(m.messages == 20 for m in measures.values())
-    # both sides of the CPU split are read (Azurite's in clock ticks: summed over the run)
-    assert sum(m.client_cpu for m in measures.values()) > 0 and sum(m.store_cpu for m in measures.values()) > 0
+    for path in ("SDK", "lean"):
+        assert per_message[f"baseline, no dedup ({path})"] == per_message[f"atomic, all new ({path})"] == 1.0
+    assert per_message["atomic, 50% duplicates (lean)"] == 1.0  # a duplicate: one refused transaction
+    assert per_message["Powertools-style, all new"] == 3.0  # put, effects, update
+    assert per_message["Powertools-style, 50% duplicates"] == (10 * 3 + 10 * 2) / 20  # a duplicate: put, read
+    assert per_message["atomic, duplicates, hot cache (lean)"] == 0
+    assert per_message["two-phase, all new (lean)"] == 3.0
+    assert per_message["batch of 100 (lean)"] == per_message["batch of 100 (SDK)"] == 1 / 20
+    assert all(m.messages == 20 and m.violations == 0 for m in measures.values())
+    assert all(m.client_cpu > 0 for m in measures.values())
+
+
+def test_the_delay_proxy_adds_its_delay_to_every_round_trip(azurite: Azurite) -> None:
+    scenario = SCENARIOS["baseline, no dedup (lean)"]
+    direct = scenario(Bench(azurite, azurite.port, 20, concurrency=1))
+    with delayed(azurite.port, 25) as port:  # 50 ms per round trip
+        slowed = scenario(Bench(azurite, port, 20, concurrency=1))
+    assert slowed.requests == direct.requests == 20
+    assert slowed.seconds - direct.seconds >= 20 * 0.045  # every request waited both ways

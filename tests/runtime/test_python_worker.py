@@ -71,9 +71,13 @@ def app_settings(azurite: Azurite, table: str) -> dict[str, str]:
             "DEDUP_DEADLETTER_TABLE": table + "dl", "DEDUP_IN_FLIGHT_WAIT": "PT0S"}  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def worker(runtime: build.Runtime, store_server: Azurite, table: str) -> Iterator[WorkerHost]:
-    with WorkerHost(runtime, app_settings(store_server, table)) as host:
+@pytest.fixture(scope="module", params=["lean", "sdk"])
+def worker(
+    runtime: build.Runtime, store_server: Azurite, table: str, request: pytest.FixtureRequest
+) -> Iterator[WorkerHost]:
+    """The app in the worker, on each transaction path (DEDUP_TABLE_TRANSACTIONS)."""
+    settings = {**app_settings(store_server, table), "DEDUP_TABLE_TRANSACTIONS": request.param}
+    with WorkerHost(runtime, settings) as host:
         yield host.start_app()
 
 
