@@ -74,8 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--verbose", action="store_true", help="show the dedup log lines too")
     args = parser.parse_args(argv)
-    # The idempotency log is counted, and shown only with --verbose.
+    # The idempotency log (its conflicts are errors: alerts) is counted in the summary, and
+    # shown only with --verbose; other errors still show.
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR)
+    if not args.verbose:
+        logging.getLogger("idempotency").setLevel(logging.CRITICAL)
     reader = PeriodicExportingMetricReader(ConsoleMetricExporter(formatter=compact), export_interval_millis=3_600_000)
     provider = MeterProvider(metric_readers=[reader])
     metrics.set_meter_provider(provider)
