@@ -27,10 +27,15 @@ def ensure_telemetry() -> None:
 
     wanted = os.environ.get("PYTHON_ENABLE_OPENTELEMETRY", "").lower() == "true"
     if wanted and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
-        from azure.monitor.opentelemetry import configure_azure_monitor
+        log = logging.getLogger("idempotency")
+        try:
+            from azure.monitor.opentelemetry import configure_azure_monitor
 
-        configure_azure_monitor()  # Entra ID ingestion from APPLICATIONINSIGHTS_AUTHENTICATION_STRING
-        logging.getLogger("idempotency").info("telemetry: Azure Monitor configured by the app (not by the worker)")
+            configure_azure_monitor()  # Entra ID ingestion from APPLICATIONINSIGHTS_AUTHENTICATION_STRING
+        except Exception:  # telemetry must never keep the functions from loading
+            log.exception("telemetry: Azure Monitor could not be configured; the functions run without it")
+            return
+        log.info("telemetry: Azure Monitor configured by the app (not by the worker)")
 
 
 ensure_telemetry()

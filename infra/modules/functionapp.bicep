@@ -139,4 +139,5 @@ resource auth 'Microsoft.Web/sites/config@2024-04-01' = if (!empty(easyAuthClien
     }
     login: { tokenStore: { enabled: false } }
   }
+  dependsOn: [app::settings] // two writes to one site's config at once can conflict (409)
 }

@@ -15,6 +15,10 @@ from .records import MARKER_KIND, Marker, State
 from .store import DeadLetter
 
 DETAIL_LIMIT = 8_000  # characters of a refusal's detail kept with a dead letter
+# Every field a marker may carry (optional ones are left out when empty): a business
+# document that is its own marker (Cosmos DB, one document) must use none of them.
+MARKER_FIELDS = frozenset({"kind", "scope", "keyId", "state", "fingerprint", "createdAt", "expiresAt", "step",
+                           "result", "leaseUntil", "owner", "partition"})  # fmt: skip
 
 
 def marker_fields(marker: Marker) -> dict[str, Any]:

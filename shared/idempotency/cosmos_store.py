@@ -29,7 +29,7 @@ from typing import Any
 from azure.core import MatchConditions
 from azure.cosmos import ContainerProxy, exceptions
 
-from .codec import dead_letter_fields, dead_letter_from, marker_fields, marker_from
+from .codec import MARKER_FIELDS, dead_letter_fields, dead_letter_from, marker_fields, marker_from
 from .errors import StoreUnavailable, VersionConflict
 from .keys import DedupKey, encode_key, guard_id, marker_id
 from .records import GUARD_KIND, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
@@ -116,7 +116,7 @@ class CosmosStore(DedupStore):
         key, its fingerprint tells duplicate from mismatch; if it does not, the business
         document outlived its marker — applied, the same rule as the Table store's."""
         document, fields = self._document(marker.partition, effect), self._marker_item(marker)
-        taken = (fields.keys() - {"id", "ttl", self._pk}) & effect.data.keys()
+        taken = MARKER_FIELDS & effect.data.keys()  # every field a marker may carry, present or not
         if taken:
             raise ValueError(
                 f"entity {effect.name!r}: {sorted(taken)} are the marker's fields in a one-document commit"

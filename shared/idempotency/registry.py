@@ -12,34 +12,55 @@ every consumer on a store of your choice (an in-memory one in unit tests).
 
 from __future__ import annotations
 
-import functools
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Generic, TypeVar
 
 from .consumer import IdempotentConsumer
 from .settings import app_store
 from .store import DedupStore
 
-ConsumerFactory = Callable[[], IdempotentConsumer]
+T = TypeVar("T")
 
-_declared: list[functools._lru_cache_wrapper[IdempotentConsumer]] = []
+
+class Once(Generic[T]):
+    """``build()`` called at most once until ``clear()``, however many threads ask at once
+    (a cold instance receives up to 16 calls together: one store, one credential, one pool)."""
+
+    def __init__(self, build: Callable[[], T]) -> None:
+        self._build = build
+        self._lock = threading.Lock()
+        self._built: list[T] = []
+
+    def __call__(self) -> T:
+        if not self._built:
+            with self._lock:
+                if not self._built:  # another thread may have built it while we waited
+                    self._built.append(self._build())
+        return self._built[0]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._built.clear()
+
+
+_declared: list[Once[IdempotentConsumer]] = []
 _substitute: list[DedupStore] = []  # set by using_store()
+_app_store = Once(app_store)
 
 
-def consumer(build: ConsumerFactory) -> ConsumerFactory:
+def consumer(build: Callable[[], IdempotentConsumer]) -> Callable[[], IdempotentConsumer]:
     """Declare one of the app's consumers: built once, on first use (a cold instance
     whose store is unreachable fails that call, not the app's import)."""
-    cached = functools.cache(build)
-    _declared.append(cached)
-    return cached
+    once = Once(build)
+    _declared.append(once)
+    return once
 
 
 def shared_store() -> DedupStore:
     """The app's store (DEDUP_STORE, DEDUP_TABLE…): one client and connection pool for all."""
     return _substitute[-1] if _substitute else _app_store()
-
-
-_app_store = functools.cache(app_store)
 
 
 def declared() -> list[IdempotentConsumer]:
@@ -49,9 +70,9 @@ def declared() -> list[IdempotentConsumer]:
 
 def reset() -> None:
     """Forget the store and every built consumer: the next use reads the settings again."""
-    _app_store.cache_clear()
+    _app_store.clear()
     for build in _declared:
-        build.cache_clear()
+        build.clear()
 
 
 @contextmanager

@@ -109,7 +109,8 @@ def table_service() -> TableServiceClient:
 
     from .table_batch import pooled_transport
 
-    options = {**TRANSPORT, "transport": pooled_transport()}  # more connections than concurrent calls
+    timeouts = {name: TRANSPORT[name] for name in ("connection_timeout", "read_timeout")}
+    options = {**TRANSPORT, "transport": pooled_transport(**timeouts)}  # more connections than concurrent calls
     connection = os.environ.get("DEDUP_STORAGE_CONNECTION")
     if connection:
         return TableServiceClient.from_connection_string(connection, **options)

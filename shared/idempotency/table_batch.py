@@ -33,7 +33,7 @@ from urllib.request import getproxies
 import requests
 from azure.core import PipelineClient
 from azure.core.credentials import AzureNamedKeyCredential, TokenCredential
-from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+from azure.core.exceptions import HttpResponseError, ResourceNotFoundError, ServiceResponseError
 from azure.core.pipeline import PipelineRequest
 from azure.core.pipeline.policies import (
     BearerTokenCredentialPolicy,
@@ -68,7 +68,9 @@ class TransactionFailure:
     message: str
 
 
-def pooled_transport(pool: int = DEFAULT_POOL) -> RequestsTransport:
+def pooled_transport(
+    pool: int = DEFAULT_POOL, *, connection_timeout: float = 5, read_timeout: float = 30
+) -> RequestsTransport:
     """A requests session keeping up to ``pool`` connections per host (requests' default is
     10), without urllib3 retries (azure-core's RetryPolicy retries), for either path. When
     the environment sets no proxy, requests is told not to read it again on every request
@@ -78,11 +80,14 @@ def pooled_transport(pool: int = DEFAULT_POOL) -> RequestsTransport:
     adapter = requests.adapters.HTTPAdapter(pool_connections=pool, pool_maxsize=pool, max_retries=no_retries)
     for scheme in ("http://", "https://"):
         session.mount(scheme, adapter)
+    # A transport passed to an SDK client brings its own timeouts (the client's options no longer apply).
+    options: dict[str, Any] = {"session": session, "connection_timeout": connection_timeout,
+                               "read_timeout": read_timeout}  # fmt: skip
     if getproxies():
-        return RequestsTransport(session=session)
+        return RequestsTransport(**options)
     session.trust_env = False
     bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
-    return RequestsTransport(session=session, **({"connection_verify": bundle} if bundle else {}))
+    return RequestsTransport(**options, **({"connection_verify": bundle} if bundle else {}))
 
 
 class SharedKeyPolicy(SansIOHTTPPolicy):  # type: ignore[type-arg]
@@ -122,18 +127,21 @@ class TableTransactions:
         read_timeout: float = 30,
     ) -> None:
         self._base = endpoint.rstrip("/")
-        # One batch boundary per client: the response's boundary follows it, and Python's
-        # http.client compiles a regular expression per distinct boundary when it reads the
-        # response headers (~0.5 ms). It cannot be forged from inside a part: bodies are JSON,
-        # whose strings never hold a raw line break.
+        # One batch boundary per client: Azurite derives its response's boundary from it, and
+        # Python's http.client compiles a regular expression per distinct response boundary
+        # when it reads the headers (~0.5 ms; the Azure service may choose its own). It cannot
+        # be forged from inside a part: bodies are JSON, whose strings never hold a line break.
         self._boundary, self._changeset = f"batch_{uuid.uuid4()}", f"changeset_{uuid.uuid4()}"
         self._table_url = f"{self._base}/{table}"
         self._timeouts: dict[str, Any] = {"connection_timeout": connection_timeout, "read_timeout": read_timeout}
         auth: SansIOHTTPPolicy | BearerTokenCredentialPolicy  # type: ignore[type-arg]
         if isinstance(credential, AzureNamedKeyCredential):
             auth = SharedKeyPolicy(credential)
-        else:
+        elif hasattr(credential, "get_token"):
             auth = BearerTokenCredentialPolicy(credential, STORAGE_SCOPE)
+        else:
+            raise ValueError(f"lean transactions take an account key or a token credential, not "
+                             f"{type(credential).__name__}: set DEDUP_TABLE_TRANSACTIONS=sdk")  # fmt: skip
         headers = {"x-ms-version": API_VERSION, "DataServiceVersion": "3.0", "MaxDataServiceVersion": "3.0;NetFx",
                    "Accept": "application/json"}  # fmt: skip
         policies = [
@@ -166,7 +174,9 @@ class TableTransactions:
         if response.status_code != 202:
             kind = ResourceNotFoundError if response.status_code == 404 else HttpResponseError
             raise kind(message=_error_text(response.content), response=response)
-        failure = decode(response.content)
+        if not response.headers.get("Content-Type", "").startswith("multipart/mixed"):
+            raise ServiceResponseError(f"a transaction was answered with {response.headers.get('Content-Type')!r}")
+        failure = decode(response.content, len(operations))
         if failure is not None and not (failure.status == 409 and failure.code == "EntityAlreadyExists"):
             refused = HttpResponseError(message=f"{failure.code}: {failure.message}", response=response)
             refused.status_code = failure.status  # the operation's status, as the SDK reports it
@@ -203,6 +213,11 @@ def entity_json(entity: Mapping[str, Any]) -> dict[str, Any]:
     binary, GUIDs and Int64 annotated; ints outside Int32 refused; None left out."""
     found: dict[str, Any] = {}
     for name, value in entity.items():
+        if isinstance(value, tuple):  # (value, EdmType) or EntityProperty: the type given
+            typed, kind = value[0], str(getattr(value[1], "value", value[1]))
+            if typed is not None:
+                found[name], found[f"{name}@odata.type"] = _typed(name, typed, kind), kind
+            continue
         if value is None:
             continue
         edm: str | None
@@ -215,9 +230,7 @@ def entity_json(entity: Mapping[str, Any]) -> dict[str, Any]:
                 raise TypeError(f"{name}: {value} is too large to be cast to type Edm.Int32")
             edm = None
         elif isinstance(value, float):
-            edm = "Edm.Double"
-            if math.isnan(value) or math.isinf(value):
-                value = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+            edm, value = "Edm.Double", _double(value)
         elif isinstance(value, datetime):
             edm = "Edm.DateTime"
             value = getattr(value, "tables_service_value", "") or value.astimezone(UTC).strftime(_TIME)
@@ -233,16 +246,45 @@ def entity_json(entity: Mapping[str, Any]) -> dict[str, Any]:
     return found
 
 
-def decode(body: bytes) -> TransactionFailure | None:
-    """The changeset response: every operation 2xx, or the one that failed (the service
-    stops at the first failure and answers for it alone)."""
-    for match in _STATUS.finditer(body):
-        status = int(match.group(1))
-        if 200 <= status < 300:
-            continue
-        code, message = _error(body[match.end() :])
-        prefix, colon, _ = message.partition(":")
-        return TransactionFailure(int(prefix) if colon and prefix.isdigit() else None, status, code, message)
+def _typed(name: str, value: Any, kind: str) -> Any:
+    """A value under the type the caller named, as the SDK sends it."""
+    if kind in ("Edm.Int64", "Edm.Int32"):
+        bits = 64 if kind == "Edm.Int64" else 32
+        if not -(2 ** (bits - 1)) <= int(value) < 2 ** (bits - 1):
+            raise TypeError(f"{name}: {value} is too large to be cast to type {kind}")
+        return str(value) if bits == 64 else int(value)
+    if kind == "Edm.Double":
+        return _double(value)
+    if kind == "Edm.DateTime":
+        return value if isinstance(value, str) else value.astimezone(UTC).strftime(_TIME)
+    if kind == "Edm.Binary":
+        return base64.b64encode(value).decode()
+    if kind in ("Edm.String", "Edm.Guid"):
+        return str(value)
+    if kind == "Edm.Boolean":
+        return value
+    raise TypeError(f"{name}: {kind} is not a Table property type")
+
+
+def _double(value: Any) -> Any:
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value
+
+
+def decode(body: bytes, operations: int) -> TransactionFailure | None:
+    """The changeset response: one 2xx answer per operation, or the one that failed (the
+    service stops at the first failure and answers for it alone). Anything else — fewer
+    answers, none, not a changeset — may or may not have been applied: ServiceResponseError,
+    which the store treats as transient (the redelivery then finds what was written)."""
+    statuses = [(int(match.group(1)), match.end()) for match in _STATUS.finditer(body)]
+    for status, end in statuses:
+        if not 200 <= status < 300:
+            code, message = _error(body[end:])
+            prefix, colon, _ = message.partition(":")
+            return TransactionFailure(int(prefix) if colon and prefix.isdigit() else None, status, code, message)
+    if len(statuses) != operations:
+        raise ServiceResponseError(f"a transaction of {operations} operations was answered {len(statuses)} times")
     return None
 
 

@@ -12,7 +12,17 @@ import pytest
 from azure.core.exceptions import ServiceRequestError
 from azure.cosmos import exceptions
 
-from shared.idempotency import CommitStatus, DedupKey, Entity, StoreUnavailable, VersionConflict, registry
+from shared.idempotency import (
+    CommitStatus,
+    DedupKey,
+    Entity,
+    Marker,
+    State,
+    StoreUnavailable,
+    VersionConflict,
+    registry,
+)
+from shared.idempotency.codec import MARKER_FIELDS, marker_fields
 from shared.idempotency.cosmos_store import CosmosStore
 from shared.idempotency.records import MARKER_KIND, utcnow
 from shared.idempotency.store import store_errors
@@ -66,6 +76,24 @@ def test_documents_may_not_set_store_fields(cosmos: CosmosStore) -> None:
         cosmos.commit(key, key.id, "fp", [Entity("order", {"partitionKey": "another"})], None, utcnow() + DAY)
     with pytest.raises(ValueError):
         cosmos.commit(key, key.id, "fp", [Entity("order", {"ttl": 5})], None, utcnow() + DAY)
+
+
+@pytest.mark.parametrize("field", sorted(MARKER_FIELDS))
+def test_a_one_document_commit_refuses_every_marker_field(cosmos: CosmosStore, field: str) -> None:
+    """Optional marker fields too (step, result, owner…): a document carrying a foreign
+    ``step`` would no longer be recognised as this key's marker, and a mismatch would pass
+    as a duplicate."""
+    key = DedupKey("orders", f"o-{uuid.uuid4().hex[:8]}")
+    with pytest.raises(ValueError, match=field):
+        cosmos.commit(key, key.id, "fp", [Entity("order", {field: "x"})], None, utcnow() + DAY)
+    assert items(cosmos, key.id) == []
+
+
+def test_the_reserved_names_are_every_field_a_marker_can_carry() -> None:
+    now = utcnow()
+    full = Marker(DedupKey("s", "k", "step"), "p", State.IN_PROGRESS, "fp", now, now, lease_until=now,
+                  owner="w", result={"r": 1})  # fmt: skip
+    assert marker_fields(full).keys() == MARKER_FIELDS
 
 
 @pytest.mark.parametrize("status", [408, 429, 449, 500, 503])

@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from azure.core.exceptions import HttpResponseError
-from azure.data.tables import TableClient, TableServiceClient, TableTransactionError
+from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
+from azure.core.exceptions import HttpResponseError, ServiceResponseError
+from azure.data.tables import EdmType, EntityProperty, TableClient, TableServiceClient, TableTransactionError
 
-from shared.idempotency.table_batch import TableTransactions, TransactionFailure, decode, entity_json
+from shared.idempotency import StoreUnavailable
+from shared.idempotency.store import store_errors
+from shared.idempotency.table_batch import TableTransactions, TransactionFailure, decode, entity_json, pooled_transport
 from tools.azurite import Azurite
 
 WHEN = datetime(2026, 11, 30, 12, 30, 15, 123456, tzinfo=UTC)
@@ -86,7 +91,12 @@ def test_the_lean_request_is_the_sdks_modulo_boundaries_and_dates(table: tuple[T
 def test_entities_are_encoded_by_the_sdks_type_rules() -> None:
     from azure.data.tables._serialize import _add_entity_properties  # the SDK's own encoder, as the reference
 
-    for entity in ENTITIES:
+    typed = {"PartitionKey": "p", "RowKey": "typed", "Big": EntityProperty(2**40, EdmType.INT64),
+             "Small": (7, EdmType.INT32), "Text": ("x", EdmType.STRING), "Real": (2, EdmType.DOUBLE),
+             "Odd": (math.nan, EdmType.DOUBLE), "When": (WHEN, EdmType.DATETIME), "Raw": (b"\x01", EdmType.BINARY),
+             "Id": (uuid.UUID(int=1), EdmType.GUID), "Flag": (True, EdmType.BOOLEAN),
+             "Gone": (None, EdmType.STRING)}  # fmt: skip
+    for entity in [*ENTITIES, typed]:
         assert entity_json(entity) == _add_entity_properties(entity), entity["RowKey"]
     with pytest.raises(TypeError):
         entity_json({"PartitionKey": "p", "RowKey": "r", "Big": 2**31})
@@ -202,4 +212,49 @@ DOCUMENTED = [
 def test_documented_responses_decode_to_the_failing_index_and_status(
     response: bytes, expected: TransactionFailure | None
 ) -> None:
-    assert decode(response) == expected
+    assert decode(response, 3) == expected
+
+
+@pytest.mark.parametrize(
+    "body", [b"", b"<html>busy</html>", azure_response("201 Created")], ids=["empty", "html", "1 of 3"]
+)
+def test_an_answer_that_does_not_account_for_every_operation_is_transient(body: bytes) -> None:
+    """A 202 that does not answer each operation may or may not have been applied: never
+    "all written" (the message would be acknowledged), but an error the store retries."""
+    with pytest.raises(ServiceResponseError):
+        decode(body, 3)
+
+
+def test_a_202_that_is_not_a_changeset_is_transient() -> None:
+    """Through the whole client: a server answering 202 with something else."""
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(202)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        key = AzureNamedKeyCredential("acct", "a2V5")
+        lean = TableTransactions(f"http://127.0.0.1:{server.server_port}/acct", "t", key, retry_total=0)
+        with pytest.raises(StoreUnavailable), store_errors():  # the store: abandon, redeliver
+            lean.submit([{"PartitionKey": "p", "RowKey": "r"}])
+    finally:
+        server.shutdown()
+
+
+def test_credentials_the_lean_path_cannot_use_are_refused_when_it_is_built() -> None:
+    with pytest.raises(ValueError, match="DEDUP_TABLE_TRANSACTIONS=sdk"):
+        TableTransactions("https://acct.table.core.windows.net", "t", AzureSasCredential("sv=x&sig=y"))
+
+
+def test_the_pooled_transport_keeps_the_stores_timeouts() -> None:
+    transport = pooled_transport()
+    assert (transport.connection_config.timeout, transport.connection_config.read_timeout) == (5, 30)

@@ -3,6 +3,7 @@ so in one line."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -29,3 +30,16 @@ def test_the_smoke_test_without_settings_fails_with_one_clear_line() -> None:
     assert (
         done.returncode == 2 and done.stderr.count("\n") == 1 and "SERVICEBUS_FULLY_QUALIFIED_NAMESPACE" in done.stderr
     )
+
+
+def test_a_telemetry_failure_does_not_keep_the_functions_from_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PYTHON_ENABLE_OPENTELEMETRY on, but the distro cannot start (no connection string):
+    the app still imports and indexes its functions, and says why telemetry is off."""
+    import function_app
+
+    monkeypatch.setenv("PYTHON_ENABLE_OPENTELEMETRY", "true")
+    monkeypatch.delenv("APPLICATIONINSIGHTS_CONNECTION_STRING", raising=False)
+    logged: list[str] = []
+    monkeypatch.setattr(logging.getLogger("idempotency"), "exception", lambda message, *a: logged.append(message))
+    function_app.ensure_telemetry()
+    assert logged and "could not be configured" in logged[0]

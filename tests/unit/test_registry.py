@@ -1,0 +1,60 @@
+"""The registry builds each consumer and the shared store once, even when a cold instance
+receives many calls at the same moment, and again after a failed build or a reset."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from shared.idempotency.memory_store import MemoryStore
+from shared.idempotency.registry import Once, reset, shared_store, using_store
+
+
+def test_sixteen_concurrent_first_calls_build_once() -> None:
+    builds: list[int] = []
+
+    def slow() -> int:
+        builds.append(1)
+        time.sleep(0.05)  # a store client being created: long enough for every thread to arrive
+        return len(builds)
+
+    once = Once(slow)
+    barrier = threading.Barrier(16)
+    seen: list[int] = []
+
+    def call() -> None:
+        barrier.wait()
+        seen.append(once())
+
+    threads = [threading.Thread(target=call) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert (len(builds), seen) == (1, [1] * 16)
+
+
+def test_a_failed_build_is_tried_again_and_a_clear_rebuilds() -> None:
+    attempts: list[int] = []
+
+    def flaky() -> int:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise ConnectionError("store unreachable on a cold start")
+        return len(attempts)
+
+    once = Once(flaky)
+    with pytest.raises(ConnectionError):
+        once()
+    assert once() == once() == 2
+    once.clear()
+    assert once() == 3
+
+
+def test_using_store_substitutes_the_shared_store_and_restores_it() -> None:
+    store = MemoryStore()
+    with using_store(store):
+        assert shared_store() is store
+    reset()
