@@ -1,6 +1,6 @@
 # Two commands on a fresh machine (Python 3.11, Node 20 + npm, make):
 #   make demo   run the orders consumer against Azurite with an at-least-once stream
-#   make test   lint, types, unit and integration tests (Azurite started by the tests)
+#   make test   lint, types, delivery checks, checkov, all tests (Azurite started by the tests)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
