@@ -4,7 +4,6 @@ receives many calls at the same moment, and again after a failed build or a rese
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -14,18 +13,19 @@ from shared.idempotency.registry import Once, reset, shared_store, using_store
 
 def test_sixteen_concurrent_first_calls_build_once() -> None:
     builds: list[int] = []
+    arrived = threading.Semaphore(0)
 
     def slow() -> int:
         builds.append(1)
-        time.sleep(0.05)  # a store client being created: long enough for every thread to arrive
+        for _ in range(16):  # the build lasts until every thread has asked for the result
+            assert arrived.acquire(timeout=10)
         return len(builds)
 
     once = Once(slow)
-    barrier = threading.Barrier(16)
     seen: list[int] = []
 
     def call() -> None:
-        barrier.wait()
+        arrived.release()
         seen.append(once())
 
     threads = [threading.Thread(target=call) for _ in range(16)]
