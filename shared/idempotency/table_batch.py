@@ -73,8 +73,8 @@ def pooled_transport(
 ) -> RequestsTransport:
     """A requests session keeping up to ``pool`` connections per host (requests' default is
     10), without urllib3 retries (azure-core's RetryPolicy retries), for either path. When
-    the environment sets no proxy, requests is told not to read it again on every request
-    (it scans the whole environment: ~0.3 ms a request); a CA bundle it names still applies."""
+    the environment sets no proxy, requests is told not to scan the whole environment for
+    one on every request; a CA bundle it names still applies."""
     session = requests.Session()
     no_retries = Retry(total=False, redirect=False, raise_on_status=False)
     adapter = requests.adapters.HTTPAdapter(pool_connections=pool, pool_maxsize=pool, max_retries=no_retries)
@@ -129,7 +129,7 @@ class TableTransactions:
         self._base = endpoint.rstrip("/")
         # One batch boundary per client: Azurite derives its response's boundary from it, and
         # Python's http.client compiles a regular expression per distinct response boundary
-        # when it reads the headers (~0.5 ms; the Azure service may choose its own). It cannot
+        # when it reads the headers (the Azure service may choose its own boundary). It cannot
         # be forged from inside a part: bodies are JSON, whose strings never hold a line break.
         self._boundary, self._changeset = f"batch_{uuid.uuid4()}", f"changeset_{uuid.uuid4()}"
         self._table_url = f"{self._base}/{table}"
