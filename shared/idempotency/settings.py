@@ -107,7 +107,7 @@ def table_service() -> TableServiceClient:
     DEDUP_STORAGE_ENDPOINT (https://<account>.table.core.windows.net, managed identity)."""
     from azure.data.tables import TableServiceClient
 
-    from .table_batch import pooled_transport
+    from .transport import pooled_transport
 
     timeouts = {name: TRANSPORT[name] for name in ("connection_timeout", "read_timeout")}
     options = {**TRANSPORT, "transport": pooled_transport(**timeouts)}  # more connections than concurrent calls
@@ -153,12 +153,12 @@ def open_store(table: str, dead_letter_table: str, *, create: bool = True) -> De
     kind = setting("DEDUP_STORE", "table").lower()
     keep = dead_letter_retention()
     if kind == "table":
-        from .table_batch import TableTransactions, pooled_transport
+        from .table_batch import TableTransactions
         from .table_store import TableStore
 
         service = table_service()
         lean = table_transactions() == "lean"
-        transactions = TableTransactions.of(service, table, transport=pooled_transport(), **TRANSPORT) if lean else None
+        transactions = TableTransactions.of(service, table, **TRANSPORT) if lean else None
         store = TableStore(service, table, dead_letter_table, dead_letter_retention=keep, transactions=transactions)
         if create:
             store.create_tables()

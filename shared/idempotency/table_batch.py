@@ -8,7 +8,8 @@ group transactions", OData JSON, ``multipart/mixed``), the same bytes as the SDK
 boundaries and ids (tests/integration/test_table_batch.py compares them); entities are
 encoded by the SDK's type rules (``Edm.*`` annotations, Int32 range, UTC times). The shared
 key (Azurite) or a ``TokenCredential`` (managed identity) authenticates, as the SDK's client
-it is built from; retries are azure-core's, with the store's settings.
+it is built from; retries are azure-core's, with the store's settings; the transport is
+urllib3's connection pools (transport.py), requests' behind a proxy.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import hashlib
 import hmac
 import json
 import math
-import os
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -28,9 +28,7 @@ from email.utils import formatdate
 from enum import Enum
 from typing import Any
 from urllib.parse import urlsplit
-from urllib.request import getproxies
 
-import requests
 from azure.core import PipelineClient
 from azure.core.credentials import AzureNamedKeyCredential, TokenCredential
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError, ServiceResponseError
@@ -44,13 +42,13 @@ from azure.core.pipeline.policies import (
     SansIOHTTPPolicy,
     UserAgentPolicy,
 )
-from azure.core.pipeline.transport import RequestsTransport
+from azure.core.pipeline.transport import HttpTransport
 from azure.core.rest import HttpRequest
-from urllib3.util.retry import Retry
+
+from .transport import transaction_transport
 
 API_VERSION = "2019-02-02"  # what azure-data-tables 12.x sends
 STORAGE_SCOPE = "https://storage.azure.com/.default"
-DEFAULT_POOL = 32  # connections per host: above the trigger's 16 concurrent calls
 _INT32 = range(-(2**31), 2**31)
 _TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
 _STATUS = re.compile(rb"^HTTP/1\.1 (\d{3})", re.MULTILINE)
@@ -66,28 +64,6 @@ class TransactionFailure:
     status: int
     code: str
     message: str
-
-
-def pooled_transport(
-    pool: int = DEFAULT_POOL, *, connection_timeout: float = 5, read_timeout: float = 30
-) -> RequestsTransport:
-    """A requests session keeping up to ``pool`` connections per host (requests' default is
-    10), without urllib3 retries (azure-core's RetryPolicy retries), for either path. When
-    the environment sets no proxy, requests is told not to scan the whole environment for
-    one on every request; a CA bundle it names still applies."""
-    session = requests.Session()
-    no_retries = Retry(total=False, redirect=False, raise_on_status=False)
-    adapter = requests.adapters.HTTPAdapter(pool_connections=pool, pool_maxsize=pool, max_retries=no_retries)
-    for scheme in ("http://", "https://"):
-        session.mount(scheme, adapter)
-    # A transport passed to an SDK client brings its own timeouts (the client's options no longer apply).
-    options: dict[str, Any] = {"session": session, "connection_timeout": connection_timeout,
-                               "read_timeout": read_timeout}  # fmt: skip
-    if getproxies():
-        return RequestsTransport(**options)
-    session.trust_env = False
-    bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
-    return RequestsTransport(**options, **({"connection_verify": bundle} if bundle else {}))
 
 
 class SharedKeyPolicy(SansIOHTTPPolicy):  # type: ignore[type-arg]
@@ -118,7 +94,7 @@ class TableTransactions:
         table: str,
         credential: AzureNamedKeyCredential | TokenCredential,
         *,
-        transport: RequestsTransport | None = None,
+        transport: HttpTransport | None = None,  # type: ignore[type-arg]
         raw_request_hook: Callable[[Any], None] | None = None,
         retry_total: int = 3,
         retry_backoff_factor: float = 0.4,
@@ -155,7 +131,7 @@ class TableTransactions:
             CustomHookPolicy(raw_request_hook=raw_request_hook),
         ]
         self._client: PipelineClient[HttpRequest, Any] = PipelineClient(
-            self._base, policies=policies, transport=transport or pooled_transport()
+            self._base, policies=policies, transport=transport or transaction_transport(**self._timeouts)
         )
 
     @classmethod

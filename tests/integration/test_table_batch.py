@@ -23,7 +23,8 @@ from azure.data.tables import EdmType, EntityProperty, TableClient, TableService
 
 from shared.idempotency import StoreUnavailable
 from shared.idempotency.store import store_errors
-from shared.idempotency.table_batch import TableTransactions, TransactionFailure, decode, entity_json, pooled_transport
+from shared.idempotency.table_batch import TableTransactions, TransactionFailure, decode, entity_json
+from shared.idempotency.transport import pooled_transport
 from tools.azurite import Azurite
 
 WHEN = datetime(2026, 11, 30, 12, 30, 15, 123456, tzinfo=UTC)
