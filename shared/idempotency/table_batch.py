@@ -50,7 +50,6 @@ from .transport import transaction_transport
 API_VERSION = "2019-02-02"  # what azure-data-tables 12.x sends
 STORAGE_SCOPE = "https://storage.azure.com/.default"
 _INT32 = range(-(2**31), 2**31)
-_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
 _STATUS = re.compile(rb"^HTTP/1\.1 (\d{3})", re.MULTILINE)
 
 
@@ -169,17 +168,15 @@ class TableTransactions:
 def encode(table_url: str, entities: Sequence[Mapping[str, Any]], batch: str, changeset: str) -> bytes:
     """The $batch body for inserts into ``table_url``, delimited by ``batch`` and ``changeset``."""
     now = formatdate(usegmt=True)
+    # Every part's headers are the same but for its Content-ID and Content-Length.
+    head = f"--{changeset}\r\nContent-Type: application/http\r\nContent-Transfer-Encoding: binary\r\nContent-ID: "
+    request = f"\r\n\r\nPOST {table_url} HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: "
+    tail = (f"\r\nx-ms-version: {API_VERSION}\r\nDataServiceVersion: 3.0\r\n"
+            f"Accept: application/json;odata=minimalmetadata\r\nx-ms-date: {now}\r\nDate: {now}\r\n\r\n")  # fmt: skip
     parts = [f"--{batch}\r\nContent-Type: multipart/mixed; boundary={changeset}\r\n\r\n".encode()]
     for index, entity in enumerate(entities):
         payload = json.dumps(entity_json(entity)).encode()
-        parts.append(
-            f"--{changeset}\r\nContent-Type: application/http\r\nContent-Transfer-Encoding: binary\r\n"
-            f"Content-ID: {index}\r\n\r\nPOST {table_url} HTTP/1.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\nx-ms-version: {API_VERSION}\r\nDataServiceVersion: 3.0\r\n"
-            f"Accept: application/json;odata=minimalmetadata\r\nx-ms-date: {now}\r\nDate: {now}\r\n\r\n".encode()
-            + payload
-            + b"\r\n"
-        )
+        parts += (f"{head}{index}{request}{len(payload)}{tail}".encode(), payload, b"\r\n")
     parts.append(f"--{changeset}--\r\n\r\n--{batch}--\r\n".encode())
     return b"".join(parts)
 
@@ -189,6 +186,9 @@ def entity_json(entity: Mapping[str, Any]) -> dict[str, Any]:
     binary, GUIDs and Int64 annotated; ints outside Int32 refused; None left out."""
     found: dict[str, Any] = {}
     for name, value in entity.items():
+        if type(value) is str:  # most properties: the common case first
+            found[name], found[f"{name}@odata.type"] = value, "Edm.String"
+            continue
         if isinstance(value, tuple):  # (value, EdmType) or EntityProperty: the type given
             typed, kind = value[0], str(getattr(value[1], "value", value[1]))
             if typed is not None:
@@ -209,7 +209,7 @@ def entity_json(entity: Mapping[str, Any]) -> dict[str, Any]:
             edm, value = "Edm.Double", _double(value)
         elif isinstance(value, datetime):
             edm = "Edm.DateTime"
-            value = getattr(value, "tables_service_value", "") or value.astimezone(UTC).strftime(_TIME)
+            value = getattr(value, "tables_service_value", "") or _utc_text(value)
         elif isinstance(value, bytes):
             edm, value = "Edm.Binary", base64.b64encode(value).decode()
         elif isinstance(value, uuid.UUID):
@@ -232,7 +232,7 @@ def _typed(name: str, value: Any, kind: str) -> Any:
     if kind == "Edm.Double":
         return _double(value)
     if kind == "Edm.DateTime":
-        return value if isinstance(value, str) else value.astimezone(UTC).strftime(_TIME)
+        return value if isinstance(value, str) else _utc_text(value)
     if kind == "Edm.Binary":
         return base64.b64encode(value).decode()
     if kind in ("Edm.String", "Edm.Guid"):
@@ -240,6 +240,11 @@ def _typed(name: str, value: Any, kind: str) -> Any:
     if kind == "Edm.Boolean":
         return value
     raise TypeError(f"{name}: {kind} is not a Table property type")
+
+
+def _utc_text(value: datetime) -> str:
+    """The SDK's form, ``%Y-%m-%dT%H:%M:%S.%fZ`` in UTC (isoformat: the same text, faster)."""
+    return value.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def _double(value: Any) -> Any:

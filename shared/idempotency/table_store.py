@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
+from functools import cache
 from itertools import islice
 from typing import Any
 from urllib.parse import unquote
@@ -129,7 +130,8 @@ class TableStore(DedupStore):
                 marker = Marker(key, partition, State.COMPLETED, fingerprint, now, expires_at, result=result)
                 guard = {"PartitionKey": pk, "RowKey": guard_id(key, fingerprint), "Kind": GUARD_KIND,
                          "ExpiresAt": expires_at}  # fmt: skip
-                entities = [guard, self._marker_entity(marker), *(self.effect_entity(pk, e) for e in effects)]
+                entities = [guard, {"PartitionKey": pk, "RowKey": marker_id(key), **_to_table(marker_fields(marker))},
+                            *(self.effect_entity(pk, e) for e in effects)]  # fmt: skip
                 operations += entities
                 owners += [(i, position) for position in range(len(entities))]
             with store_errors():
@@ -349,8 +351,15 @@ def _failed_operation(message: str) -> int | None:
 
 def _to_table(fields: dict[str, Any]) -> dict[str, Any]:
     """Table properties are PascalCase scalars: a result is stored as JSON text."""
-    return {name[0].upper() + name[1:]: json.dumps(value, separators=(",", ":")) if name == "result" else value
-            for name, value in fields.items()}  # fmt: skip
+    table = {_pascal(name): value for name, value in fields.items()}
+    if "result" in fields:
+        table["Result"] = json.dumps(fields["result"], separators=(",", ":"))
+    return table
+
+
+@cache
+def _pascal(name: str) -> str:  # field names are few and fixed (codec.py)
+    return name[0].upper() + name[1:]
 
 
 def _from_table(entity: Any) -> dict[str, Any]:

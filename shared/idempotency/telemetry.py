@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
+from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ _duplicates = _meter.create_counter("dedup.duplicates", description="Duplicate d
 _duration = _meter.create_histogram("dedup.duration", unit="ms", description="Time to reach an outcome")
 _claim = _meter.create_histogram("dedup.claim.duration", unit="ms", description="Store time to claim and commit")
 _propagator = TraceContextTextMapPropagator()
+_NO_PARENT = Context()  # a new trace, not the ambient one: what extract() returns for no traceparent
 _requests = _meter.create_counter("dedup.store.requests", description="HTTP requests sent by the store clients")
 
 # Outcomes an operator must look at are logged as errors: they are the alerts.
@@ -47,8 +49,7 @@ def claim_duration(consumer: str, milliseconds: float) -> None:
 @contextmanager
 def span(consumer: str, delivery: Delivery) -> Iterator[trace.Span]:
     """A consumer span, child of the incoming trace context when there is one."""
-    carrier = {"traceparent": delivery.traceparent} if delivery.traceparent else {}
-    parent = _propagator.extract(carrier)
+    parent = _propagator.extract({"traceparent": delivery.traceparent}) if delivery.traceparent else _NO_PARENT
     with _tracer.start_as_current_span(f"dedup {consumer}", context=parent, kind=trace.SpanKind.CONSUMER) as current:
         current.set_attribute("messaging.consumer.group.name", consumer)
         if delivery.message_id:
@@ -58,19 +59,19 @@ def span(consumer: str, delivery: Delivery) -> Iterator[trace.Span]:
 
 def record(consumer: str, delivery: Delivery, result: Result, duration_ms: float, current: trace.Span) -> None:
     outcome = result.outcome.value
-    fields = {
-        "consumer": consumer,
-        "outcome": outcome,
-        "dedup_key": result.key.id if result.key else None,
-        "message_id": delivery.message_id,
-        "correlation_id": delivery.correlation_id,
-        "delivery_count": delivery.delivery_count,
-        "reason": result.reason,
-        "fingerprint": result.fingerprint,
-        "stored_fingerprint": result.stored_fingerprint,
-    }
     level = _LEVELS.get(outcome, logging.INFO)
     if log.isEnabledFor(level):
+        fields = {
+            "consumer": consumer,
+            "outcome": outcome,
+            "dedup_key": result.key.id if result.key else None,
+            "message_id": delivery.message_id,
+            "correlation_id": delivery.correlation_id,
+            "delivery_count": delivery.delivery_count,
+            "reason": result.reason,
+            "fingerprint": result.fingerprint,
+            "stored_fingerprint": result.stored_fingerprint,
+        }
         shown = " ".join(f"{name}={value!r}" for name, value in fields.items() if value is not None)
         log.log(level, "dedup %s", shown, extra={"dedup": fields})
     attributes = {"consumer": consumer, "outcome": outcome}
