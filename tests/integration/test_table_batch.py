@@ -20,6 +20,8 @@ import pytest
 from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
 from azure.core.exceptions import HttpResponseError, ServiceResponseError
 from azure.data.tables import EdmType, EntityProperty, TableClient, TableServiceClient, TableTransactionError
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shared.idempotency import StoreUnavailable
 from shared.idempotency.store import store_errors
@@ -103,6 +105,17 @@ def test_entities_are_encoded_by_the_sdks_type_rules() -> None:
         entity_json({"PartitionKey": "p", "RowKey": "r", "Big": 2**31})
     with pytest.raises(TypeError):
         entity_json({"PartitionKey": "p", "RowKey": "r", "List": [1]})
+
+
+@given(
+    st.datetimes(min_value=datetime(1601, 1, 2), max_value=datetime(9998, 12, 30), timezones=st.timezones()),
+    st.text(max_size=40),
+)
+def test_times_and_strings_are_encoded_as_the_sdk_encodes_them(when: datetime, text: str) -> None:
+    from azure.data.tables._serialize import _add_entity_properties
+
+    entity = {"PartitionKey": "p", "RowKey": "r", "When": when, "Text": text}
+    assert entity_json(entity) == _add_entity_properties(entity)
 
 
 def test_what_the_lean_path_writes_reads_back_as_the_sdk_wrote_it(table: tuple[TableServiceClient, str]) -> None:

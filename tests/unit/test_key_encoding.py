@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import hashlib
 import re
+from urllib.parse import quote
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -33,3 +35,14 @@ def test_distinct_values_never_collide(a: str, b: str) -> None:
 
 def test_scope_and_id_cannot_be_confused() -> None:
     assert marker_id(DedupKey("a|b", "c")) != marker_id(DedupKey("a", "b|c"))
+
+
+def _percent_encoded(value: str) -> str:
+    """The encoding's definition: stored ids depend on it, so it may never drift."""
+    encoded = quote(value.encode("utf-8", "surrogatepass"), safe="").replace("~", "%7E")
+    return encoded if len(encoded) <= 400 else "~" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@given(st.text(alphabet=st.sampled_from("aZ09_.-|~/%é"), max_size=450) | st.text(max_size=450))
+def test_the_fast_path_encodes_exactly_as_percent_encoding_does(value: str) -> None:
+    assert encode_key(value) == _percent_encoded(value)
