@@ -12,7 +12,7 @@ from typing import Any
 
 import requests
 from azure.core.exceptions import ServiceRequestError, ServiceResponseError
-from azure.core.pipeline.transport import RequestsTransport, RequestsTransportResponse
+from azure.core.pipeline.transport import HttpTransport, RequestsTransport, RequestsTransportResponse
 from azure.core.rest import HttpRequest as RestHttpRequest
 
 
@@ -49,14 +49,25 @@ class FaultPlan:
             return kind
 
 
-class FaultyTransport(RequestsTransport):  # type: ignore[misc]
+class FaultyTransport(HttpTransport):  # type: ignore[type-arg]
     """Answers some requests with 503, times some out, loses some responses after the
     server applied them, crashes the worker around commits, or stalls a commit past the
-    message's lock so that another worker receives the redelivery meanwhile."""
+    message's lock so that another worker receives the redelivery meanwhile. The other
+    requests go through ``inner``: the store's own transport (requests for the SDK's
+    clients, urllib3 for lean transactions)."""
 
-    def __init__(self, plan: FaultPlan, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, plan: FaultPlan, inner: HttpTransport | None = None) -> None:  # type: ignore[type-arg]
         self.plan = plan
+        self._inner = inner or RequestsTransport()
+
+    def open(self) -> None:
+        self._inner.open()
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def __exit__(self, *args: Any) -> None:
+        self._inner.__exit__(*args)
 
     def send(self, request: Any, **kwargs: Any) -> Any:
         is_commit = request.method == "POST" and "$batch" in request.url
@@ -69,7 +80,7 @@ class FaultyTransport(RequestsTransport):  # type: ignore[misc]
             raise Crash(fault)
         if fault == "lock_expiry":
             time.sleep(self.plan.lock_duration * 1.5)
-        response = super().send(request, **kwargs)
+        response = self._inner.send(request, **kwargs)
         if fault == "response_lost":
             raise ServiceResponseError("injected: the response was lost after the server applied the request")
         if fault == "crash_after_commit":

@@ -28,6 +28,7 @@ from shared.idempotency.records import GUARD_KIND
 from shared.idempotency.settings import TRANSPORT, table_transactions
 from shared.idempotency.table_batch import TableTransactions
 from shared.idempotency.table_store import TableStore
+from shared.idempotency.transport import transaction_transport
 from shared.orders.checks import effects_by_order
 from tools import runtimes, workload
 from tools.azurite import Azurite
@@ -258,7 +259,9 @@ def _attach_store(
     table, dead = consumer.store.table.table_name, consumer.store.dead_letter_table
     transport = {"transport": FaultyTransport(plan)} if faulty else {}
     service = TableServiceClient.from_connection_string(azurite.connection_string, **transport, **TRANSPORT)
-    lean = TableTransactions.of(service, table, **transport, **TRANSPORT) if table_transactions() == "lean" else None
+    # the lean path's faults are injected in front of its own transport (urllib3)
+    faulty_lean = {"transport": FaultyTransport(plan, transaction_transport())} if faulty else {}
+    lean = TableTransactions.of(service, table, **faulty_lean, **TRANSPORT) if table_transactions() == "lean" else None
     consumer.store = store_class(service, table, dead, transactions=lean)
     clean = TableServiceClient.from_connection_string(azurite.connection_string, **TRANSPORT)
     return TableStore(clean, table, dead)
