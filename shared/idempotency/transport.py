@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 from urllib.request import getproxies
@@ -82,8 +83,9 @@ class Urllib3Transport(HttpTransport):  # type: ignore[type-arg]
 
     def __init__(self, pool: int = DEFAULT_POOL, *, connection_timeout: float = 5, read_timeout: float = 30) -> None:
         self._timeout = urllib3.Timeout(connect=connection_timeout, read=read_timeout)
-        self._pools = urllib3.PoolManager(maxsize=pool, retries=False, timeout=self._timeout,
-                                          ca_certs=_ca_bundle() or certifi.where())  # fmt: skip
+        bundle = _ca_bundle() or certifi.where()
+        trust: dict[str, Any] = {"ca_cert_dir" if os.path.isdir(bundle) else "ca_certs": bundle}  # as requests takes it
+        self._pools = urllib3.PoolManager(maxsize=pool, retries=False, timeout=self._timeout, **trust)
 
     def send(self, request: HttpRequest, **options: Any) -> HttpResponse:
         connect, read = options.pop("connection_timeout", None), options.pop("read_timeout", None)
@@ -91,10 +93,12 @@ class Urllib3Transport(HttpTransport):  # type: ignore[type-arg]
             raise ValueError("Urllib3Transport reads every answer whole: stream=True is not supported")
         if options:
             raise TypeError(f"Urllib3Transport: unsupported options {sorted(options)}")
+        if not isinstance(request, HttpRequest):
+            raise TypeError("Urllib3Transport sends azure.core.rest.HttpRequest only")
         timeout = self._timeout
         if connect is not None or read is not None:
-            timeout = urllib3.Timeout(connect=connect or self._timeout.connect_timeout,
-                                      read=read or self._timeout.read_timeout)  # fmt: skip
+            timeout = urllib3.Timeout(connect=self._timeout.connect_timeout if connect is None else connect,
+                                      read=self._timeout.read_timeout if read is None else read)  # fmt: skip
         try:
             answer = self._pools.urlopen(request.method, request.url, body=request.content, headers=request.headers,
                                          retries=False, redirect=False, timeout=timeout)  # fmt: skip
@@ -103,7 +107,10 @@ class Urllib3Transport(HttpTransport):  # type: ignore[type-arg]
             kind = ServiceRequestError if isinstance(exc, NewConnectionError) else ServiceRequestTimeoutError
             raise kind(exc, error=exc) from exc
         except SSLError as exc:
-            raise ServiceRequestError(exc, error=exc) from exc
+            # A certificate refused: nothing was sent. Any other TLS failure may come after
+            # the request went out (while reading the answer): it may have been applied.
+            refused = any(isinstance(cause, ssl.SSLCertVerificationError) for cause in (*exc.args, exc.__context__))
+            raise (ServiceRequestError if refused else ServiceResponseError)(exc, error=exc) from exc
         except ReadTimeoutError as exc:
             raise ServiceResponseTimeoutError(exc, error=exc) from exc
         except urllib3.exceptions.HTTPError as exc:  # reset, protocol error, short body
@@ -174,7 +181,7 @@ class _Response(HttpResponse):
         return self._content
 
     def text(self, encoding: str | None = None) -> str:
-        return self._content.decode(encoding or self._encoding or "utf-8", "replace")
+        return self._content.decode(encoding or self._encoding or "utf-8-sig", "replace")  # as azure-core
 
     def json(self) -> Any:
         return json.loads(self._content)

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,6 +47,7 @@ class Server(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
         self.ports: list[int] = []
         self.statuses: list[int] = []  # what /status answers, in turn (then 200)
+        self.retry_after: str | None = None  # sent with every answer when set
         self.release = threading.Event()
         self.gate: threading.Barrier | None = None
         self.lock = threading.Lock()
@@ -68,6 +72,14 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/drop":
             self.connection.shutdown(socket.SHUT_RDWR)  # no answer at all
             return
+        if self.path == "/short":  # the answer cut short: fewer bytes than announced
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b"0123456789")
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
         status = 200
         if self.path.startswith("/status"):  # a transaction posts to <base>/$batch
             with self.server.lock:
@@ -76,13 +88,21 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
-        self.send_header("Retry-After", "0")
+        if self.server.retry_after is not None:
+            self.send_header("Retry-After", self.server.retry_after)
         self.send_header("X-Answer", "yes")
         self.end_headers()
         self.wfile.write(body)
 
     def log_message(self, *args: Any) -> None:
         pass
+
+
+@pytest.fixture(autouse=True)
+def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """127.0.0.1 must not go to a proxy the environment names (nor switch transports)."""
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture
@@ -135,14 +155,17 @@ def test_nothing_listening_is_a_request_error() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # bound, never listening: connections are refused
-        with pytest.raises(ServiceRequestError):
+        with pytest.raises(ServiceRequestError) as refused:
             post(Urllib3Transport(), f"http://127.0.0.1:{port}/")
+    assert type(refused.value) is ServiceRequestError  # refused, not timed out
 
 
-def test_a_connection_dropped_without_an_answer_is_a_response_error(server: Server) -> None:
+@pytest.mark.parametrize("path", ["/drop", "/short"])
+def test_an_answer_lost_or_cut_short_is_a_response_error(server: Server, path: str) -> None:
     """The request may have been applied: the store treats it as transient, never as done."""
-    with pytest.raises(ServiceResponseError):
-        post(Urllib3Transport(), server.url + "/drop")
+    with pytest.raises(ServiceResponseError) as lost:
+        post(Urllib3Transport(), server.url + path)
+    assert type(lost.value) is ServiceResponseError
 
 
 def test_the_read_timeout_applies(server: Server) -> None:
@@ -166,17 +189,81 @@ def test_streaming_and_unknown_options_are_refused(server: Server) -> None:
         Urllib3Transport().send(request, connection_verify=False)
 
 
-def test_throttled_transactions_are_retried_as_the_sdk_retries_them(server: Server) -> None:
-    """azure-core's RetryPolicy over this transport: a POST answered 503 (or 500, 504) is
-    retried, Retry-After honoured, then the last status raised with the operation's."""
-    server.statuses = [503, 500, 504, 503]
-    lean = TableTransactions(server.url + "/status", "t", AzureNamedKeyCredential("acct", "a2V5"),
-                             retry_total=3, retry_backoff_factor=0.01)  # fmt: skip
+class Sleepless(Urllib3Transport):
+    """Records the pauses azure-core's retry policy asks for instead of taking them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pauses: list[float] = []
+
+    def sleep(self, duration: float) -> None:
+        self.pauses.append(duration)
+
+
+def lean_to(server: Server, transport: Urllib3Transport) -> TableTransactions:
+    key = AzureNamedKeyCredential("acct", "a2V5")
+    return TableTransactions(server.url + "/status", "t", key, transport=transport, retry_total=3)
+
+
+@pytest.mark.parametrize("statuses", [[503, 500, 504, 503], [500, 500, 500, 500]])
+def test_throttled_transactions_are_retried_as_the_sdk_retries_them(server: Server, statuses: list[int]) -> None:
+    """azure-core's RetryPolicy over this transport: a POST answered 500, 503 or 504 is
+    retried three times with backoff, then the last status is raised."""
+    server.statuses = list(statuses)
+    transport = Sleepless()
     with pytest.raises(HttpResponseError) as refused:
-        lean.submit([{"PartitionKey": "p", "RowKey": "r"}])
-    assert refused.value.status_code == 503
-    assert len(server.ports) == 4  # the first attempt and three retries
-    assert server.statuses == []
+        lean_to(server, transport).submit([{"PartitionKey": "p", "RowKey": "r"}])
+    assert refused.value.status_code == statuses[-1]
+    assert (len(server.ports), server.statuses) == (4, [])  # the first attempt and three retries
+    # azure-core's schedule with the store's backoff factor (0.4 s): at once, then 0.8 s, 1.6 s
+    assert transport.pauses == [0.8, 1.6]
+
+
+def test_retry_after_is_honoured(server: Server) -> None:
+    server.statuses, server.retry_after = [503], "7"
+    transport = Sleepless()
+    with pytest.raises(HttpResponseError):  # 200 is not a changeset: the retry itself got through
+        lean_to(server, transport).submit([{"PartitionKey": "p", "RowKey": "r"}])
+    assert (len(server.ports), transport.pauses) == (2, [7.0])
+
+
+def test_other_refusals_are_not_retried(server: Server) -> None:
+    server.statuses = [404]
+    transport = Sleepless()
+    with pytest.raises(HttpResponseError) as refused:
+        lean_to(server, transport).submit([{"PartitionKey": "p", "RowKey": "r"}])
+    assert (refused.value.status_code, len(server.ports), transport.pauses) == (404, 1, [])
+
+
+def test_a_certificate_the_client_does_not_trust_is_a_request_error(tmp_path: Path) -> None:
+    """TLS verification is on: a self-signed server is refused before anything is sent."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.now(UTC)
+    certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+                   .serial_number(1).not_valid_before(now).not_valid_after(now + timedelta(hours=1))
+                   .sign(key, hashes.SHA256()))  # fmt: skip
+    (tmp_path / "cert.pem").write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))  # fmt: skip
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    running = Server()
+    running.socket = tls.wrap_socket(running.socket, server_side=True)
+    threading.Thread(target=running.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(ServiceRequestError) as refused:
+            post(Urllib3Transport(), f"https://127.0.0.1:{running.server_port}/ok")
+        assert type(refused.value) is ServiceRequestError
+        assert running.ports == []  # nothing reached the handler
+    finally:
+        running.shutdown()
+        running.server_close()
 
 
 def test_behind_a_proxy_the_requests_transport_is_used(monkeypatch: pytest.MonkeyPatch) -> None:

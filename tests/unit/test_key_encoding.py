@@ -46,3 +46,9 @@ def _percent_encoded(value: str) -> str:
 @given(st.text(alphabet=st.sampled_from("aZ09_.-|~/%é"), max_size=450) | st.text(max_size=450))
 def test_the_fast_path_encodes_exactly_as_percent_encoding_does(value: str) -> None:
     assert encode_key(value) == _percent_encoded(value)
+
+
+def test_every_ascii_character_encodes_as_percent_encoding_does() -> None:
+    for code in range(128):
+        for value in (chr(code), f"a{chr(code)}b|c"):
+            assert encode_key(value) == _percent_encoded(value), code
