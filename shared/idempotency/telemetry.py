@@ -11,8 +11,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
@@ -46,15 +45,14 @@ def claim_duration(consumer: str, milliseconds: float) -> None:
     _claim.record(milliseconds, {"consumer": consumer})
 
 
-@contextmanager
-def span(consumer: str, delivery: Delivery) -> Iterator[trace.Span]:
+def span(consumer: str, delivery: Delivery) -> AbstractContextManager[trace.Span]:
     """A consumer span, child of the incoming trace context when there is one."""
     parent = _propagator.extract({"traceparent": delivery.traceparent}) if delivery.traceparent else _NO_PARENT
-    with _tracer.start_as_current_span(f"dedup {consumer}", context=parent, kind=trace.SpanKind.CONSUMER) as current:
-        current.set_attribute("messaging.consumer.group.name", consumer)
-        if delivery.message_id:
-            current.set_attribute("messaging.message.id", delivery.message_id)
-        yield current
+    attributes = {"messaging.consumer.group.name": consumer}
+    if delivery.message_id:
+        attributes["messaging.message.id"] = delivery.message_id
+    return _tracer.start_as_current_span(f"dedup {consumer}", context=parent, kind=trace.SpanKind.CONSUMER,
+                                         attributes=attributes)  # fmt: skip
 
 
 def record(consumer: str, delivery: Delivery, result: Result, duration_ms: float, current: trace.Span) -> None:
