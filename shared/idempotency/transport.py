@@ -70,9 +70,7 @@ def transaction_transport(
 ) -> HttpTransport:  # type: ignore[type-arg]
     """The lean path's transport: urllib3, or requests behind a proxy."""
     if getproxies():
-        transport: HttpTransport = pooled_transport(pool, connection_timeout=connection_timeout,  # type: ignore[type-arg]
-                                                    read_timeout=read_timeout)  # fmt: skip
-        return transport
+        return pooled_transport(pool, connection_timeout=connection_timeout, read_timeout=read_timeout)  # type: ignore[no-any-return]
     return Urllib3Transport(pool, connection_timeout=connection_timeout, read_timeout=read_timeout)
 
 
