@@ -11,7 +11,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -49,6 +48,7 @@ class Outcome(StrEnum):
 
 
 RETRY_OUTCOMES = frozenset({Outcome.IN_FLIGHT, Outcome.TRANSIENT})
+_REFUSALS = frozenset({Outcome.INVALID, Outcome.CONFLICT})  # recorded as dead letters before acknowledging
 
 
 @dataclass(frozen=True)
@@ -153,22 +153,6 @@ def _fingerprint(delivery: Delivery, payload: Any) -> str:
     return fingerprint(payload if delivery.origin is None else {"origin": delivery.origin, "payload": payload})
 
 
-@dataclass(frozen=True)
-class _Pending:
-    """A message decided by its handler, waiting for its commit."""
-
-    key: DedupKey
-    partition: str
-    fingerprint: str
-    effects: Effects
-    expires_at: datetime
-
-    @property
-    def commit(self) -> Commit:
-        return Commit(self.key, self.partition, self.fingerprint, self.effects.entities, self.effects.result,
-                      self.expires_at)  # fmt: skip
-
-
 class CompletedKeys:
     """A bounded, thread-safe LRU of (key → fingerprint) this instance saw completed. A
     completed marker never goes back, so a hit with the same fingerprint is a duplicate
@@ -180,6 +164,8 @@ class CompletedKeys:
         self._mutex = threading.Lock()
 
     def get(self, key: DedupKey) -> str | None:
+        if self._size <= 0:
+            return None
         with self._mutex:
             fp = self._keys.get(key)
             if fp is not None:
@@ -265,21 +251,17 @@ class IdempotentConsumer:
         with ExitStack() as spans:
             current = [spans.enter_context(telemetry.span(self.name, d)) for d in deliveries]
             decided = [self._decide(delivery) for delivery in deliveries]
-            waiting = [i for i, item in enumerate(decided) if isinstance(item, _Pending)]
-            results = [item if isinstance(item, Result) else None for item in decided]
-            committed = self._commit([item for item in decided if isinstance(item, _Pending)])
-            for i, outcome in zip(waiting, committed, strict=True):
-                results[i] = outcome
+            committed = iter(self._commit([item for item in decided if isinstance(item, Commit)]))
             finished: list[Result] = []
-            for delivery, result, span in zip(deliveries, results, current, strict=True):
-                assert result is not None
-                if self._record_refusals and result.outcome in (Outcome.INVALID, Outcome.CONFLICT):
+            for delivery, item, span in zip(deliveries, decided, current, strict=True):
+                result = next(committed) if isinstance(item, Commit) else item
+                if self._record_refusals and result.outcome in _REFUSALS:
                     result = self._dead_letter(delivery, result)
                 telemetry.record(self.name, delivery, result, (time.perf_counter() - started) * 1000, span)
                 finished.append(result)
         return finished
 
-    def _decide(self, delivery: Delivery) -> Result | _Pending:
+    def _decide(self, delivery: Delivery) -> Result | Commit:
         """Everything up to the commit: parse, key, validate, fingerprint, the cache of
         completed keys, then the handler (and its two-phase steps)."""
         key: DedupKey | None = None
@@ -297,16 +279,16 @@ class IdempotentConsumer:
             if isinstance(effects, LatestState):
                 status = self.store.upsert_if_newer(partition, effects.entity, effects.version)
                 return Result(_STATE_OUTCOMES[status], key, response=effects.result, fingerprint=fp)
-            return _Pending(key, partition, fp, effects, expires_at)
+            return Commit(key, partition, fp, effects.entities, effects.result, expires_at)
         except Exception as exc:  # noqa: BLE001 - mapped to exactly one outcome below
             return self._failure(exc, key, fp)
 
-    def _commit(self, pending: list[_Pending]) -> list[Result]:
+    def _commit(self, pending: list[Commit]) -> list[Result]:
         if not pending:
             return []
         claiming = time.perf_counter()
         try:
-            commits = self.store.commit_many([p.commit for p in pending])
+            commits = self.store.commit_many(pending)
         except Exception as exc:  # noqa: BLE001 - nothing was committed that we know of: all retry
             return [self._failure(exc, p.key, p.fingerprint) for p in pending]
         per_message = (time.perf_counter() - claiming) * 1000 / len(pending)
@@ -318,8 +300,7 @@ class IdempotentConsumer:
                 continue
             self._completed.put(item.key, item.fingerprint)
             if commit.status is CommitStatus.NEW:
-                results.append(Result(Outcome.PROCESSED, item.key, response=item.effects.result,
-                                      fingerprint=item.fingerprint))  # fmt: skip
+                results.append(Result(Outcome.PROCESSED, item.key, response=item.result, fingerprint=item.fingerprint))
             else:
                 results.append(self._duplicate(item.key, item.partition, item.fingerprint, commit.stored_fingerprint))
         return results

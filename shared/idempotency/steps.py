@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from functools import cached_property
 
 from .errors import AlreadyClaimed, DownstreamRejected, FingerprintMismatch, InFlight, LeaseLost, VersionConflict
 from .keys import DedupKey
@@ -56,7 +57,12 @@ class Context:
         self._store = store
         self._policy = policy
         self._expires_at = expires_at
-        self._owner = uuid.uuid4().hex  # this delivery's identity as a claim owner
+
+    @cached_property
+    def _owner(self) -> str:
+        """This delivery's identity as a claim owner; drawn on a first step only (a random
+        draw is a system call, and most messages have no step)."""
+        return uuid.uuid4().hex
 
     def step(self, name: str, call: Callable[[str], JSON]) -> JSON:
         """Run ``call(idempotency_key)`` at most once to completion for (consumer,
