@@ -244,6 +244,8 @@ def _typed(name: str, value: Any, kind: str) -> Any:
 
 def _utc_text(value: datetime) -> str:
     """The SDK's form, ``%Y-%m-%dT%H:%M:%S.%fZ`` in UTC (isoformat: the same text, faster)."""
+    if value.tzinfo is UTC:  # the store's own times: "+00:00" becomes "Z"
+        return value.isoformat(timespec="microseconds")[:-6] + "Z"
     return value.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 

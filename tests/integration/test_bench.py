@@ -4,14 +4,19 @@ exactly-once check, on the real Azurite, at a size that takes seconds."""
 
 from __future__ import annotations
 
+from azure.data.tables import TableServiceClient
+
 from bench.__main__ import SCENARIOS, Bench
 from tools.azurite import Azurite
 from tools.delay_proxy import delayed
 
 
 def test_every_scenario_runs_and_costs_the_round_trips_it_reports(azurite: Azurite) -> None:
+    service = TableServiceClient.from_connection_string(azurite.connection_string)
+    tables_before = {t.name for t in service.list_tables()}
     bench = Bench(azurite, azurite.port, 20, concurrency=4)
     measures = {name: scenario(bench) for name, scenario in SCENARIOS.items()}
+    assert {t.name for t in service.list_tables()} == tables_before  # each scenario drops its tables
     per_message = {name: m.requests / m.messages for name, m in measures.items()}
 
     for path in ("SDK", "lean"):
