@@ -5,11 +5,13 @@ the lean transaction path, and a Powertools-style comparator (conditional put of
 idempotency record, the effects, an update; on a duplicate, a read) on the same store.
 
 Every scenario runs BENCH_REPEATS times (default 3), interleaved so that the machine's
-noise hits all alike; throughput is reported as ratios measured in the same run. Every
-HTTP request is counted, and the client's CPU per message (this process, SDK threads
-included). Every run is checked exactly-once (one order per message, no double posting).
+noise hits all alike, in a new shuffled order each time so that none always follows the
+same neighbour (whose garbage Azurite may still be collecting); throughput is reported as
+ratios measured in the same run. Every HTTP request is counted, and the client's CPU per
+message (this process, SDK threads included). Every run is checked exactly-once (one order
+per message, no double posting).
 Writes bench/results/latest.{json,md,png}; exits non-zero when a target is missed.
-Knobs: BENCH_MESSAGES (default 600), BENCH_REPEATS, BENCH_DELAYS (default "0,1,4"),
+Knobs: BENCH_MESSAGES (default 1000), BENCH_REPEATS, BENCH_DELAYS (default "0,1,4"),
 BENCH_CONCURRENCY (default 16).
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import threading
@@ -296,7 +299,7 @@ SCENARIOS: dict[str, Callable[[Bench], Measure]] = {
 
 def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
-    n = int(os.environ.get("BENCH_MESSAGES", "600"))
+    n = int(os.environ.get("BENCH_MESSAGES", "1000"))
     repeats = max(1, int(os.environ.get("BENCH_REPEATS", "3")))
     delays = [float(d) for d in os.environ.get("BENCH_DELAYS", "0,1,4").split(",")]
     concurrency = int(os.environ.get("BENCH_CONCURRENCY", "16"))
@@ -306,8 +309,10 @@ def main(argv: list[str] | None = None) -> int:
             with delayed(azurite.port, delay) as port:
                 bench = Bench(azurite, port, n, concurrency)
                 for repeat in range(repeats):
-                    for name, scenario in SCENARIOS.items():
-                        measure = scenario(bench)
+                    order = list(SCENARIOS)
+                    random.Random(f"{delay}/{repeat}").shuffle(order)  # the same orders on every run
+                    for name in order:
+                        measure = SCENARIOS[name](bench)
                         runs[delay][name].append(measure)
                         print(
                             f"[{delay:g} ms, {repeat + 1}/{repeats}] {name}: {measure.messages / measure.seconds:.0f} "
