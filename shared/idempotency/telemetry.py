@@ -51,8 +51,10 @@ def span(consumer: str, delivery: Delivery) -> AbstractContextManager[trace.Span
     attributes = {"messaging.consumer.group.name": consumer}
     if delivery.message_id:
         attributes["messaging.message.id"] = delivery.message_id
-    return _tracer.start_as_current_span(f"dedup {consumer}", context=parent, kind=trace.SpanKind.CONSUMER,
-                                         attributes=attributes)  # fmt: skip
+    # What start_as_current_span does, without its two wrapping generators (half the cost).
+    started = _tracer.start_span(f"dedup {consumer}", context=parent, kind=trace.SpanKind.CONSUMER,
+                                 attributes=attributes)  # fmt: skip
+    return trace.use_span(started, end_on_exit=True)
 
 
 def record(consumer: str, delivery: Delivery, result: Result, duration_ms: float, current: trace.Span) -> None:

@@ -14,7 +14,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from shared.idempotency import registry
+from shared.idempotency import Context, Delivery, Effects, Entity, IdempotentConsumer, Outcome, registry
+from shared.idempotency.memory_store import MemoryStore
+from shared.idempotency.settings import DedupConfig
 from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
 
@@ -107,3 +109,19 @@ def test_a_span_per_message_continues_the_incoming_trace(app: str) -> None:
     assert span.parent is not None and f"{span.parent.span_id:016x}" == "b7ad6b7169203331"
     assert span.attributes is not None and span.attributes["dedup.outcome"] == "processed"
     assert span.attributes["dedup.key"] == order["orderId"]
+
+
+def test_the_message_span_is_current_while_its_handler_runs() -> None:
+    """A handler's own spans (a downstream call) are children of the message's span."""
+    SPANS.clear()
+    tracer = trace.get_tracer("test")
+
+    def handler(payload: Any, context: Context) -> Effects:
+        with tracer.start_as_current_span("handler work"):
+            return Effects([Entity("thing", payload)])
+
+    flow = IdempotentConsumer("spans", MemoryStore(), handler, config=DedupConfig(cache_size=0))
+    assert flow.process(Delivery(b'{"n": 1}', message_id="m-1")).outcome is Outcome.PROCESSED
+    spans = {span.name: span for span in SPANS.get_finished_spans()}
+    parent = spans["handler work"].parent
+    assert parent is not None and parent.span_id == spans["dedup spans"].context.span_id
