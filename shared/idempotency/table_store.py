@@ -45,6 +45,7 @@ MAX_TRANSACTION_OPERATIONS = 100  # Table entity-group transaction limit
 STATE_VERSION = "StateVersion"  # the version of an entity written by upsert_if_newer
 _BODY_CHUNK = 64_000  # bytes per Edm.Binary property (limit 64 KiB)
 _MAX_BODY_CHUNKS = 14  # the whole entity must stay under 1 MiB
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps builds an encoder per call otherwise
 
 
 class TableStore(DedupStore):
@@ -85,6 +86,8 @@ class TableStore(DedupStore):
         100 operations. A transaction that fails on one message's operation drops that
         message (the failing index says duplicate or mismatch) and goes again with the
         rest. The same key twice in one call: the later copy waits for a later round."""
+        if len(commits) == 1:  # one message (the common case): nothing to group
+            return [self._transact(commits, commits[0].partition, [0])[0]]
         results: dict[int, CommitResult] = {}
         remaining = list(range(len(commits)))
         while remaining:
@@ -313,7 +316,7 @@ class TableStore(DedupStore):
         entity: dict[str, Any] = {"PartitionKey": pk, "RowKey": encode_key(effect.name)}
         for name, value in effect.data.items():
             # Tables hold scalars only: nested values are stored as JSON text.
-            entity[name] = json.dumps(value, separators=(",", ":")) if isinstance(value, dict | list) else value
+            entity[name] = _compact_json(value) if isinstance(value, dict | list) else value
         return entity
 
     @staticmethod
@@ -353,7 +356,7 @@ def _to_table(fields: dict[str, Any]) -> dict[str, Any]:
     """Table properties are PascalCase scalars: a result is stored as JSON text."""
     table = {_pascal(name): value for name, value in fields.items()}
     if "result" in fields:
-        table["Result"] = json.dumps(fields["result"], separators=(",", ":"))
+        table["Result"] = _compact_json(fields["result"])
     return table
 
 
