@@ -6,16 +6,27 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from azure.data.tables import TableClient, TableServiceClient
 
 from consumers import orders as orders_app
-from shared.idempotency import Delivery, Effects, Entity, IdempotentConsumer, Outcome, StoreUnavailable, registry
+from shared.idempotency import (
+    Commit,
+    DedupKey,
+    Delivery,
+    Effects,
+    Entity,
+    IdempotentConsumer,
+    Outcome,
+    StoreUnavailable,
+    registry,
+)
 from shared.idempotency.bindings import RetryLater
 from shared.idempotency.keys import consumer_partition, encode_key
-from shared.idempotency.records import MARKER_KIND
+from shared.idempotency.records import MARKER_KIND, utcnow
 from shared.orders.checks import OrderEffects, effects_by_order
 from tests.functions import app_settings, fresh_app, servicebus_message, store_down, user_function
 from tools.azurite import Azurite
@@ -182,3 +193,9 @@ def test_a_handler_with_more_effects_than_one_commit_holds_is_invalid(azurite: A
         result = consumer.process(Delivery(body=b'{"n": 1}', message_id="m-1"))
         assert (result.outcome, result.reason) == (Outcome.INVALID, "too_many_effects")
         assert [r.reason for r in store.dead_letters("too-many")] == ["too_many_effects"]
+        too_many = [Entity(f"line|{i}", {"n": i}) for i in range(store.max_effects + 1)]
+        for commits in ([too_many], [too_many, []]):  # the store refuses it too, alone or with others
+            with pytest.raises(ValueError, match="at most"):
+                expires = utcnow() + timedelta(hours=1)
+                store.commit_many([Commit(DedupKey("too-many", f"c-{i}"), "p", "fp", effects, None, expires)
+                                   for i, effects in enumerate(commits)])  # fmt: skip
