@@ -34,6 +34,9 @@ from tools.azurite import Azurite
 orders = user_function("orders")
 
 
+HOUR = timedelta(hours=1)
+
+
 def an_order(order_id: str | None = None, amount: float = 12.5) -> dict[str, Any]:
     return {
         "orderId": order_id or f"o-{uuid.uuid4().hex[:12]}",
@@ -193,9 +196,8 @@ def test_a_handler_with_more_effects_than_one_commit_holds_is_invalid(azurite: A
         result = consumer.process(Delivery(body=b'{"n": 1}', message_id="m-1"))
         assert (result.outcome, result.reason) == (Outcome.INVALID, "too_many_effects")
         assert [r.reason for r in store.dead_letters("too-many")] == ["too_many_effects"]
-        too_many = [Entity(f"line|{i}", {"n": i}) for i in range(store.max_effects + 1)]
+        too_many, expires = [Entity(f"line|{i}", {"n": i}) for i in range(store.max_effects + 1)], utcnow() + HOUR
         for commits in ([too_many], [too_many, []]):  # the store refuses it too, alone or with others
             with pytest.raises(ValueError, match="at most"):
-                expires = utcnow() + timedelta(hours=1)
                 store.commit_many([Commit(DedupKey("too-many", f"c-{i}"), "p", "fp", effects, None, expires)
                                    for i, effects in enumerate(commits)])  # fmt: skip
