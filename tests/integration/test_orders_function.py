@@ -32,8 +32,6 @@ from tests.functions import app_settings, fresh_app, servicebus_message, store_d
 from tools.azurite import Azurite
 
 orders = user_function("orders")
-
-
 HOUR = timedelta(hours=1)
 
 
