@@ -9,13 +9,13 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
+from opentelemetry import trace
 
 from . import telemetry
 from .errors import (
@@ -248,17 +248,23 @@ class IdempotentConsumer:
         partition go to the store together (``commit_many``: on Table Storage, up to 100
         operations per transaction), and a conflict isolates only its own message."""
         started = time.perf_counter()
-        with ExitStack() as spans:
-            current = [spans.enter_context(telemetry.span(self.name, d)) for d in deliveries]
-            decided = [self._decide(delivery) for delivery in deliveries]
+        spans = [telemetry.span(self.name, d) for d in deliveries]
+        try:
+            decided = []
+            for delivery, span in zip(deliveries, spans, strict=True):
+                with trace.use_span(span):  # current while its own handler runs: its calls are children
+                    decided.append(self._decide(delivery))
             committed = iter(self._commit([item for item in decided if isinstance(item, Commit)]))
             finished: list[Result] = []
-            for delivery, item, span in zip(deliveries, decided, current, strict=True):
+            for delivery, item, span in zip(deliveries, decided, spans, strict=True):
                 result = next(committed) if isinstance(item, Commit) else item
                 if self._record_refusals and result.outcome in _REFUSALS:
                     result = self._dead_letter(delivery, result)
                 telemetry.record(self.name, delivery, result, (time.perf_counter() - started) * 1000, span)
                 finished.append(result)
+        finally:
+            for span in spans:
+                span.end()
         return finished
 
     def _decide(self, delivery: Delivery) -> Result | Commit:

@@ -6,12 +6,11 @@ marker's version, so a worker whose lease was taken over can never complete it."
 from __future__ import annotations
 
 import logging
+import random
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from functools import cached_property
 
 from .errors import AlreadyClaimed, DownstreamRejected, FingerprintMismatch, InFlight, LeaseLost, VersionConflict
 from .keys import DedupKey
@@ -57,12 +56,9 @@ class Context:
         self._store = store
         self._policy = policy
         self._expires_at = expires_at
-
-    @cached_property
-    def _owner(self) -> str:
-        """This delivery's identity as a claim owner; drawn on a first step only (a random
-        draw is a system call, and most messages have no step)."""
-        return uuid.uuid4().hex
+        # This delivery's identity as a claim owner: 128 bits from the process's generator
+        # (seeded from the OS, reseeded in a forked child), not uuid4's system call per message.
+        self._owner = f"{random.getrandbits(128):032x}"
 
     def step(self, name: str, call: Callable[[str], JSON]) -> JSON:
         """Run ``call(idempotency_key)`` at most once to completion for (consumer,

@@ -86,9 +86,6 @@ class TableStore(DedupStore):
         100 operations. A transaction that fails on one message's operation drops that
         message (the failing index says duplicate or mismatch) and goes again with the
         rest. The same key twice in one call: the later copy waits for a later round."""
-        if len(commits) == 1:  # one message (the common case): nothing to group
-            [chunk] = _chunks(commits, [0])  # still refuses a message with too many effects
-            return [self._transact(commits, commits[0].partition, chunk)[0]]
         results: dict[int, CommitResult] = {}
         remaining = list(range(len(commits)))
         while remaining:

@@ -111,17 +111,23 @@ def test_a_span_per_message_continues_the_incoming_trace(app: str) -> None:
     assert span.attributes["dedup.key"] == order["orderId"]
 
 
-def test_the_message_span_is_current_while_its_handler_runs() -> None:
-    """A handler's own spans (a downstream call) are children of the message's span."""
-    SPANS.clear()
+def test_each_message_span_is_current_while_its_own_handler_runs() -> None:
+    """A handler's own spans (a downstream call) are children of its message's span — in a
+    batch too, where every message has a span of its own."""
     tracer = trace.get_tracer("test")
 
     def handler(payload: Any, context: Context) -> Effects:
-        with tracer.start_as_current_span("handler work"):
-            return Effects([Entity("thing", payload)])
+        with tracer.start_as_current_span(f"work {context.key.id}"):
+            return Effects([Entity(f"thing {context.key.id}", payload)])
 
-    flow = IdempotentConsumer("spans", MemoryStore(), handler, config=DedupConfig(cache_size=0))
-    assert flow.process(Delivery(b'{"n": 1}', message_id="m-1")).outcome is Outcome.PROCESSED
-    spans = {span.name: span for span in SPANS.get_finished_spans()}
-    parent = spans["handler work"].parent
-    assert parent is not None and parent.span_id == spans["dedup spans"].context.span_id
+    flow = IdempotentConsumer("spans", MemoryStore(), handler, config=DedupConfig(cache_size=0),
+                              partition_for=lambda key: "one")  # fmt: skip
+    for ids in (["m-1"], ["m-2", "m-3", "m-4"]):
+        SPANS.clear()
+        results = flow.process_batch([Delivery(b'{"n": 1}', message_id=i) for i in ids])
+        assert [r.outcome for r in results] == [Outcome.PROCESSED] * len(ids)
+        finished = SPANS.get_finished_spans()
+        message_spans = {s.attributes["messaging.message.id"]: s for s in finished if s.name == "dedup spans"}  # type: ignore[index]
+        for i in ids:
+            [work] = [s for s in finished if s.name == f"work {i}"]
+            assert work.parent is not None and work.parent.span_id == message_spans[i].context.span_id
