@@ -131,8 +131,7 @@ class TableStore(DedupStore):
                 marker = Marker(key, partition, State.COMPLETED, fingerprint, now, expires_at, result=result)
                 guard = {"PartitionKey": pk, "RowKey": guard_id(key, fingerprint), "Kind": GUARD_KIND,
                          "ExpiresAt": expires_at}  # fmt: skip
-                entities = [guard, {"PartitionKey": pk, "RowKey": marker_id(key), **_to_table(marker_fields(marker))},
-                            *(self.effect_entity(pk, e) for e in effects)]  # fmt: skip
+                entities = [guard, self._marker_entity(marker), *(self.effect_entity(pk, e) for e in effects)]
                 operations += entities
                 owners += [(i, position) for position in range(len(entities))]
             with store_errors():
