@@ -9,7 +9,7 @@ noise hits all alike, in a new shuffled order each time so that none always foll
 same neighbour (whose garbage Azurite may still be collecting); throughput is reported as
 ratios measured in the same run. Before timing, every scenario runs once untimed: a freshly
 started Azurite spends about twice the CPU per request until its hot paths are compiled (the
-first ~5,000 requests), which would count against whichever scenarios came first. Every
+first ~6,000 requests), which would count against whichever scenarios came first. Every
 HTTP request is counted, and the client's CPU per message (this process, SDK threads
 included). Every run is checked exactly-once (one order per message, no double posting).
 Writes bench/results/latest.{json,md,png}; exits non-zero when a target is missed.
@@ -307,8 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     concurrency = int(os.environ.get("BENCH_CONCURRENCY", "16"))
     runs: dict[float, dict[str, list[Measure]]] = {d: {name: [] for name in SCENARIOS} for d in delays}
     with Azurite() as azurite:
-        for name, scenario in SCENARIOS.items():  # untimed warm-up (module docstring)
-            scenario(Bench(azurite, azurite.port, n, concurrency))
+        warm_up = Bench(azurite, azurite.port, n, concurrency)
+        for name, scenario in SCENARIOS.items():  # untimed (module docstring)
+            scenario(warm_up)
             print(f"[warm-up] {name}", file=sys.stderr)
         for delay in delays:
             with delayed(azurite.port, delay) as port:
