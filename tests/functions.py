@@ -18,10 +18,11 @@ __all__ = ["app_settings", "fresh_app", "servicebus_message", "store_down", "use
 @contextmanager
 def fresh_app(azurite: Azurite, **settings: str) -> Iterator[str]:
     """The app on new tables of this Azurite, so that tests never see each other's data;
-    yields the table name."""
+    yields the table name. A transient failure goes back to the broker at once
+    (DEDUP_TRANSIENT_WAIT=PT0S) unless a test sets the wait it is about."""
     table = "t" + uuid.uuid4().hex[:16]
     with app_settings(DEDUP_STORAGE_CONNECTION=azurite.connection_string, DEDUP_TABLE=table,
-                      DEDUP_DEADLETTER_TABLE=table + "dl", **settings):  # fmt: skip
+                      DEDUP_DEADLETTER_TABLE=table + "dl", **{"DEDUP_TRANSIENT_WAIT": "PT0S", **settings}):  # fmt: skip
         yield table
 
 

@@ -6,6 +6,7 @@ store's own ids are the store's business."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -15,6 +16,7 @@ from .records import MARKER_KIND, Marker, State
 from .store import DeadLetter
 
 DETAIL_LIMIT = 8_000  # characters of a refusal's detail kept with a dead letter
+ID_LIMIT = 1_024  # characters of an id kept with a dead letter (a property holds 32 K; the body needs the room)
 # Every field a marker may carry (optional ones are left out when empty): a business
 # document that is its own marker (Cosmos DB, one document) must use none of them.
 MARKER_FIELDS = frozenset({"kind", "scope", "keyId", "state", "fingerprint", "createdAt", "expiresAt", "step",
@@ -64,20 +66,35 @@ def dead_letter_fields(record: DeadLetter, recorded_at: datetime, expires_at: da
     fields: dict[str, Any] = {
         "scope": record.scope,
         "reason": record.reason,
-        "detail": record.detail[:DETAIL_LIMIT],
+        "detail": bounded(record.detail, DETAIL_LIMIT),
         "recordedAt": recorded_at,
         "expiresAt": expires_at,
     }
     optional = {
-        "messageId": record.message_id,
-        "correlationId": record.correlation_id,
+        "messageId": bounded(record.message_id, ID_LIMIT),
+        "correlationId": bounded(record.correlation_id, ID_LIMIT),
         "deliveryCount": record.delivery_count,
-        "keyId": record.key_id,
+        "keyId": bounded(record.key_id, ID_LIMIT),
         "fingerprint": record.fingerprint,
         "storedFingerprint": record.stored_fingerprint,
     }
     fields.update({name: value for name, value in optional.items() if value is not None})
     return fields
+
+
+def bounded(text: str | None, limit: int) -> str | None:
+    """``text`` if it fits, else its head and the SHA-256 of the whole: still tells one
+    message from another, and a record of a hostile message still fits the store. Lone
+    surrogates (no store can hold them) are written as their escapes."""
+    if text is None:
+        return None
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) <= limit:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    note = f"…[{len(text)} characters, sha256 {digest}]"
+    return text[: limit - len(note)] + note
 
 
 def dead_letter_from(fields: Mapping[str, Any], body: bytes) -> DeadLetter:

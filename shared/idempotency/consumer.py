@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+import random
+import re
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -29,7 +32,7 @@ from .errors import (
 )
 from .fingerprint import fingerprint
 from .keys import DedupKey, KeySource, consumer_partition, from_message_id
-from .records import JSON, Entity, utcnow
+from .records import JSON, Entity, check_result, utcnow
 from .settings import DedupConfig
 from .steps import Context
 from .store import Commit, CommitStatus, DeadLetter, DedupStore, StateStatus
@@ -49,6 +52,11 @@ class Outcome(StrEnum):
 
 RETRY_OUTCOMES = frozenset({Outcome.IN_FLIGHT, Outcome.TRANSIENT})
 _REFUSALS = frozenset({Outcome.INVALID, Outcome.CONFLICT})  # recorded as dead letters before acknowledging
+# What clears by itself: waited for inside the delivery. A handler's own exception is not
+# (the same code fails the same way): it goes back to the broker at once.
+_WAIT_FOR = frozenset({"store_unavailable", "downstream_unavailable", "lease_lost", "claimed_elsewhere",
+                       "dead_letter_failed"})  # fmt: skip
+FIRST_PAUSE, MAX_PAUSE = 0.05, 5.0  # seconds between attempts: doubling, with jitter
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,9 @@ class Delivery:
     # Who sent it, where the channel lets anyone send (an HTTP caller): part of the
     # fingerprint, so one caller never replays, nor matches, another caller's request.
     origin: str | None = None
+    # How long this delivery may wait inside its invocation for a transient failure to
+    # clear; None: the consumer's DEDUP_TRANSIENT_WAIT (Service Bus, which redelivers at once).
+    wait: timedelta | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +125,7 @@ _STATE_OUTCOMES = {StateStatus.APPLIED: Outcome.PROCESSED, StateStatus.SAME: Out
 
 
 MAX_JSON_DEPTH = 32
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def parse_json(body: bytes) -> Any:
@@ -128,6 +140,9 @@ def parse_json(body: bytes) -> Any:
         members = dict(pairs)
         if len(members) != len(pairs):
             raise InvalidMessage("duplicate_member", "an object repeats a member name")
+        if not all(name.isascii() or not _SURROGATE.search(name) for name in members):
+            # values are refused by the fingerprint (RFC 8785); names must be text too
+            raise InvalidMessage("not_i_json", "a member name holds a lone surrogate")
         return members
 
     try:
@@ -224,6 +239,8 @@ class IdempotentConsumer:
         self._replay = replay_results
         self._record_refusals = record_refusals
         self._completed = CompletedKeys(0 if replay_results else config.cache_size)  # replays need the result
+        self._transient_wait = config.transient_wait
+        self._max_deliveries = config.max_deliveries
 
     def identify(self, delivery: Delivery) -> tuple[DedupKey, str, str]:
         """Key, partition and fingerprint as processing derives them, or InvalidMessage
@@ -246,20 +263,33 @@ class IdempotentConsumer:
     def process_batch(self, deliveries: Sequence[Delivery]) -> list[Result]:
         """Each message is decided on its own; the commits of those that share a
         partition go to the store together (``commit_many``: on Table Storage, up to 100
-        operations per transaction), and a conflict isolates only its own message."""
+        operations per transaction), and a conflict isolates only its own message.
+        A transient failure is tried again, with growing pauses, until the delivery's
+        wait runs out; on the broker's last delivery, what still fails is recorded as a
+        dead letter with its reason before the broker takes the message."""
         started = time.perf_counter()
         spans = [telemetry.span(self.name, d) for d in deliveries]
+        # Each delivery's token: its claims and its marker carry it, so a retry knows its own writes.
+        owners = [f"{random.getrandbits(128):032x}" for _ in deliveries]
         try:
-            decided = []
-            for delivery, span in zip(deliveries, spans, strict=True):
-                with trace.use_span(span):  # current while its own handler runs: its calls are children
-                    decided.append(self._decide(delivery))
-            committed = iter(self._commit([item for item in decided if isinstance(item, Commit)]))
+            results = self._attempt(deliveries, spans, owners, retry=False)
+            wait = min(self._transient_wait if d.wait is None else d.wait for d in deliveries)
+            deadline, pause = time.monotonic() + wait.total_seconds(), FIRST_PAUSE
+            while True:
+                again = [i for i, r in enumerate(results) if r.outcome in RETRY_OUTCOMES and r.reason in _WAIT_FOR]
+                left = deadline - time.monotonic()
+                if not again or left <= 0:
+                    break
+                time.sleep(min(left, random.uniform(pause / 2, pause)))  # jitter: instances do not retry in step
+                pause = min(pause * 2, MAX_PAUSE)
+                retried = self._attempt([deliveries[i] for i in again], [spans[i] for i in again],
+                                        [owners[i] for i in again], retry=True)  # fmt: skip
+                for i, result in zip(again, retried, strict=True):
+                    results[i] = result
             finished: list[Result] = []
-            for delivery, item, span in zip(deliveries, decided, spans, strict=True):
-                result = next(committed) if isinstance(item, Commit) else item
-                if self._record_refusals and result.outcome in _REFUSALS:
-                    result = self._dead_letter(delivery, result)
+            for delivery, result, span in zip(deliveries, results, spans, strict=True):
+                if self._record_refusals and result.outcome in RETRY_OUTCOMES and self._last(delivery):
+                    self._dead_letter(delivery, result)  # the broker dead-letters it next: say why
                 telemetry.record(self.name, delivery, result, (time.perf_counter() - started) * 1000, span)
                 finished.append(result)
         finally:
@@ -267,7 +297,25 @@ class IdempotentConsumer:
                 span.end()
         return finished
 
-    def _decide(self, delivery: Delivery) -> Result | Commit:
+    def _attempt(self, deliveries: Sequence[Delivery], spans: Sequence[trace.Span], owners: Sequence[str],
+                 *, retry: bool) -> list[Result]:  # fmt: skip
+        decided = []
+        for delivery, span, owner in zip(deliveries, spans, owners, strict=True):
+            with trace.use_span(span):  # current while its own handler runs: its calls are children
+                decided.append(self._decide(delivery, owner, retry))
+        committed = iter(self._commit([item for item in decided if isinstance(item, Commit)]))
+        results = []
+        for delivery, item in zip(deliveries, decided, strict=True):
+            result = next(committed) if isinstance(item, Commit) else item
+            if self._record_refusals and result.outcome in _REFUSALS:
+                result = self._dead_letter(delivery, result)
+            results.append(result)
+        return results
+
+    def _last(self, delivery: Delivery) -> bool:
+        return delivery.delivery_count is not None and delivery.delivery_count >= self._max_deliveries
+
+    def _decide(self, delivery: Delivery, owner: str, retry: bool) -> Result | Commit:
         """Everything up to the commit: parse, key, validate, fingerprint, the cache of
         completed keys, then the handler (and its two-phase steps)."""
         key: DedupKey | None = None
@@ -278,14 +326,19 @@ class IdempotentConsumer:
             if self._completed.get(key) == fp:
                 return Result(Outcome.DUPLICATE, key, "completed_recently", fingerprint=fp, stored_fingerprint=fp)
             partition, expires_at = self.partition_of(key), utcnow() + self._retention
-            effects = self._handler(payload, Context(key, partition, fp, self.store, self._steps, expires_at))
-            if isinstance(effects, Effects) and len(effects.entities) > self.store.max_effects:
-                raise InvalidMessage("too_many_effects", f"{len(effects.entities)} entities; one commit holds "
-                                     f"{self.store.max_effects}")  # fmt: skip
+            context = Context(key, partition, fp, self.store, self._steps, expires_at, owner)
+            effects = self._handler(payload, context)
             if isinstance(effects, LatestState):
                 status = self.store.upsert_if_newer(partition, effects.entity, effects.version)
                 return Result(_STATE_OUTCOMES[status], key, response=effects.result, fingerprint=fp)
-            return Commit(key, partition, fp, effects.entities, effects.result, expires_at)
+            if not isinstance(effects, Effects):
+                raise InvalidMessage("handler_result", f"the handler returned {type(effects).__name__}, "
+                                     "not Effects or LatestState")  # fmt: skip
+            if len(effects.entities) > self.store.max_effects:
+                raise InvalidMessage("too_many_effects", f"{len(effects.entities)} entities; one commit holds "
+                                     f"{self.store.max_effects}")  # fmt: skip
+            check_result(effects.result, "the handler's result")
+            return Commit(key, partition, fp, effects.entities, effects.result, expires_at, owner, retry)
         except Exception as exc:  # noqa: BLE001 - mapped to exactly one outcome below
             return self._failure(exc, key, fp)
 
@@ -303,6 +356,9 @@ class IdempotentConsumer:
             telemetry.claim_duration(self.name, per_message)
             if commit.status is CommitStatus.MISMATCH:
                 results.append(self._mismatch(item.key, item.fingerprint, commit.stored_fingerprint))
+                continue
+            if commit.status is CommitStatus.REFUSED:
+                results.append(Result(Outcome.INVALID, item.key, "store_refused", commit.detail))
                 continue
             self._completed.put(item.key, item.fingerprint)
             if commit.status is CommitStatus.NEW:
@@ -325,7 +381,7 @@ class IdempotentConsumer:
         for kind, reason in transient.items():  # subclasses too
             if isinstance(exc, kind):
                 return Result(Outcome.TRANSIENT, key, reason, str(exc)[:500])
-        log.error("dedup handler failed for %s", key, exc_info=exc)  # a bug: never acknowledge it
+        log.error("dedup handler failed for %r", str(key), exc_info=exc)  # a bug: never acknowledge it
         return Result(Outcome.TRANSIENT, key, "handler_error", repr(exc)[:500])
 
     def _duplicate(self, key: DedupKey, partition: str, fp: str, stored_fp: str | None) -> Result:

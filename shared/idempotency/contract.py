@@ -27,7 +27,7 @@ from azure.core.exceptions import HttpResponseError
 from .errors import AlreadyClaimed, StoreUnavailable, VersionConflict
 from .keys import DedupKey
 from .records import Entity, Marker, State, utcnow
-from .store import CommitStatus, DeadLetter, DedupStore, StateStatus
+from .store import Commit, CommitStatus, DeadLetter, DedupStore, StateStatus
 
 HOUR = timedelta(hours=1)
 
@@ -108,11 +108,24 @@ class StoreContract:
         k = key()
         # Two effects with the same name: the second insert fails inside the transaction.
         effects = [Entity("order", {"n": 1}), Entity("order", {"n": 2})]
-        with pytest.raises((HttpResponseError, ValueError)) as failed:  # the server's refusal, or the store's
-            store.commit(k, k.id, "fp1", effects, None, utcnow() + HOUR)
-        assert not isinstance(failed.value, StoreUnavailable)  # never retried as if transient
+        try:  # the server's refusal (400: refused for good), or the store's own check
+            refused = store.commit(k, k.id, "fp1", effects, None, utcnow() + HOUR).status is CommitStatus.REFUSED
+        except (HttpResponseError, ValueError) as failed:
+            refused = not isinstance(failed, StoreUnavailable)  # never retried as if transient
+        assert refused
         assert store.get(k, k.id) is None
         assert partition_rows(store, k.id) == []
+
+    def test_data_the_store_cannot_hold_is_refused_for_good_and_nothing_is_written(self, store: DedupStore) -> None:
+        k, other = key(), key()  # two messages of one partition: a store may commit them together
+        unstorable = [Entity("order", {"tags": {"a", "b"}})]  # a set: no store, nor JSON, holds it
+        results = store.commit_many([Commit(k, k.id, "fp1", unstorable, None, utcnow() + HOUR),
+                                     Commit(other, k.id, "fp2", [Entity("other", {"n": 1})], None,
+                                            utcnow() + HOUR)])  # fmt: skip
+        assert results[0].status is CommitStatus.REFUSED and "set" in (results[0].detail or "")
+        assert results[1].status is CommitStatus.NEW  # only its own message is refused
+        assert store.get(k, k.id) is None and store.get(other, k.id) is not None
+        assert [item.entity for item in store.scan(k.id) if item.entity] == ["other"]
 
     def test_an_existing_business_entity_without_marker_counts_as_applied(self, store: DedupStore) -> None:
         # one business document: on Cosmos, its own marker (create_item, no batch) — runs on the emulator too

@@ -35,12 +35,14 @@ from .keys import DedupKey, encode_key, guard_id, marker_id
 from .records import GUARD_KIND, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
 from .store import (
     DEFAULT_DEAD_LETTER_RETENTION,
+    UNSTORABLE,
     Commit,
     CommitResult,
     CommitStatus,
     DeadLetter,
     DedupStore,
     StoredState,
+    refused,
     store_errors,
 )
 
@@ -89,13 +91,19 @@ class CosmosStore(DedupStore):
     # -- atomic path ---------------------------------------------------------------------
 
     def commit_many(self, commits: Sequence[Commit]) -> list[CommitResult]:
-        return [self._commit(commit) for commit in commits]  # one partition key per batch
+        results = []
+        for commit in commits:  # one partition key per batch
+            try:
+                results.append(self._commit(commit))
+            except UNSTORABLE as exc:
+                results.append(refused(exc))
+        return results
 
     def _commit(self, commit: Commit) -> CommitResult:
-        key, partition, fingerprint, effects, result, expires_at = commit
-        marker = Marker(key, partition, State.COMPLETED, fingerprint, utcnow(), expires_at, result=result)
+        key, partition, fingerprint, effects, _, expires_at, _, _ = commit
+        marker = commit.marker(utcnow())
         if len(effects) == 1:
-            return self._commit_document_as_marker(marker, effects[0])
+            return self._commit_document_as_marker(commit, marker, effects[0])
         if len(effects) + 2 > MAX_BATCH_OPERATIONS:
             raise ValueError(f"a Cosmos batch holds at most {MAX_BATCH_OPERATIONS - 2} documents")
         guard = {"id": guard_id(key, fingerprint), self._pk: partition, "kind": GUARD_KIND, "ttl": _ttl(expires_at)}
@@ -110,7 +118,7 @@ class CosmosStore(DedupStore):
             return self.conflict(commit, guard_exists=exc.error_index == 0)
         return CommitResult(CommitStatus.NEW, fingerprint)
 
-    def _commit_document_as_marker(self, marker: Marker, effect: Entity) -> CommitResult:
+    def _commit_document_as_marker(self, commit: Commit, marker: Marker, effect: Entity) -> CommitResult:
         """The business document, under its own id, carries the marker's fields and never
         expires: it is both the record and the marker. A 409 on its id: if it carries this
         key, its fingerprint tells duplicate from mismatch; if it does not, the business
@@ -130,6 +138,8 @@ class CosmosStore(DedupStore):
                 existing = self._container.read_item(document["id"], partition_key=marker.partition)
             if not self._carries(existing, marker.key):
                 return CommitResult(CommitStatus.DUPLICATE, None)
+            if commit.retry and commit.owner is not None and existing.get("owner") == commit.owner:
+                return CommitResult(CommitStatus.NEW, marker.fingerprint)  # our earlier attempt, its answer lost
             stored_fp = existing.get("fingerprint")
             status = CommitStatus.DUPLICATE if stored_fp == marker.fingerprint else CommitStatus.MISMATCH
             return CommitResult(status, stored_fp)

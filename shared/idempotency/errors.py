@@ -18,8 +18,17 @@ class InvalidMessage(DedupError):
         self.detail = detail
 
 
+class StoreRefused(InvalidMessage):
+    """The store refused what this message would write, for good (HTTP 400 or 413: a value
+    too large, a type it cannot hold): retrying cannot help, so dead-letter it."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("store_refused", detail)
+
+
 class StoreUnavailable(DedupError):
-    """A transient store failure (throttling, 5xx, timeout, connection): retry later."""
+    """A transient store failure (throttling, 5xx, timeout, connection, or access not yet
+    granted): wait and retry, never dead-letter."""
 
 
 class VersionConflict(DedupError):

@@ -14,7 +14,7 @@ from .errors import InvalidMessage
 def fingerprint(payload: Any) -> str:
     try:
         canonical = rfc8785.dumps(payload)
-    except rfc8785.CanonicalizationError as exc:
+    except (rfc8785.CanonicalizationError, UnicodeError) as exc:  # a lone surrogate in a member name, too
         # RFC 8785 is defined on I-JSON: integers beyond 2**53, NaN and lone surrogates
         # have no canonical form, so two copies could not be compared reliably.
         raise InvalidMessage("not_i_json", str(exc)) from exc

@@ -28,6 +28,16 @@ from .store import (
 STATE_VERSION = "stateVersion"
 
 
+def _storable(value: Any, nested: bool = False) -> bool:
+    """What both real stores hold: JSON values, and times and bytes at the top level."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _storable(v, True) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_storable(v, True) for v in value)
+    scalars = (str, int, float, bool) if nested else (str, int, float, bool, datetime, bytes)
+    return value is None or isinstance(value, scalars)
+
+
 @dataclass(frozen=True)
 class _Item:
     etag: str
@@ -63,15 +73,18 @@ class MemoryStore(DedupStore):
 
     def _commit(self, commit: Commit) -> CommitResult:
         self._check()
-        key, partition, fingerprint, effects, result, expires_at = commit
+        key, partition, fingerprint, effects, _, expires_at, _, _ = commit
         names = [encode_key(effect.name) for effect in effects]
         if len(effects) > self.max_effects or len(set(names)) < len(names):
             raise ValueError(f"a commit holds at most {self.max_effects} entities, each name once")
+        unstorable = [value for effect in effects for value in effect.data.values() if not _storable(value)]
+        if unstorable:  # what the real stores' encoders refuse
+            return CommitResult(CommitStatus.REFUSED, detail=f"cannot be stored: {type(unstorable[0]).__name__}")
         guard = guard_id(key, fingerprint)
         with self._lock:
             taken = [i for i in (guard, marker_id(key), *names) if (partition, i) in self._items]
             if not taken:
-                marker = Marker(key, partition, State.COMPLETED, fingerprint, utcnow(), expires_at, result=result)
+                marker = commit.marker(utcnow())
                 self._items[(partition, guard)] = _Item(self._etag(), GUARD_KIND, expires_at=expires_at)
                 self._items[(partition, marker_id(key))] = _Item(self._etag(), MARKER_KIND, marker)
                 for name, effect in zip(names, effects, strict=True):

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from .errors import InvalidMessage
 from .keys import DedupKey
 
 JSON = Any  # a value that json.dumps accepts
+
+MAX_RESULT_CHARACTERS = 30_000  # of a stored result as compact JSON: one Table property holds 32 K
+_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 MARKER_KIND = "dedup-marker"
 GUARD_KIND = "dedup-guard"
@@ -20,6 +25,18 @@ class State(StrEnum):
     COMPLETED = "completed"  # effects committed; the result can be replayed
     REFUSED = "refused"  # a step's call was refused for good (a final 4xx): never called again
     ESCALATED = "escalated"  # in progress long past its lease: operators were alerted, once
+
+
+def check_result(value: JSON, what: str) -> None:
+    """A result is stored with its marker and replayed: JSON (no NaN, no sets or times),
+    at most MAX_RESULT_CHARACTERS once serialised; else InvalidMessage."""
+    try:
+        size = len(_compact(value))
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessage("result_not_json", f"{what} must be JSON: {exc}"[:500]) from exc
+    if size > MAX_RESULT_CHARACTERS:
+        raise InvalidMessage("result_too_large", f"{what} is {size} characters of JSON; "
+                             f"at most {MAX_RESULT_CHARACTERS} are stored")  # fmt: skip
 
 
 def utcnow() -> datetime:

@@ -9,21 +9,28 @@ message body per line, as exported from the dead-letter queue) it also validates
 compares fingerprints, so it can tell a resubmit that would be a duplicate from one that
 would be a conflict, or dead-lettered again as invalid (with the reason). The consumer and
 its store come from the app (the consumers function_app declares, built from the app settings).
+
+It prints one line per id or body, then a JSON summary; what it cannot do (a setting, the
+file, the store, an unknown consumer) is one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import logging
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import registry
+from azure.core.exceptions import AzureError, ResourceNotFoundError
+
+from . import registry, settings
 from .consumer import Delivery, parse_json
-from .errors import InvalidMessage
-from .keys import DedupKey
+from .errors import DedupError, InvalidMessage
+from .keys import DedupKey, consumer_partition
 from .records import Marker, State
 
 if TYPE_CHECKING:
@@ -40,6 +47,24 @@ VERDICTS = {
 }
 
 
+_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: str) -> str:
+    """``text`` safe for a terminal and a tab-separated line. Keys, bodies and reasons come
+    from senders: an escape sequence could drive the terminal, a newline forge a verdict.
+    What ``str.isprintable`` refuses (C0, DEL, C1, U+2028/U+2029, bidi and other format
+    controls, lone surrogates) is escaped as in a Python literal, and so is the backslash,
+    so that no two texts print alike."""
+    if text.isprintable() and "\\" not in text:
+        return text
+    return "".join(c if c.isprintable() and c != "\\" else _ESCAPES.get(c) or _escape(ord(c)) for c in text)
+
+
+def _escape(code: int) -> str:
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 @dataclass(frozen=True)
 class Line:
     key: str
@@ -47,8 +72,8 @@ class Line:
     reason: str = ""
 
     def __str__(self) -> str:
-        why = f" ({self.reason})" if self.reason else ""
-        return f"{self.key}\t{self.verdict}\t{VERDICTS[self.verdict]}{why}"
+        why = f" ({printable(self.reason)})" if self.reason else ""
+        return f"{printable(self.key)}\t{self.verdict}\t{VERDICTS[self.verdict]}{why}"
 
 
 def _state(consumer: IdempotentConsumer, key: DedupKey, partition: str) -> tuple[str, Marker | None]:
@@ -82,8 +107,7 @@ def check_bodies(consumer: IdempotentConsumer, bodies: Iterable[bytes], message_
     lines = []
     for body in bodies:
         try:
-            message_id = _field(body, message_id_field)
-            key, partition, fp = consumer.identify(Delivery(body=body, message_id=message_id))
+            key, partition, fp = _identify(consumer, Delivery(body=body, message_id=_field(body, message_id_field)))
         except InvalidMessage as exc:
             lines.append(Line(body[:60].decode("utf-8", "replace"), "invalid", f"{exc.reason}: {exc.detail[:200]}"))
             continue
@@ -92,6 +116,13 @@ def check_bodies(consumer: IdempotentConsumer, bodies: Iterable[bytes], message_
             verdict = "duplicate" if marker.fingerprint == fp else "conflict"
         lines.append(Line(key.id, verdict))
     return lines
+
+
+def _identify(consumer: IdempotentConsumer, delivery: Delivery) -> tuple[DedupKey, str, str]:
+    try:
+        return consumer.identify(delivery)
+    except UnicodeError as exc:  # rfc8785 cannot order member names holding lone surrogates
+        raise InvalidMessage("not_i_json", str(exc)) from exc
 
 
 def _field(body: bytes, name: str | None) -> str | None:
@@ -113,15 +144,31 @@ def main(argv: list[str] | None = None) -> int:
 
     import function_app  # noqa: F401 - declares the app's consumers, built from its settings
 
-    found = [c for c in registry.declared() if c.name == args.consumer]
-    if not found:
-        parser.error(f"no consumer named {args.consumer!r} in function_app")
-    if args.ids:
-        lines = check_ids(found[0], args.ids)
-    else:
-        with open(args.bodies, "rb") as handle:
-            bodies = [line.strip() for line in handle if line.strip()]
-        lines = check_bodies(found[0], bodies, args.message_id_field)
+    bodies: list[bytes] = []
+    if args.bodies:
+        try:
+            with open(args.bodies, "rb") as handle:
+                bodies = [line.strip() for line in handle if line.strip()]
+        except OSError as exc:
+            return _error(f"cannot read --bodies {args.bodies}: {exc.strerror or exc}")
+    try:
+        # Never create tables: a typo in DEDUP_TABLE must fail here, not report every message new.
+        with registry.using_store(settings.app_store(create=False)):
+            consumers = registry.declared()
+            found = next((c for c in consumers if c.name == args.consumer), None)
+            if found is None:
+                known = ", ".join(sorted({c.name for c in consumers}))
+                return _error(f"no consumer named '{args.consumer}' in function_app; known: {known}")
+            # One read of an empty partition: a missing table fails here, before any verdict
+            # (TableStore.get takes any 404, TableNotFound too, for "no marker").
+            next(found.store.scan(consumer_partition(found.name, "")), None)
+            lines = check_ids(found, args.ids) if args.ids else check_bodies(found, bodies, args.message_id_field)
+    except settings.ConfigurationError as exc:
+        return _error(str(exc))
+    except ResourceNotFoundError:
+        return _error(f"{_table()} does not exist: check the app settings (this tool never creates it)")
+    except (DedupError, AzureError) as exc:  # unreachable, access refused (store_errors maps them)
+        return _error(f"cannot read the store: {_first_line(exc)}")
     for line in lines:
         print(line)
     counts = {verdict: sum(line.verdict == verdict for line in lines) for verdict in VERDICTS}
@@ -129,5 +176,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _table() -> str:
+    """What the markers are read from, as settings.app_store names it."""
+    table = settings.setting("DEDUP_TABLE", "records")
+    if settings.setting("DEDUP_STORE", "table").lower() != "cosmos":
+        return f"table '{table}'"
+    database = settings.setting("COSMOS_DATABASE", "dedup")
+    return f"container '{settings.setting('COSMOS_CONTAINER', table)}' of database '{database}'"
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _error(message: str) -> int:
+    print(f"resubmit: error: {printable(message)}", file=sys.stderr)
+    return 2
+
+
 if __name__ == "__main__":
+    logging.getLogger("idempotency").addHandler(logging.NullHandler())  # main says what failed, in one line
+    for stream in (sys.stdout, sys.stderr):  # a terminal that cannot show a character gets its escape
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
     sys.exit(main())

@@ -22,6 +22,8 @@ DEFAULT_RETENTION = "P30D"
 DEFAULT_DEAD_LETTER_RETENTION = isodate.duration_isoformat(store_defaults.DEFAULT_DEAD_LETTER_RETENTION)  # P14D
 DEFAULT_LEASE = isodate.duration_isoformat(DEFAULT_STEPS.lease)  # PT1M
 DEFAULT_IN_FLIGHT_WAIT = isodate.duration_isoformat(DEFAULT_STEPS.in_flight_wait)  # PT10S
+DEFAULT_TRANSIENT_WAIT = "PT2M"
+DEFAULT_MAX_DELIVERY_COUNT = "10"  # Service Bus's default maxDeliveryCount, and infra's
 
 
 class ConfigurationError(Exception):
@@ -72,14 +74,28 @@ class DedupConfig:
     retention: timedelta = timedelta(days=30)
     steps: StepPolicy = DEFAULT_STEPS
     cache_size: int = 10_000
+    # How long a delivery waits inside its invocation for a transient failure to clear
+    # (Service Bus redelivers an abandoned message at once: without it, an outage spends
+    # the whole delivery budget in milliseconds). Triggers with their own delayed retries
+    # (Event Grid, HTTP callers) set a shorter wait per delivery.
+    transient_wait: timedelta = timedelta(minutes=2)
+    # The broker's maxDeliveryCount: the last delivery leaves a dead-letter record of why.
+    max_deliveries: int = 10
 
     @classmethod
     def from_settings(cls) -> DedupConfig:
-        """DEDUP_RETENTION, DEDUP_LEASE, DEDUP_IN_FLIGHT_WAIT, DEDUP_CACHE_SIZE (README, Configuration)."""
-        size = setting("DEDUP_CACHE_SIZE", "10000")
-        if not size.isdigit():
-            raise ConfigurationError(f"DEDUP_CACHE_SIZE={size!r} must be a whole number")
-        return cls(retention(), step_policy(), int(size))
+        """DEDUP_RETENTION, DEDUP_LEASE, DEDUP_IN_FLIGHT_WAIT, DEDUP_CACHE_SIZE,
+        DEDUP_TRANSIENT_WAIT, DEDUP_MAX_DELIVERY_COUNT (README, Configuration)."""
+        return cls(retention(), step_policy(), whole("DEDUP_CACHE_SIZE", "10000"),
+                   duration("DEDUP_TRANSIENT_WAIT", DEFAULT_TRANSIENT_WAIT),
+                   max(1, whole("DEDUP_MAX_DELIVERY_COUNT", DEFAULT_MAX_DELIVERY_COUNT)))  # fmt: skip
+
+
+def whole(name: str, default: str) -> int:
+    value = setting(name, default)
+    if not value.isdigit():
+        raise ConfigurationError(f"{name}={value!r} must be a whole number")
+    return int(value)
 
 
 def step_policy() -> StepPolicy:

@@ -12,9 +12,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from .errors import AlreadyClaimed, DownstreamRejected, FingerprintMismatch, InFlight, LeaseLost, VersionConflict
+from .errors import (
+    AlreadyClaimed,
+    DownstreamRejected,
+    FingerprintMismatch,
+    InFlight,
+    InvalidMessage,
+    LeaseLost,
+    VersionConflict,
+)
 from .keys import DedupKey
-from .records import JSON, Marker, State, utcnow
+from .records import JSON, Marker, State, check_result, utcnow
 from .store import DedupStore
 
 log = logging.getLogger("idempotency")
@@ -49,6 +57,7 @@ class Context:
         store: DedupStore,
         policy: StepPolicy,
         expires_at: datetime,
+        owner: str | None = None,
     ) -> None:
         self.key = key
         self._partition = partition
@@ -56,9 +65,10 @@ class Context:
         self._store = store
         self._policy = policy
         self._expires_at = expires_at
-        # This delivery's identity as a claim owner: 128 bits from the process's generator
-        # (seeded from the OS, reseeded in a forked child), not uuid4's system call per message.
-        self._owner = f"{random.getrandbits(128):032x}"
+        # This delivery's identity as a claim owner (the consumer's token for the delivery):
+        # 128 bits from the process's generator (seeded from the OS, reseeded in a forked
+        # child), not uuid4's system call per message.
+        self._owner = owner or f"{random.getrandbits(128):032x}"
 
     def step(self, name: str, call: Callable[[str], JSON]) -> JSON:
         """Run ``call(idempotency_key)`` at most once to completion for (consumer,
@@ -68,8 +78,11 @@ class Context:
         claimed = self._claim(key)
         if claimed.state is State.COMPLETED:
             return claimed.result
-        if claimed.state is State.REFUSED:  # known: the service said no for good
-            raise DownstreamRejected(int(claimed.result["status"]), str(claimed.result["detail"]))
+        if claimed.state is State.REFUSED:  # known: refused for good, never called again
+            refusal = claimed.result
+            if "reason" in refusal:
+                raise InvalidMessage(str(refusal["reason"]), str(refusal["detail"]))
+            raise DownstreamRejected(int(refusal["status"]), str(refusal["detail"]))
         try:
             result = call(key.downstream_key)
         except DownstreamRejected as refused:
@@ -77,6 +90,11 @@ class Context:
             raise
         except Exception:
             self._end_lease(claimed)
+            raise
+        try:
+            check_result(result, f"step {name!r}'s result")
+        except InvalidMessage as unstorable:  # the call was made: never repeat it, tell an operator
+            self._complete(claimed, {"reason": unstorable.reason, "detail": unstorable.detail}, State.REFUSED)
             raise
         return self._complete(claimed, result)
 
@@ -120,4 +138,4 @@ class Context:
         try:
             self._store.replace(replace(claimed, lease_until=utcnow()), claimed.version or "")
         except VersionConflict:
-            log.warning("dedup claim %s was taken over before its lease ended", claimed.key)
+            log.warning("dedup claim %r was taken over before its lease ended", str(claimed.key))

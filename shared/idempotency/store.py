@@ -5,6 +5,7 @@ them, written once. Every store passes the same contract suite against its real 
 from __future__ import annotations
 
 import hashlib
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -13,11 +14,18 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import NamedTuple
 
-from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
+from azure.core.exceptions import (
+    ClientAuthenticationError,
+    HttpResponseError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
 
-from .errors import AlreadyClaimed, StoreUnavailable, VersionConflict
+from .errors import AlreadyClaimed, StoreRefused, StoreUnavailable, VersionConflict
 from .keys import DedupKey
 from .records import JSON, Entity, Marker, State, StoredItem
+
+log = logging.getLogger("idempotency")
 
 
 class StateStatus(StrEnum):
@@ -37,12 +45,14 @@ class CommitStatus(StrEnum):
     NEW = "new"  # marker and effects committed together, just now
     DUPLICATE = "duplicate"  # a marker with the same fingerprint exists: nothing written
     MISMATCH = "mismatch"  # a marker with another fingerprint exists: nothing written
+    REFUSED = "refused"  # the store can never hold this message's data (``detail`` says why): nothing written
 
 
 @dataclass(frozen=True)
 class CommitResult:
     status: CommitStatus
     stored_fingerprint: str | None = None
+    detail: str | None = None
 
 
 DEFAULT_DEAD_LETTER_RETENTION = timedelta(days=14)
@@ -76,8 +86,23 @@ class DeadLetter:
         return digest.hexdigest()
 
 
+UNSTORABLE = (StoreRefused, TypeError, UnicodeError)  # what encoding or the store says of data it can never hold
+
+
+def refused(exc: Exception) -> CommitResult:
+    """The commit result of a message whose data the store can never hold."""
+    if isinstance(exc, StoreRefused):
+        return CommitResult(CommitStatus.REFUSED, detail=exc.detail)
+    inner = exc.__context__  # an SDK may re-raise the encoder's error with a vaguer message
+    detail = f"cannot be stored: {inner if isinstance(inner, TypeError | UnicodeError) else exc}"[:500]
+    return CommitResult(CommitStatus.REFUSED, detail=detail)
+
+
 class Commit(NamedTuple):
-    """One message's marker and effects, as ``commit`` takes them."""
+    """One message's marker and effects, as ``commit`` takes them. ``owner``: this
+    delivery's token, stored in the marker; ``retry``: an earlier attempt of the same
+    delivery may have been applied with its answer lost, so a conflict reads the marker
+    to tell our own commit (``NEW``) from another delivery's (``DUPLICATE``)."""
 
     key: DedupKey
     partition: str
@@ -85,6 +110,12 @@ class Commit(NamedTuple):
     effects: Sequence[Entity]
     result: JSON
     expires_at: datetime
+    owner: str | None = None
+    retry: bool = False
+
+    def marker(self, now: datetime) -> Marker:
+        return Marker(self.key, self.partition, State.COMPLETED, self.fingerprint, now, self.expires_at,
+                      owner=self.owner, result=self.result)  # fmt: skip
 
 
 class StoredState(NamedTuple):
@@ -100,18 +131,34 @@ def is_transient(status: int | None) -> bool:
     return status in (408, 429, 449) or (status or 0) >= 500
 
 
+REFUSED_FOR_GOOD = (400, 413)  # a value too large, a type or a key the store cannot hold
+DATA_ROLES = "Table Storage: 'Storage Table Data Contributor'; Cosmos DB: 'Cosmos DB Built-in Data Contributor'"
+
+
 @contextmanager
 def store_errors() -> Iterator[None]:
-    """What the SDKs could not get through after their own retries becomes StoreUnavailable
-    (the message is abandoned and redelivered later); everything else passes through.
-    Both SDKs raise azure-core's errors (Cosmos DB's are subclasses)."""
+    """Map what the SDKs could not get through (after their own retries) to one outcome.
+    Both SDKs raise azure-core's errors (Cosmos DB's are subclasses):
+
+    - unreachable, throttled, 5xx → StoreUnavailable: wait, then let the broker redeliver;
+    - 401/403 → StoreUnavailable too, logged with the role the app's identity most likely
+      lacks: a missing role assignment is fixed by an operator, not by dead-lettering;
+    - 400/413 → StoreRefused: this message's data can never be stored; dead-letter it;
+    - anything else (404 on a read, 409, 412) passes through: the callers read those."""
     try:
         yield
     except (ServiceRequestError, ServiceResponseError) as exc:
         raise StoreUnavailable(str(exc)) from exc
     except HttpResponseError as exc:
+        code = getattr(exc, "error_code", None) or ""
         if is_transient(exc.status_code):
-            raise StoreUnavailable(f"{exc.status_code}: {exc.message}") from exc
+            raise StoreUnavailable(f"{exc.status_code} {code}: {exc.message}") from exc
+        if isinstance(exc, ClientAuthenticationError) or exc.status_code in (401, 403):
+            log.error("dedup store refused access (%s %s): grant the app's identity a data role (%s)",
+                      exc.status_code, code, DATA_ROLES)  # fmt: skip
+            raise StoreUnavailable(f"{exc.status_code} {code}: access refused ({DATA_ROLES})") from exc
+        if exc.status_code in REFUSED_FOR_GOOD:
+            raise StoreRefused(f"{exc.status_code} {code}: {exc.message}"[:500]) from exc
         raise
 
 
@@ -150,10 +197,15 @@ class DedupStore(ABC):
     def conflict(self, commit: Commit, guard_exists: bool) -> CommitResult:
         """A commit hit an existing item. Its guard: the same payload was committed. Else
         one read of the marker decides; no marker at all means a business entity
-        outlived its marker (purged after retention): applied, never written twice."""
-        if guard_exists:
+        outlived its marker (purged after retention): applied, never written twice.
+        A retry reads the marker in any case: it may hold our own earlier attempt."""
+        if guard_exists and not commit.retry:
             return CommitResult(CommitStatus.DUPLICATE, commit.fingerprint)
         stored = self.get(commit.key, commit.partition)
+        if stored is not None and commit.owner is not None and stored.owner == commit.owner:
+            return CommitResult(CommitStatus.NEW, commit.fingerprint)
+        if guard_exists:
+            return CommitResult(CommitStatus.DUPLICATE, commit.fingerprint)
         if stored is None or stored.fingerprint == commit.fingerprint:
             return CommitResult(CommitStatus.DUPLICATE, stored.fingerprint if stored else None)
         return CommitResult(CommitStatus.MISMATCH, stored.fingerprint)

@@ -28,10 +28,16 @@ from email.utils import formatdate
 from enum import Enum
 from typing import Any
 from urllib.parse import urlsplit
+from xml.etree import ElementTree
 
 from azure.core import PipelineClient
 from azure.core.credentials import AzureNamedKeyCredential, TokenCredential
-from azure.core.exceptions import HttpResponseError, ResourceNotFoundError, ServiceResponseError
+from azure.core.exceptions import (
+    ClientAuthenticationError,
+    HttpResponseError,
+    ResourceNotFoundError,
+    ServiceResponseError,
+)
 from azure.core.pipeline import PipelineRequest
 from azure.core.pipeline.policies import (
     BearerTokenCredentialPolicy,
@@ -51,6 +57,15 @@ API_VERSION = "2019-02-02"  # what azure-data-tables 12.x sends
 STORAGE_SCOPE = "https://storage.azure.com/.default"
 _INT32 = range(-(2**31), 2**31)
 _STATUS = re.compile(rb"^HTTP/1\.1 (\d{3})", re.MULTILINE)
+_ERROR_CODE = re.compile(rb"^x-ms-error-code:[ \t]*(\S+)", re.MULTILINE | re.IGNORECASE)
+# Refusals' classes by status. The SDK goes by code: ClientAuthenticationError for AuthenticationFailed and
+# InvalidAuthenticationInfo only, so a missing role's 403 (AuthorizationPermissionMismatch) is a plain
+# HttpResponseError there. Subclasses of it: an ``except`` written for the SDK's errors still catches these.
+_REFUSALS: dict[int, type[HttpResponseError]] = {
+    401: ClientAuthenticationError,
+    403: ClientAuthenticationError,
+    404: ResourceNotFoundError,
+}
 
 
 @dataclass(frozen=True)
@@ -141,21 +156,19 @@ class TableTransactions:
     def submit(self, operations: Sequence[Mapping[str, Any]]) -> TransactionFailure | None:
         """Insert every entity (one PartitionKey) atomically. None when all were written;
         the failure when the service refused one (nothing written); other errors raise
-        as the SDK's do (HttpResponseError with the status)."""
+        as the SDK's do (HttpResponseError with the status and the service's error_code)."""
         body = encode(self._table_url, operations, self._boundary, self._changeset)
         request = HttpRequest("POST", f"{self._base}/$batch", content=body,
                               headers={"Content-Type": f"multipart/mixed; boundary={self._boundary}"})  # fmt: skip
         response = self._client.send_request(request, **self._timeouts)
         if response.status_code != 202:
-            kind = ResourceNotFoundError if response.status_code == 404 else HttpResponseError
-            raise kind(message=_error_text(response.content), response=response)
+            code, message = _error_body(response.content.strip())
+            raise _refused(response, response.status_code, response.headers.get("x-ms-error-code") or code, message)
         if not response.headers.get("Content-Type", "").startswith("multipart/mixed"):
             raise ServiceResponseError(f"a transaction was answered with {response.headers.get('Content-Type')!r}")
         failure = decode(response.content, len(operations))
         if failure is not None and not (failure.status == 409 and failure.code == "EntityAlreadyExists"):
-            refused = HttpResponseError(message=f"{failure.code}: {failure.message}", response=response)
-            refused.status_code = failure.status  # the operation's status, as the SDK reports it
-            raise refused
+            raise _refused(response, failure.status, failure.code, failure.message)  # the operation's status
         return failure
 
     def close(self) -> None:
@@ -272,9 +285,34 @@ def decode(body: bytes, operations: int) -> TransactionFailure | None:
 
 
 def _error(part: bytes) -> tuple[str, str]:
-    """(code, message) of the OData error body that follows a part's (or response's) headers."""
-    _, _, rest = part.partition(b"\r\n\r\n")
-    body = (rest or part).split(b"\r\n--", 1)[0].strip()
+    """(code, message) of a changeset part's answer: its headers (x-ms-error-code first,
+    as the service sends it), then its error body."""
+    head, _, rest = part.partition(b"\r\n\r\n")
+    code, message = _error_body((rest or part).split(b"\r\n--", 1)[0].strip())
+    header = _ERROR_CODE.search(head) if rest else None
+    return (header.group(1).decode("ascii", "replace") if header else code), message
+
+
+def _error_body(body: bytes) -> tuple[str, str]:
+    """(code, message) of an error body: OData JSON, or XML in either of the service's shapes
+    (OData's namespaced ``<error>``, storage's ``<Error>`` whose other elements, such as
+    AuthenticationErrorDetail, say why and join the message); else ("", the text)."""
+    if body.startswith(b"<"):
+        try:
+            children = list(ElementTree.fromstring(body))
+        except (ElementTree.ParseError, LookupError):  # LookupError: an unknown declared encoding
+            children = []
+        code, lines = "", list[str]()
+        for child in children:
+            name, text = child.tag.rpartition("}")[2], (child.text or "").strip()
+            if name.lower() == "code":
+                code = text
+            elif name.lower() == "message":
+                lines.insert(0, text)
+            elif text:
+                lines.append(f"{name}: {text}")
+        if code or lines:
+            return code, "\n".join(lines)
     try:
         error = json.loads(body)["odata.error"]
         return str(error.get("code", "")), str(error.get("message", {}).get("value", ""))
@@ -282,6 +320,11 @@ def _error(part: bytes) -> tuple[str, str]:
         return "", body[:500].decode("utf-8", "replace")
 
 
-def _error_text(body: bytes) -> str:
-    code, message = _error(b"\r\n\r\n" + body)  # a whole response's body: no headers before it
-    return f"{code}: {message}" if code else message
+def _refused(response: Any, status: int, code: str, message: str) -> HttpResponseError:
+    """The error for a refusal, as the SDK's: its class by status, ``status_code`` and the
+    service's ``error_code`` (None when it gave none)."""
+    text = message or f"Operation returned an invalid status {status}"  # azure-core's words, a part's status
+    error = _REFUSALS.get(status, HttpResponseError)(message=f"{code}: {text}" if code else text, response=response)
+    error.status_code = status  # a part's own, not the 202 around it
+    error.error_code = code or None  # type: ignore[attr-defined]  # the SDK's errors carry it undeclared
+    return error

@@ -22,7 +22,7 @@ from urllib.parse import unquote
 
 from azure.core import MatchConditions
 from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
-from azure.data.tables import TableClient, TableServiceClient, TableTransactionError, UpdateMode
+from azure.data.tables import EdmType, TableClient, TableServiceClient, TableTransactionError, UpdateMode
 
 from .codec import dead_letter_fields, dead_letter_from, marker_fields, marker_from
 from .errors import StoreUnavailable, VersionConflict
@@ -30,6 +30,7 @@ from .keys import DedupKey, encode_key, guard_id, marker_id
 from .records import GUARD_KIND, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
 from .store import (
     DEFAULT_DEAD_LETTER_RETENTION,
+    UNSTORABLE,
     Commit,
     CommitResult,
     CommitStatus,
@@ -37,15 +38,19 @@ from .store import (
     DedupStore,
     Purge,
     StoredState,
+    refused,
     store_errors,
 )
 from .table_batch import TableTransactions, TransactionFailure
 
 MAX_TRANSACTION_OPERATIONS = 100  # Table entity-group transaction limit
+_INT32 = range(-(2**31), 2**31)  # a plain int property; beyond it, typed Edm.Int64
 STATE_VERSION = "StateVersion"  # the version of an entity written by upsert_if_newer
 _BODY_CHUNK = 64_000  # bytes per Edm.Binary property (limit 64 KiB)
 _MAX_BODY_CHUNKS = 14  # the whole entity must stay under 1 MiB
-_compact_json = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps builds an encoder per call otherwise
+# Compact, and UTF-8 rather than ASCII escapes: "é" is one character of a property's 64 KiB, not six.
+# (json.dumps builds an encoder per call otherwise.)
+_compact_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 class TableStore(DedupStore):
@@ -126,16 +131,21 @@ class TableStore(DedupStore):
         while chunk:
             operations: list[dict[str, Any]] = []
             owners: list[tuple[int, int]] = []  # per operation: (message, position in the message)
-            for i in chunk:
-                key, _, fingerprint, effects, result, expires_at = commits[i]
-                marker = Marker(key, partition, State.COMPLETED, fingerprint, now, expires_at, result=result)
-                guard = {"PartitionKey": pk, "RowKey": guard_id(key, fingerprint), "Kind": GUARD_KIND,
-                         "ExpiresAt": expires_at}  # fmt: skip
-                entities = [guard, self._marker_entity(marker), *(self.effect_entity(pk, e) for e in effects)]
-                operations += entities
-                owners += [(i, position) for position in range(len(entities))]
-            with store_errors():
-                failure = self._submit(operations)
+            try:
+                for i in chunk:
+                    commit = commits[i]
+                    guard = {"PartitionKey": pk, "RowKey": guard_id(commit.key, commit.fingerprint),
+                             "Kind": GUARD_KIND, "ExpiresAt": commit.expires_at}  # fmt: skip
+                    entities = [guard, self._marker_entity(commit.marker(now)),
+                                *(self.effect_entity(pk, e) for e in commit.effects)]  # fmt: skip
+                    operations += entities
+                    owners += [(i, position) for position in range(len(entities))]
+                with store_errors():
+                    failure = self._submit(operations)
+            except UNSTORABLE as exc:
+                if len(chunk) == 1:
+                    return {**results, chunk[0]: refused(exc)}
+                failure = TransactionFailure(None, 400, "", str(exc))  # whose data? each message on its own
             if failure is not None:
                 failed = failure.index
                 if failed is None and len(chunk) > 1:  # the service did not say which: one by one
@@ -156,7 +166,9 @@ class TableStore(DedupStore):
         try:
             with store_errors():
                 entity = self._table.get_entity(encode_key(partition), marker_id(key))
-        except ResourceNotFoundError:
+        except ResourceNotFoundError as exc:
+            if getattr(exc, "error_code", None) == "TableNotFound":  # not "no marker": a missing table
+                raise
             return None
         return self._marker_from(entity, partition)
 
@@ -201,10 +213,12 @@ class TableStore(DedupStore):
         except ResourceNotFoundError:
             return None
         stored = current.get(STATE_VERSION)
+        stored = getattr(stored, "value", stored)  # Edm.Int64 is read back typed
         return StoredState(-1 if stored is None else int(stored), str(current.metadata["etag"]))
 
     def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None) -> bool:
-        body = {**self.effect_entity(encode_key(partition), entity), STATE_VERSION: version}
+        # Int64 always: versions go up to 2**53 - 1 (JSON's exact integers), past Int32's range.
+        body = {**self.effect_entity(encode_key(partition), entity), STATE_VERSION: (version, EdmType.INT64)}
         try:
             with store_errors():
                 if if_etag is None:
@@ -313,7 +327,11 @@ class TableStore(DedupStore):
         entity: dict[str, Any] = {"PartitionKey": pk, "RowKey": encode_key(effect.name)}
         for name, value in effect.data.items():
             # Tables hold scalars only: nested values are stored as JSON text.
-            entity[name] = _compact_json(value) if isinstance(value, dict | list) else value
+            if isinstance(value, dict | list):
+                value = _compact_json(value)
+            elif type(value) is int and value not in _INT32:
+                value = (value, EdmType.INT64)
+            entity[name] = value
         return entity
 
     @staticmethod

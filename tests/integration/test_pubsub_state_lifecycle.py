@@ -71,7 +71,8 @@ def stored_status(store: TableStore, order_id: str) -> tuple[str, int]:
     [state] = [
         item.data for item in store.scan(consumer_partition("order-status", order_id)) if item.entity == "status"
     ]
-    return state["status"], state["StateVersion"]
+    version = state["StateVersion"]  # Edm.Int64, read back typed
+    return state["status"], int(getattr(version, "value", version))
 
 
 def test_newer_versions_win_and_older_ones_are_stale(store: TableStore, caplog: pytest.LogCaptureFixture) -> None:

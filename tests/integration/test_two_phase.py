@@ -133,7 +133,8 @@ def test_a_stale_owner_cannot_complete_after_a_takeover(azurite: Azurite, paymen
             return answer
 
     consumer = IdempotentConsumer("orders", store, order_handler(StallingHttp(payments.url)), schema=SCHEMA,
-                                  config=DedupConfig(steps=StepPolicy(lease=timedelta(seconds=1))))  # fmt: skip
+                                  config=DedupConfig(steps=StepPolicy(lease=timedelta(seconds=1)),
+                                                     transient_wait=timedelta(0)))  # fmt: skip
     order = an_order()
     delivery = servicebus_delivery(servicebus_message(order, order["orderId"]))
     results: dict[str, Any] = {}

@@ -1,0 +1,237 @@
+"""The resubmission tool as operators run it (``main``), on a real Azurite: one escaped line
+per id or body plus a summary, never a table created, and one line on stderr (exit 2) for
+whatever it cannot do."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from azure.data.tables import TableServiceClient
+
+from shared.idempotency import InvalidMessage, registry, resubmit
+from shared.idempotency import consumer as consumer_module
+from shared.idempotency.resubmit import main
+from tests.functions import app_settings, fresh_app, servicebus_message, user_function
+from tools.azurite import KEY, Azurite, free_port
+
+Output = tuple[int, str, str]
+
+
+@pytest.fixture
+def app(azurite: Azurite) -> Iterator[str]:
+    """The app on new tables, created as the app creates them when it opens its store."""
+    with fresh_app(azurite) as table:
+        registry.shared_store()
+        yield table
+
+
+def an_order(order_id: str | None = None) -> dict[str, Any]:
+    return {"orderId": order_id or f"o-{uuid.uuid4().hex[:8]}", "customerId": "c-1", "amount": 9.5,
+            "currency": "EUR", "items": [{"sku": "a", "quantity": 2}]}  # fmt: skip
+
+
+def process(order: dict[str, Any]) -> None:
+    user_function("orders")(servicebus_message(order, order["orderId"]))
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> Output:
+    code = main(["--consumer", "orders", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def bodies_file(tmp_path: Path, *bodies: bytes) -> str:
+    path = tmp_path / "dead-letters.jsonl"
+    path.write_bytes(b"\n".join(bodies) + b"\n")
+    return str(path)
+
+
+def tables(azurite: Azurite) -> set[str]:
+    service = TableServiceClient.from_connection_string(azurite.connection_string)
+    return {table.name for table in service.list_tables()}
+
+
+def assert_terminal_safe(text: str) -> None:
+    """Nothing but printable characters, the tab separators and the line ends."""
+    raw = [char for char in text if not char.isprintable() and char not in "\t\n"]
+    assert raw == [], raw
+
+
+def assert_one_error_line(result: Output, *expected: str) -> str:
+    code, out, err = result
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1 and err.endswith("\n") and err.startswith("resubmit: error: "), err
+    assert "Traceback" not in err
+    assert_terminal_safe(err)
+    for text in expected:
+        assert text in err, err
+    return err
+
+
+def verdict_lines(out: str, count: int) -> list[list[str]]:
+    """Exactly ``count`` verdict lines of three tab-separated columns, then the summary."""
+    assert_terminal_safe(out)
+    lines = out.splitlines()
+    assert len(lines) == count + 1 and out.count("\n") == count + 1, lines
+    json.loads(lines[-1])
+    columns = [line.split("\t") for line in lines[:-1]]
+    assert all(len(c) == 3 for c in columns), columns
+    return columns
+
+
+# -- 1. terminal-safe output ------------------------------------------------------------
+
+HOSTILE_IDS = {
+    "o-\x1b[31mred\x1b[0m\x1b]0;title\x07": "o-\\x1b[31mred\\x1b[0m\\x1b]0;title\\x07",
+    "o-x\no-forged\tduplicate\tforged": "o-x\\no-forged\\tduplicate\\tforged",
+    "o-\x7f\x9b2J\x85": "o-\\x7f\\x9b2J\\x85",
+    "o-\u2028\u2029\u202eevil\u2066\u200f": "o-\\u2028\\u2029\\u202eevil\\u2066\\u200f",
+    "o-\udcff-lone": "o-\\udcff-lone",
+    "o-back\\x1b": "o-back\\\\x1b",  # a literal backslash never prints like an escape
+}
+
+
+def test_ids_with_control_characters_print_escaped_one_line_each(app: str, capsys: pytest.CaptureFixture[str]) -> None:
+    done = an_order()
+    process(done)
+    code, out, err = run(capsys, "--ids", done["orderId"], *HOSTILE_IDS)
+    assert (code, err) == (0, "")
+    columns = verdict_lines(out, 1 + len(HOSTILE_IDS))
+    assert [c[0] for c in columns] == [done["orderId"], *HOSTILE_IDS.values()]
+    assert [c[1] for c in columns] == ["completed"] + ["new"] * len(HOSTILE_IDS)
+    assert json.loads(out.splitlines()[-1]) == {"completed": 1, "new": len(HOSTILE_IDS)}
+
+
+def test_bodies_with_control_characters_print_escaped_one_line_each(
+    app: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    forged = an_order("o-y\n" + "o-z\tduplicate\tcompleted with this payload")
+    escape = an_order("o-\x1b[2J\x1b[H\u202e")
+    bodies = [json.dumps(forged).encode(), json.dumps(escape).encode(),
+              b"\x1b[2J\x1b]0;pwned\x07\x9b\x7f not json", b'{"orderId": "\\u0000\\u001b\\u2028"}']  # fmt: skip
+    code, out, err = run(capsys, "--bodies", bodies_file(tmp_path, *bodies), "--message-id-field", "orderId")
+    assert (code, err) == (0, "")
+    columns = verdict_lines(out, len(bodies))
+    assert [c[1] for c in columns] == ["new", "new", "invalid", "invalid"]
+    assert columns[0][0] == "o-y\\no-z\\tduplicate\\tcompleted with this payload"
+    assert columns[1][0] == "o-\\x1b[2J\\x1b[H\\u202e"
+    assert columns[2][0].startswith("\\x1b[2J\\x1b]0;pwned\\x07")
+    assert "schema_violation" in columns[3][2]
+    assert json.loads(out.splitlines()[-1]) == {"new": 2, "invalid": 2}
+
+
+# -- 5. bodies that are not UTF-8 or hold lone surrogates --------------------------------
+
+
+def lenient_json(body: bytes) -> Any:
+    try:
+        return json.loads(body.decode("utf-8"))
+    except ValueError as exc:
+        raise InvalidMessage("invalid_json", str(exc)) from exc
+
+
+@pytest.mark.parametrize("parser", ["strict", "lenient"])
+def test_bodies_that_are_not_utf8_or_hold_lone_surrogates_are_invalid_and_the_run_goes_on(
+    app: str, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parser: str
+) -> None:
+    """``lenient``: a parser that lets a lone surrogate through in a member name, so that
+    the fingerprint (RFC 8785 orders names as UTF-16) is the first to trip on it."""
+    if parser == "lenient":
+        for module in (consumer_module, resubmit):
+            monkeypatch.setattr(module, "parse_json", lenient_json)
+    done = an_order()
+    process(done)
+    member = json.dumps({**an_order(), "\ud800": 1}).encode()  # a lone surrogate in a member name
+    value = json.dumps(an_order("o-\udc80")).encode()  # ... in the key itself
+    bodies = [b"\xff\xfe\x80 latin-1 \xe9", member, value, b'{"orderId": "\xed\xa0\x80"}', json.dumps(done).encode()]
+    code, out, err = run(capsys, "--bodies", bodies_file(tmp_path, *bodies), "--message-id-field", "orderId")
+    assert (code, err) == (0, "")
+    columns = verdict_lines(out, len(bodies))
+    assert [c[1] for c in columns] == ["invalid", "invalid", "invalid", "invalid", "duplicate"]
+    assert [c[2].split("(")[1].split(":")[0] for c in columns[:4]] == [
+        "invalid_json", "not_i_json", "not_i_json", "invalid_json"]  # fmt: skip
+
+
+# -- 2. read-only: never creates a table -------------------------------------------------
+
+
+@pytest.mark.parametrize("source", ["ids", "bodies"])
+def test_a_missing_table_is_one_error_line_and_no_table_is_created(
+    azurite: Azurite, capsys: pytest.CaptureFixture[str], tmp_path: Path, source: str
+) -> None:
+    typo = "t" + uuid.uuid4().hex[:16]
+    argv = ["--ids", "o-1"] if source == "ids" else ["--bodies", bodies_file(tmp_path, b"not json")]
+    before = tables(azurite)
+    with fresh_app(azurite), app_settings(DEDUP_TABLE=typo):
+        result = run(capsys, *argv)
+    assert_one_error_line(result, f"table '{typo}' does not exist")
+    assert tables(azurite) == before
+
+
+def test_reading_an_existing_store_creates_no_table(
+    azurite: Azurite, app: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    done = an_order()
+    process(done)
+    before = tables(azurite)
+    with app_settings(DEDUP_DEADLETTER_TABLE="t" + uuid.uuid4().hex[:16]):  # not read by the tool: never created
+        code, out, err = run(capsys, "--ids", done["orderId"])
+    assert (code, err) == (0, "")
+    assert [c[1] for c in verdict_lines(out, 1)] == ["completed"]
+    assert tables(azurite) == before and app in before
+
+
+# -- 3. settings, file, store: one line, exit 2 ------------------------------------------
+
+
+def test_a_missing_setting_is_one_error_line(
+    app: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DEDUP_STORAGE_CONNECTION")
+    monkeypatch.delenv("DEDUP_STORAGE_ENDPOINT", raising=False)
+    registry.reset()
+    assert_one_error_line(run(capsys, "--ids", "o-1"), "DEDUP_STORAGE_CONNECTION")
+
+
+def test_a_bad_setting_is_one_escaped_error_line(app: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with app_settings(DEDUP_LEASE="PT1M\n\x1b[2Jforged"):
+        assert_one_error_line(run(capsys, "--ids", "o-1"), "DEDUP_LEASE")
+
+
+def test_a_missing_or_unreadable_bodies_file_is_one_error_line(
+    app: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    missing = tmp_path / "dead\x1b[2J\nletters.jsonl"
+    err = assert_one_error_line(run(capsys, "--bodies", str(missing)), "No such file or directory")
+    assert "dead\\x1b[2J\\nletters.jsonl" in err
+    assert_one_error_line(run(capsys, "--bodies", str(tmp_path)), "Is a directory")
+
+
+@pytest.mark.parametrize("fault", ["closed port", "wrong key"])
+def test_an_unreachable_or_refusing_store_is_one_error_line(
+    azurite: Azurite, app: str, capsys: pytest.CaptureFixture[str], fault: str
+) -> None:
+    if fault == "closed port":
+        connection = azurite.connection_string.replace(f":{azurite.port}/", f":{free_port()}/")
+    else:
+        connection = azurite.connection_string.replace(f"AccountKey={KEY}", "AccountKey=" + "A" * 86 + "==")
+    with app_settings(DEDUP_STORAGE_CONNECTION=connection):
+        assert_one_error_line(run(capsys, "--ids", "o-1"), "cannot read the store")
+
+
+# -- 4. an unknown consumer --------------------------------------------------------------
+
+
+def test_an_unknown_consumer_lists_the_known_ones(app: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["--consumer", "nosuch\x1b[2J", "--ids", "o-1"])
+    out, err = capsys.readouterr()
+    err = assert_one_error_line((code, out, err), "nosuch\\x1b[2J")
+    known = err.split("known: ")[1].strip().split(", ")
+    assert {"orders", "orders-api", "order-events", "billing", "shipping", "order-status", "ledger"} <= set(known)
+    assert os.environ["DEDUP_TABLE"] == app
