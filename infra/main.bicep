@@ -164,6 +164,7 @@ module functionApp 'modules/functionapp.bicep' = {
       DEDUP_STORE: dedupStore
       DEDUP_STORAGE_ENDPOINT: storage.outputs.tableEndpoint
       DEDUP_RETENTION: 'P${dedupRetentionDays}D'
+      DEDUP_MAX_DELIVERY_COUNT: '${maxDeliveryCount}' // the last delivery records why before the broker dead-letters
       COSMOS_ENDPOINT: dedupStore == 'cosmos' ? cosmos.outputs.endpoint : ''
       COSMOS_DATABASE: 'dedup'
       COSMOS_CONTAINER: 'records'

@@ -1,19 +1,28 @@
 """A delivery simulator with Service Bus peek-lock semantics. A test tool, not a broker.
 
-What it models: a lock per delivery with a duration; lock expiry makes the message
-available to another worker while the first may still be running; delivery count;
-abandon → redelivery; ``max_delivery_count`` → dead-letter queue with a reason;
-completing with a lost lock fails; and send-side duplicate detection over a bounded
-history of MessageIds (Service Bus uses a time window), which drops producer retries
-that fall inside it and lets later ones through.
+What it models, as the service does it:
+- a lock per delivery, renewed by the host while the function runs (up to
+  ``maxAutoLockRenewalDuration``), never after the process died: then it lapses after
+  the lock duration and another worker receives the message; a lock can also be lost
+  while the function still runs (``lose``), and completing with a lost lock fails;
+- abandon → the message is available again **at once, in its place** (ordered by its
+  sequence number, ahead of later messages), delivery count + 1 — Service Bus applies
+  no delay;
+- ``max_delivery_count`` → the dead-letter queue with a reason;
+- send-side duplicate detection over a bounded history of MessageIds (Service Bus uses a
+  time window), which drops producer retries that fall inside it and lets later ones through.
+
+Nothing is ever resubmitted from the dead-letter queue unless a caller says so
+(``resubmit_dead_letters``): that is an operator's act, reported apart.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass
 
 
@@ -27,6 +36,9 @@ class QueuedMessage:
     locked_until: float = 0.0
     dead_reason: str | None = None
 
+    def __lt__(self, other: QueuedMessage) -> bool:  # the ready heap's order: sequence numbers
+        return self.seq < other.seq
+
 
 @dataclass(frozen=True)
 class Lock:
@@ -36,12 +48,15 @@ class Lock:
 
 
 class PeekLockQueue:
-    def __init__(self, lock_duration: float, max_delivery_count: int, duplicate_window: int) -> None:
+    def __init__(
+        self, lock_duration: float, max_delivery_count: int, duplicate_window: int, lock_renewal: float = 0.0
+    ) -> None:
         self.lock_duration = lock_duration
+        self.lock_renewal = lock_renewal  # the host's maxAutoLockRenewalDuration
         self.max_delivery_count = max_delivery_count
         self.duplicate_window = duplicate_window
         self._cv = threading.Condition()
-        self._ready: deque[QueuedMessage] = deque()
+        self._ready: list[QueuedMessage] = []  # a heap by sequence number
         self._locked: dict[int, QueuedMessage] = {}
         self._history: OrderedDict[str, None] = OrderedDict()
         self._seq = itertools.count(1)
@@ -63,7 +78,7 @@ class PeekLockQueue:
                 self._history[message_id] = None
                 if len(self._history) > self.duplicate_window:
                     self._history.popitem(last=False)
-            self._ready.append(QueuedMessage(next(self._seq), message_id, body))
+            heapq.heappush(self._ready, QueuedMessage(next(self._seq), message_id, body))
             self._cv.notify()
             return True
 
@@ -73,7 +88,7 @@ class PeekLockQueue:
         with self._cv:
             dead, self.dead = self.dead, []
             for message in dead:
-                self._ready.append(QueuedMessage(next(self._seq), message.message_id, message.body))
+                heapq.heappush(self._ready, QueuedMessage(next(self._seq), message.message_id, message.body))
             self._cv.notify_all()
             return len(dead)
 
@@ -86,10 +101,11 @@ class PeekLockQueue:
                 now = time.monotonic()
                 self._expire_locks(now)
                 if self._ready:
-                    message = self._ready.popleft()
+                    message = heapq.heappop(self._ready)
                     message.delivery_count += 1
                     message.token = next(self._tokens)
-                    message.locked_until = now + self.lock_duration
+                    # renewed by the host while the function runs, up to its renewal limit
+                    message.locked_until = now + max(self.lock_duration, self.lock_renewal)
                     self._locked[message.seq] = message
                     self.deliveries += 1
                     return Lock(message, message.token, message.delivery_count)
@@ -116,6 +132,21 @@ class PeekLockQueue:
             if lock.message.token == lock.token:
                 self._unlock(lock.message, f"abandoned: {why}" if why else "abandoned")
 
+    def crashed(self, lock: Lock) -> None:
+        """The holder died: nobody renews its lock, which lapses after the lock duration."""
+        with self._cv:
+            if lock.message.token == lock.token:
+                lock.message.locked_until = min(lock.message.locked_until, time.monotonic() + self.lock_duration)
+                self._cv.notify_all()
+
+    def lose(self, lock: Lock) -> None:
+        """The lock is lost while its holder still runs (a renewal failed): the message is
+        available to another worker now; the holder's completion will fail."""
+        with self._cv:
+            if lock.message.token == lock.token:
+                self.lock_expiries += 1
+                self._unlock(lock.message, "lock lost")
+
     def drained(self) -> bool:
         with self._cv:
             self._expire_locks(time.monotonic())
@@ -133,5 +164,5 @@ class PeekLockQueue:
             message.dead_reason = f"MaxDeliveryCountExceeded (last: {why})"
             self.dead.append(message)
         else:
-            self._ready.append(message)
+            heapq.heappush(self._ready, message)  # in its place: no delay, ahead of later messages
         self._cv.notify_all()

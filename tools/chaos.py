@@ -57,8 +57,8 @@ def as_json(report: Report) -> dict[str, object]:
         "outcomes": dict(sorted(report.outcomes.items())),
         "lock_expiries": report.lock_expiries,
         "locks_lost": report.locks_lost,
-        "resubmitted_from_dlq": report.resubmitted,
-        "budget_exhausted": report.budget_exhausted,
+        "broker_dead_lettered": report.broker_dead_lettered,
+        "resubmitted_by_an_operator": report.resubmitted,
         "seconds": round(report.seconds, 1),
         "runtime": report.config.runtime,
     }

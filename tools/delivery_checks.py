@@ -13,6 +13,7 @@ service's default.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
@@ -21,8 +22,16 @@ from typing import Any
 
 import isodate
 
+from shared.idempotency.bindings import EVENT_GRID_WAIT
 from shared.idempotency.downstream import DEFAULT_TIMEOUT
-from shared.idempotency.settings import DEFAULT_DEAD_LETTER_RETENTION, DEFAULT_IN_FLIGHT_WAIT, DEFAULT_LEASE
+from shared.idempotency.settings import (
+    DEFAULT_DEAD_LETTER_RETENTION,
+    DEFAULT_IN_FLIGHT_WAIT,
+    DEFAULT_LEASE,
+    DEFAULT_MAX_DELIVERY_COUNT,
+    DEFAULT_TRANSIENT_WAIT,
+    TRANSPORT,
+)
 from tools.infra_checks import INFRA, ROOT, parameter_values, parse, timespan
 
 QUEUE, SUBSCRIPTION = "Microsoft.ServiceBus/namespaces/queues", "Microsoft.ServiceBus/namespaces/topics/subscriptions"
@@ -122,20 +131,35 @@ class Dedup:
     in_flight_wait: timedelta
     call_timeout: timedelta  # a step's downstream call
     dead_letter_retention: timedelta
+    transient_wait: timedelta  # how long a Service Bus delivery waits for a transient failure to clear
+    max_deliveries: int  # DEDUP_MAX_DELIVERY_COUNT: when the consumer records why before the broker dead-letters
+
+
+# The longest one store request can take: azure-core's attempts, each up to its connect and read
+# timeouts, and the backoff between them (commits are not resent by azure-core: this bounds reads).
+STORE_REQUEST = (TRANSPORT["retry_total"] + 1) * timedelta(
+    seconds=TRANSPORT["connection_timeout"] + TRANSPORT["read_timeout"]
+) + TRANSPORT["retry_total"] * timedelta(seconds=TRANSPORT["retry_backoff_max"])
 
 
 def dedup_settings(infra: Path = INFRA) -> Dedup:
-    """DEDUP_LEASE, DEDUP_IN_FLIGHT_WAIT and DEDUP_DEAD_LETTER_RETENTION as infra sets them,
-    else the library's defaults."""
+    """The DEDUP_* settings as infra sets them, else the library's defaults."""
     main = parse(infra / "main.bicep")
     settings = _body(main.get("modules", {}).get("functionApp", {})).get("params", {}).get("appSettings") or {}
+    values = parameter_values(infra)
+
+    def text(name: str, default: str) -> str:
+        value = str(_resolve(settings.get(name, default), values))  # '${param}' interpolations too
+        return re.sub(r"\$\{(\w+)\}", lambda match: str(values[match.group(1)]), value)
 
     def setting(name: str, default: str) -> timedelta:
-        return _duration(_resolve(settings.get(name, default), parameter_values(infra)), name)
+        return _duration(text(name, default), name)
 
     return Dedup(setting("DEDUP_LEASE", DEFAULT_LEASE), setting("DEDUP_IN_FLIGHT_WAIT", DEFAULT_IN_FLIGHT_WAIT),
                  timedelta(seconds=DEFAULT_TIMEOUT),
-                 setting("DEDUP_DEAD_LETTER_RETENTION", DEFAULT_DEAD_LETTER_RETENTION))  # fmt: skip
+                 setting("DEDUP_DEAD_LETTER_RETENTION", DEFAULT_DEAD_LETTER_RETENTION),
+                 setting("DEDUP_TRANSIENT_WAIT", DEFAULT_TRANSIENT_WAIT),
+                 int(text("DEDUP_MAX_DELIVERY_COUNT", DEFAULT_MAX_DELIVERY_COUNT)))  # fmt: skip
 
 
 # -- the checks -------------------------------------------------------------------------------------
@@ -186,15 +210,23 @@ def retention_check(infra: Path = INFRA, host: dict[str, Any] | None = None) -> 
 
 
 def lease_check(infra: Path = INFRA, host: dict[str, Any] | None = None) -> Report:
-    """A claim whose owner died (or failed to complete) must lapse while the broker still
-    has deliveries left, so that a redelivery takes it over instead of the message being
-    dead-lettered with the call made. The next delivery can come at once (the host abandons
-    a failed invocation); each one that meets the live claim waits DEDUP_IN_FLIGHT_WAIT, then
-    gives the message back. So, for Service Bus: (maxDeliveryCount - 1) x wait >= lease + skew;
-    for Event Grid, the retry delays before its last attempt count too. And a live owner
-    must keep its claim through its call: lease >= call timeout + skew."""
+    """Waiting, leases and delivery budgets agree:
+
+    - a delivery that waits for a transient failure to clear (DEDUP_TRANSIENT_WAIT; then
+      its last attempt: a claim's in-flight wait, a step's call, a store request) ends
+      within functionTimeout and keeps its lock (lock duration, or the host's renewal);
+    - Service Bus redelivers an abandoned message at once, so its deliveries wait back to
+      back: maxDeliveryCount x DEDUP_TRANSIENT_WAIT is the longest store outage survived
+      without a broker dead-letter (stated, not required);
+    - DEDUP_MAX_DELIVERY_COUNT is every queue's maxDeliveryCount (the consumer records why
+      a message fails on its last delivery, before the broker dead-letters it);
+    - a claim whose owner died lapses while the broker still has deliveries left: each later
+      delivery that meets the live claim waits at least DEDUP_IN_FLIGHT_WAIT (Service Bus:
+      DEDUP_TRANSIENT_WAIT); for Event Grid, its retry delays count too; and a live owner
+      keeps its claim through its call: lease >= call timeout + skew."""
     timing, dedup = host_settings(host or _host()), dedup_settings(infra)
-    lines = [f"lease {dedup.lease}, in-flight wait {dedup.in_flight_wait}, step call timeout {dedup.call_timeout}, "
+    lines = [f"lease {dedup.lease}, in-flight wait {dedup.in_flight_wait}, transient wait {dedup.transient_wait}, "
+             f"step call timeout {dedup.call_timeout}, store request at most {STORE_REQUEST}, "
              f"functionTimeout {timing.function_timeout}, lock renewal {timing.lock_renewal}"]  # fmt: skip
     failures: list[str] = []
 
@@ -203,21 +235,31 @@ def lease_check(infra: Path = INFRA, host: dict[str, Any] | None = None) -> Repo
 
     needed = dedup.lease + SKEW
     require(dedup.lease >= dedup.call_timeout + SKEW, f"lease {dedup.lease} >= call timeout + skew")
-    require(dedup.in_flight_wait + dedup.call_timeout <= timing.function_timeout,
-            "in-flight wait + call timeout <= functionTimeout")  # fmt: skip
+    last_attempt = dedup.in_flight_wait + dedup.call_timeout + STORE_REQUEST
+    longest = dedup.transient_wait + last_attempt
+    require(longest <= timing.function_timeout,
+            f"a waiting delivery ({longest}: waits, then a last attempt) <= functionTimeout")  # fmt: skip
+    survived: list[timedelta] = []
     for place in redeliveries(infra):
         later = place.max_deliveries - 1
         if place.broker == "service bus":
-            require(dedup.in_flight_wait + dedup.call_timeout <= max(place.lock, timing.lock_renewal),
-                    f"{place.name}: a waiting delivery keeps its lock (wait + call <= lock or renewal)")  # fmt: skip
-            covered = later * dedup.in_flight_wait
+            require(longest <= max(place.lock, timing.lock_renewal),
+                    f"{place.name}: a waiting delivery keeps its lock ({longest} <= lock or renewal)")  # fmt: skip
+            require(place.max_deliveries == dedup.max_deliveries,
+                    f"{place.name}: maxDeliveryCount {place.max_deliveries} == DEDUP_MAX_DELIVERY_COUNT "
+                    f"{dedup.max_deliveries}")  # fmt: skip
+            survived.append(place.max_deliveries * dedup.transient_wait)
+            covered = later * max(dedup.in_flight_wait, dedup.transient_wait)
         else:
-            answer = EVENT_GRID_RESPONSE_TIMEOUT
-            require(dedup.in_flight_wait + dedup.call_timeout < answer,
-                    f"{place.name}: a waiting delivery answers Event Grid within {answer}")  # fmt: skip
+            answer, waited = EVENT_GRID_RESPONSE_TIMEOUT, EVENT_GRID_WAIT + dedup.in_flight_wait + dedup.call_timeout
+            require(waited < answer,
+                    f"{place.name}: a waiting delivery ({waited}) answers Event Grid within {answer}")  # fmt: skip
             retries = sum(_event_grid_delays(later), timedelta(0)) + later * dedup.in_flight_wait
             covered = min(retries, place.time_to_live)  # no retry after the event's time to live
         require(covered >= needed, f"{place.name}: {later} later deliveries cover {covered} >= lease + skew {needed}")
+    if survived:
+        lines.append(f"a store outage of up to {min(survived)} is survived without a Service Bus dead-letter "
+                     "(maxDeliveryCount x DEDUP_TRANSIENT_WAIT; no progress meanwhile, then it recovers)")  # fmt: skip
     return Report(lines, failures)
 
 

@@ -8,6 +8,7 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import requests
@@ -33,12 +34,20 @@ WORKER_FAULTS = ("crash_before_ack", "lost_ack")
 
 
 class FaultPlan:
+    """``rate``: the share of store requests (and settlements) that meet a fault.
+    ``throttle(rate, seconds)``: for a while, that share of store requests is answered
+    503 as a throttled service answers. ``lose_lock``: how a ``lock_expiry`` fault takes
+    the current delivery's lock away (the harness knows which delivery runs where)."""
+
     def __init__(self, rate: float, seed: int, lock_duration: float) -> None:
         self.rate = rate
         self.lock_duration = lock_duration
         self._rng = random.Random(seed)
         self._mutex = threading.Lock()
         self.injected: Counter[str] = Counter()
+        self.lose_lock: Callable[[], None] = lambda: None
+        self._throttle_rate = 0.0
+        self._throttle_until = 0.0
 
     def draw(self, kinds: tuple[str, ...]) -> str | None:
         with self._mutex:
@@ -48,11 +57,22 @@ class FaultPlan:
             self.injected[kind] += 1
             return kind
 
+    def throttle(self, rate: float, seconds: float) -> None:
+        with self._mutex:
+            self._throttle_rate, self._throttle_until = rate, time.monotonic() + seconds
+
+    def throttled(self) -> bool:
+        with self._mutex:
+            if time.monotonic() >= self._throttle_until or self._rng.random() >= self._throttle_rate:
+                return False
+            self.injected["throttled_503"] += 1
+            return True
+
 
 class FaultyTransport(HttpTransport):  # type: ignore[type-arg]
     """Answers some requests with 503, times some out, loses some responses after the
-    server applied them, crashes the worker around commits, or stalls a commit past the
-    message's lock so that another worker receives the redelivery meanwhile. The other
+    server applied them, crashes the worker around commits, or loses the delivery's lock
+    mid-commit so that another worker receives the redelivery meanwhile. The other
     requests go through ``inner``: the store's own transport (requests for the SDK's
     clients, urllib3 for lean transactions)."""
 
@@ -70,16 +90,19 @@ class FaultyTransport(HttpTransport):  # type: ignore[type-arg]
         self._inner.__exit__(*args)
 
     def send(self, request: Any, **kwargs: Any) -> Any:
+        if self.plan.throttled():
+            return status_response(request, 503)
         is_commit = request.method == "POST" and "$batch" in request.url
         fault = self.plan.draw(STORE_FAULTS if is_commit else STORE_FAULTS[:3])
         if fault == "store_503":
-            return _status(request, 503)
+            return status_response(request, 503)
         if fault == "store_timeout":
             raise ServiceRequestError("injected: connection timed out")
         if fault == "crash_before_commit":
             raise Crash(fault)
-        if fault == "lock_expiry":
-            time.sleep(self.plan.lock_duration * 1.5)
+        if fault == "lock_expiry":  # the lock is lost mid-commit: another worker receives the message meanwhile
+            self.plan.lose_lock()
+            time.sleep(self.plan.lock_duration * 0.5)
         response = self._inner.send(request, **kwargs)
         if fault == "response_lost":
             raise ServiceResponseError("injected: the response was lost after the server applied the request")
@@ -88,7 +111,7 @@ class FaultyTransport(HttpTransport):  # type: ignore[type-arg]
         return response
 
 
-def _status(request: Any, status: int) -> Any:
+def status_response(request: Any, status: int) -> Any:
     """A response the server never sent, in the type the pipeline expects for ``request``:
     the SDK sends legacy transport requests, the lean transaction path azure.core.rest ones."""
     raw = requests.Response()

@@ -9,6 +9,7 @@ generator and a reader that counts, per message key, how often its effect is in 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -17,6 +18,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from azure.data.tables import TableServiceClient
 
@@ -34,8 +36,9 @@ from tools import runtimes, workload
 from tools.azurite import Azurite
 from tools.broker import Lock, PeekLockQueue
 from tools.cosmos_emulator import emulated
-from tools.delivery_checks import dedup_settings, redeliveries
+from tools.delivery_checks import dedup_settings, host_settings, redeliveries
 from tools.faults import WORKER_FAULTS, Crash, FaultPlan, FaultyTransport
+from tools.infra_checks import ROOT
 from tools.payment_service import PaymentService
 
 
@@ -67,12 +70,18 @@ class RunConfig:
     seed: int = 1
     outage: bool = False
     outage_seconds: float = 1.5
+    throttle_rate: float = 0.0  # this share of store requests answered 503 ...
+    throttle_seconds: float = 0.0  # ... for this long, from when 40% of the queue is done
     lock_duration: float = 2.0
     # None: the shipped values (infra/, host.json, the dedup defaults), scaled in time so that
     # the lock lasts ``lock_duration`` — the same proportions as on Azure.
     max_delivery_count: int | None = None
     lease: float | None = None
     in_flight_wait: float | None = None
+    transient_wait: float | None = None
+    # An operator's act, never automatic: rounds of resubmitting the broker's dead-letter
+    # queue after the run (reported as ``resubmitted``, apart from what the consumer handled).
+    resubmit_rounds: int = 0
     duplicate_window: int = 32  # MessageIds remembered by send-side duplicate detection
     mismatch_rate: float = 0.005
     invalid_rate: float = 0.01
@@ -93,8 +102,8 @@ class Report:
     store_restarts: int = 0
     lock_expiries: int = 0
     locks_lost: int = 0
-    budget_exhausted: int = 0  # dead-lettered by maxDeliveryCount while a claim was still leased
-    resubmitted: int = 0
+    broker_dead_lettered: int = 0  # left in the broker's DLQ (MaxDeliveryCountExceeded): a violation
+    resubmitted: int = 0  # sent again by an "operator" (RunConfig.resubmit_rounds)
     effects_applied: int = 0
     double_effects: int = 0
     lost: int = 0
@@ -147,7 +156,7 @@ def run(
     started = time.monotonic()
     logical = target.generate(config.messages, config.seed, config.mismatch_rate, config.invalid_rate)
     timing = Timing.of(config)
-    queue = PeekLockQueue(config.lock_duration, timing.max_deliveries, config.duplicate_window)
+    queue = PeekLockQueue(config.lock_duration, timing.max_deliveries, config.duplicate_window, timing.lock_renewal)
     accepted: set[int] = set()
     for index, body in workload.sends(logical, config.dup_rate, config.seed):
         if queue.send(logical[index].message_id, body):
@@ -155,18 +164,21 @@ def run(
     report.messages = len(accepted)
 
     plan = FaultPlan(config.fault_rate, config.seed, config.lock_duration)
+    running = threading.local()  # each worker's current lock, for the faults that take it away
+    plan.lose_lock = lambda: queue.lose(running.lock)
     with ExitStack() as stack:
         payments = stack.enter_context(PaymentService(hook=_payment_faults(plan))) if config.payments else None
-        _configure_payments(timing, payments)
+        _configure(timing, payments)
         consumer = target.consumer(azurite.connection_string, config.table)
         if isinstance(consumer.store, CosmosStore):  # faults are injected on the Table transport only
             store: DedupStore = emulated_view(consumer.store)
         else:
-            faulty = config.fault_rate > 0 and config.runtime == "process"
+            faulty = (config.fault_rate > 0 or config.throttle_rate > 0) and config.runtime == "process"
             store = _attach_store(consumer, azurite, plan, faulty, break_store or TableStore)
         runtime = stack.enter_context(runtimes.started(config.runtime))
 
         def deliver(lock: Lock) -> None:
+            running.lock = lock
             runtime.servicebus(target.function, lock.message.body, lock.message.message_id, lock.delivery_count)
 
         _deliver_all(config, azurite, queue, deliver, plan, report)
@@ -191,15 +203,14 @@ def _deliver_all(
     config: RunConfig, azurite: Azurite, queue: PeekLockQueue, deliver: Deliver, plan: FaultPlan, report: Report
 ) -> None:
     with _counting_outcomes(report.outcomes):
-        for round_ in range(6):  # the first pass, then operators' resubmissions
-            outage = _start_outage(config, azurite, queue, report) if round_ == 0 and config.outage else None
-            _run_workers(config, queue, deliver, plan)
-            if outage is not None:
-                outage.join()
-            report.budget_exhausted += sum("in_flight" in (m.dead_reason or "") for m in queue.dead)
-            if not queue.dead or round_ == 5:
+        trouble = _start_trouble(config, azurite, queue, plan, report)
+        _run_workers(config, queue, deliver, plan)
+        trouble.join()
+        for _ in range(config.resubmit_rounds):  # only when a test asks for an operator's help
+            if not queue.dead:
                 break
             report.resubmitted += queue.resubmit_dead_letters()
+            _run_workers(config, queue, deliver, plan)
 
 
 @dataclass(frozen=True)
@@ -207,30 +218,41 @@ class Timing:
     max_deliveries: int
     lease: float
     in_flight_wait: float
+    transient_wait: float
+    lock_renewal: float
 
     @staticmethod
     def of(config: RunConfig) -> Timing:
-        """The run's timing: what the config sets, the rest as shipped, scaled to its lock."""
+        """The run's timing: what the config sets, the rest as shipped (infra/, host.json,
+        the dedup defaults), scaled to its lock."""
         shipped = next(p for p in redeliveries() if p.name.endswith(":orders"))
-        dedup = dedup_settings()
+        dedup, host = dedup_settings(), host_settings(json.loads((ROOT / "host.json").read_text()))
         scale = config.lock_duration / shipped.lock.total_seconds()
-        lease, wait = dedup.lease.total_seconds() * scale, dedup.in_flight_wait.total_seconds() * scale
+
+        def scaled(value: timedelta, given: float | None) -> float:
+            return value.total_seconds() * scale if given is None else given
+
         return Timing(
             config.max_delivery_count or shipped.max_deliveries,
-            lease if config.lease is None else config.lease,
-            wait if config.in_flight_wait is None else config.in_flight_wait,
+            scaled(dedup.lease, config.lease),
+            scaled(dedup.in_flight_wait, config.in_flight_wait),
+            scaled(dedup.transient_wait, config.transient_wait),
+            scaled(host.lock_renewal, None),
         )
 
 
-def _configure_payments(timing: Timing, payments: PaymentService | None) -> None:
-    if payments is None:
-        os.environ.pop("PAYMENT_API_URL", None)
-        return
+def _configure(timing: Timing, payments: PaymentService | None) -> None:
+    """The app's settings for the run, as infra sets them, scaled."""
     os.environ.update(
-        PAYMENT_API_URL=payments.url,
         DEDUP_LEASE=f"PT{timing.lease:.3f}S",
         DEDUP_IN_FLIGHT_WAIT=f"PT{timing.in_flight_wait:.3f}S",
+        DEDUP_TRANSIENT_WAIT=f"PT{timing.transient_wait:.3f}S",
+        DEDUP_MAX_DELIVERY_COUNT=str(timing.max_deliveries),
     )
+    if payments is None:
+        os.environ.pop("PAYMENT_API_URL", None)
+    else:
+        os.environ["PAYMENT_API_URL"] = payments.url
 
 
 def _payment_faults(plan: FaultPlan) -> Callable[[str, str], str | None]:
@@ -288,7 +310,8 @@ def _settle(lock: Lock, queue: PeekLockQueue, deliver: Deliver, plan: FaultPlan)
     try:
         deliver(lock)
     except Crash:
-        return  # the process died: no settlement, the lock will expire
+        queue.crashed(lock)  # the process died: no settlement, no renewal, the lock lapses
+        return
     except Exception as error:  # noqa: BLE001 - the host abandons on any exception
         queue.abandon(lock, why=str(error)[:200])
         return
@@ -297,18 +320,26 @@ def _settle(lock: Lock, queue: PeekLockQueue, deliver: Deliver, plan: FaultPlan)
     queue.complete(lock)
 
 
-def _start_outage(config: RunConfig, azurite: Azurite, queue: PeekLockQueue, report: Report) -> threading.Thread:
-    """Stop the store once 40% of the queue is done, keep it down, bring it back."""
+def _start_trouble(
+    config: RunConfig, azurite: Azurite, queue: PeekLockQueue, plan: FaultPlan, report: Report
+) -> threading.Thread:
+    """Once 40% of the queue is done: stop the store, keep it down, bring it back (an
+    outage), and/or answer a share of store requests 503 for a while (throttling)."""
 
-    def outage() -> None:
+    def trouble() -> None:
+        if not (config.outage or config.throttle_rate):
+            return
         while queue.completed < 0.4 * queue.sent - queue.dropped_by_detection and not queue.drained():
             time.sleep(0.01)
-        azurite.stop()
-        time.sleep(config.outage_seconds)
-        azurite.start()
-        report.store_restarts += 1
+        if config.throttle_rate:
+            plan.throttle(config.throttle_rate, config.throttle_seconds)
+        if config.outage:
+            azurite.stop()
+            time.sleep(config.outage_seconds)
+            azurite.start()
+            report.store_restarts += 1
 
-    thread = threading.Thread(target=outage, name="outage")
+    thread = threading.Thread(target=trouble, name="trouble")
     thread.start()
     return thread
 
@@ -325,6 +356,7 @@ def _verify(
     dead-letter record with its reason; no marker without effects, nor the reverse."""
     dead = store.dead_letters(scope)
     in_broker_dlq = {(m.message_id, m.body) for m in queue.dead}
+    report.broker_dead_lettered = len(queue.dead)
     variants: dict[str, list[workload.LogicalMessage]] = defaultdict(list)
     for message in in_play:
         if message.key is not None:
@@ -356,7 +388,11 @@ def _verify(
         if not recorded and (message.message_id, message.body) not in in_broker_dlq:
             report.lost += 1
             violation("invalid message without its dead-letter record", message.message_id)
-    report.dead_lettered = len(dead) + len(queue.dead)
+    report.dead_lettered = len(dead)
+    for parked_message in queue.dead:  # the consumer gave up on it: only an operator can bring it back
+        violation(
+            "left in the broker's dead-letter queue", f"{parked_message.message_id} ({parked_message.dead_reason})"
+        )
     for problem in orphans(store, scope, applied):
         report.orphans += 1
         violation("orphan", problem)

@@ -9,7 +9,9 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
+from urllib.parse import quote
 
 import azure.functions as func
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
@@ -28,6 +30,11 @@ REPLAYED = "Idempotent-Replayed"
 RETRY_AFTER_SECONDS = "5"
 MAX_REQUEST_BYTES = 256 * 1024  # as a Service Bus Standard message: larger bodies get 413 before parsing
 MAX_IDEMPOTENCY_KEY = 255  # characters
+# How long a delivery waits inside its invocation for a transient failure to clear, where the
+# sender retries later by itself: Event Grid (with backoff; it must be answered within 30 s)
+# and HTTP callers (told Retry-After). Service Bus redelivers at once: DEDUP_TRANSIENT_WAIT.
+EVENT_GRID_WAIT = timedelta(seconds=5)
+HTTP_WAIT = timedelta(seconds=2)
 CLOUDEVENT_REQUIRED = ("id", "source", "specversion", "type")  # CloudEvents 1.0 required attributes
 # Refusal reasons whose detail is ours to show to an HTTP caller; any other detail (a
 # downstream service's answer, a store error) stays in logs and dead-letter records.
@@ -94,7 +101,7 @@ def cloudevent_delivery(
 
 def eventgrid_delivery(event: func.CloudEvent) -> Delivery:
     attributes = {**(event.extension_attrs or {}), "type": event.type, "subject": event.subject}
-    return cloudevent_delivery(event.source, event.id, attributes, event.get_json())
+    return replace(cloudevent_delivery(event.source, event.id, attributes, event.get_json()), wait=EVENT_GRID_WAIT)
 
 
 def http_cloudevent_delivery(req: func.HttpRequest) -> Delivery | str:
@@ -125,7 +132,8 @@ def http_cloudevent_delivery(req: func.HttpRequest) -> Delivery | str:
     envelope = {**event.get_attributes(), "type": event.get_type(), "subject": event.get_subject()}
     delivery = cloudevent_delivery(event.get_source(), event.get_id(), envelope, event.get_data())
     caller = caller_identity(req)
-    return replace(delivery, message_id=joined_identity(caller, delivery.message_id or ""), origin=caller)
+    return replace(delivery, message_id=joined_identity(caller, delivery.message_id or ""), origin=caller,
+                   wait=HTTP_WAIT)  # fmt: skip
 
 
 def webhook_handshake(req: func.HttpRequest) -> func.HttpResponse:
@@ -177,7 +185,7 @@ def http_delivery(req: func.HttpRequest) -> Delivery | func.HttpResponse:
         return problem(415, "Unsupported media type", "send Content-Type: application/json")
     caller, traceparent = caller_identity(req), req.headers.get("traceparent")
     return Delivery(body=req.get_body(), message_id=joined_identity(caller, key), correlation_id=traceparent,
-                    traceparent=traceparent, origin=caller)  # fmt: skip
+                    traceparent=traceparent, origin=caller, wait=HTTP_WAIT)  # fmt: skip
 
 
 def too_large(req: func.HttpRequest) -> func.HttpResponse | None:
@@ -192,12 +200,14 @@ def too_large(req: func.HttpRequest) -> func.HttpResponse | None:
 def stored_response(handler: Handler, status: int, location: str) -> Handler:
     """Store the HTTP response (status, body, headers) as the result, so a repeat
     replays exactly what the first request answered. ``location``: a format string
-    applied to the handler's result."""
+    applied to the handler's result, each value percent-encoded (a header holds ASCII
+    without line breaks, whatever the ids hold)."""
 
     def handle(payload: Any, context: Context) -> Effects:
         effects = handler(payload, context)
         assert isinstance(effects, Effects), "an HTTP response is stored with a marker"
-        headers = {"Location": location.format(**effects.result)}
+        safe = {name: quote(str(value), safe="") for name, value in effects.result.items()}
+        headers = {"Location": location.format(**safe)}
         return Effects(effects.entities, {"status": status, "body": effects.result, "headers": headers})
 
     return handle

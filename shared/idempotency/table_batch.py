@@ -153,14 +153,15 @@ class TableTransactions:
         """From a TableServiceClient: its endpoint and credential, nothing private."""
         return cls(service.url, table, service.credential, **options)
 
-    def submit(self, operations: Sequence[Mapping[str, Any]]) -> TransactionFailure | None:
+    def submit(self, operations: Sequence[Mapping[str, Any]], **options: Any) -> TransactionFailure | None:
         """Insert every entity (one PartitionKey) atomically. None when all were written;
         the failure when the service refused one (nothing written); other errors raise
-        as the SDK's do (HttpResponseError with the status and the service's error_code)."""
+        as the SDK's do (HttpResponseError with the status and the service's error_code).
+        ``options``: per-request pipeline options, e.g. ``retry_total``."""
         body = encode(self._table_url, operations, self._boundary, self._changeset)
         request = HttpRequest("POST", f"{self._base}/$batch", content=body,
                               headers={"Content-Type": f"multipart/mixed; boundary={self._boundary}"})  # fmt: skip
-        response = self._client.send_request(request, **self._timeouts)
+        response = self._client.send_request(request, **{**self._timeouts, **options})
         if response.status_code != 202:
             code, message = _error_body(response.content.strip())
             raise _refused(response, response.status_code, response.headers.get("x-ms-error-code") or code, message)

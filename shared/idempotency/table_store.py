@@ -112,10 +112,12 @@ class TableStore(DedupStore):
     def _submit(self, entities: list[dict[str, Any]]) -> TransactionFailure | None:
         """One transaction of inserts: None when written; the refused operation when one
         already existed (409 EntityAlreadyExists, nothing written); other errors raise."""
+        # Not resent by the SDK's retry policy: a resend after a lost answer meets our own
+        # guard, so the consumer's waiting loop resends, knowing to read the marker back.
         if self._lean is not None:
-            return self._lean.submit(entities)
+            return self._lean.submit(entities, retry_total=0)
         try:
-            self._table.submit_transaction([("create", entity) for entity in entities])
+            self._table.submit_transaction([("create", entity) for entity in entities], retry_total=0)
         except TableTransactionError as exc:
             if getattr(exc, "error_code", None) != "EntityAlreadyExists":
                 raise

@@ -38,6 +38,37 @@ def test_faults_and_an_outage_cause_no_double_effect_and_no_loss(
     assert report.deliveries > report.messages  # there really were duplicate deliveries
     assert report.effects_applied == report.messages - report.dead_lettered
     assert report.outcomes["duplicate"] > 0 and report.outcomes["transient"] > 0
+    assert (report.broker_dead_lettered, report.resubmitted) == (0, 0)  # handled without an operator
+
+
+# At the shipped proportions (lock 1 min -> 2 s: waits, leases and renewal scaled alike), 16
+# concurrent calls, abandon redelivering at once, no resubmission: the outage is real time.
+TROUBLE = {
+    "outage 2 s": {"outage": True, "outage_seconds": 2.0},
+    "outage 10 s": {"outage": True, "outage_seconds": 10.0},
+    "30% of requests 503 for 10 s": {"throttle_rate": 0.3, "throttle_seconds": 10.0},
+}
+
+
+@pytest.mark.parametrize("trouble", TROUBLE)
+def test_an_outage_or_throttling_is_waited_out_inside_the_deliveries(persistent_azurite: Azurite, trouble: str) -> None:
+    config = RunConfig(messages=240, workers=16, dup_rate=0.2, seed=7, table="trouble" + str(len(trouble)),
+                       **TROUBLE[trouble])  # type: ignore[arg-type]  # fmt: skip
+    report = run(config, persistent_azurite)
+    assert report.violations == []
+    assert (report.broker_dead_lettered, report.double_effects, report.lost, report.resubmitted) == (0, 0, 0, 0)
+    assert report.effects_applied == report.messages - report.dead_lettered
+    assert report.store_restarts == config.outage or report.faults["throttled_503"] > 0
+
+
+def test_a_consumer_that_gives_up_at_once_empties_its_delivery_budget(persistent_azurite: Azurite) -> None:
+    """The harness sees what the waiting prevents: without it (DEDUP_TRANSIENT_WAIT=0), a 2 s
+    outage spends the ten immediate redeliveries and leaves messages in the broker's DLQ."""
+    config = RunConfig(messages=240, workers=16, dup_rate=0.2, seed=7, table="givesup", outage=True,
+                       outage_seconds=2.0, transient_wait=0.0)  # fmt: skip
+    report = run(config, persistent_azurite)
+    assert report.broker_dead_lettered > 0 and not report.ok
+    assert (report.double_effects, report.lost) == (0, 0)
 
 
 def test_two_phase_payments_under_faults_charge_each_order_once(persistent_azurite: Azurite) -> None:

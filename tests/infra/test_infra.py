@@ -162,8 +162,10 @@ def app_setting(line: str) -> tuple[str, str, str]:
 @pytest.mark.parametrize(
     ("change", "edits", "expected"),
     [
-        ({"maxDeliveryCount": 3}, (), "2 later deliveries cover"),  # too few deliveries for the lease
-        ({}, (app_setting("DEDUP_LEASE: 'PT5M30S'"),), "later deliveries cover"),  # the old 5.5 min lease
+        ({"maxDeliveryCount": 1}, (), "0 later deliveries cover"),  # too few deliveries for the lease
+        ({}, (app_setting("DEDUP_LEASE: 'PT20M'"),), "later deliveries cover"),  # outlives 9 waits of 2 min
+        ({}, (app_setting("DEDUP_TRANSIENT_WAIT: 'PT4M'"),), "functionTimeout"),  # waits past the function's end
+        ({}, (("main.bicep", "'${maxDeliveryCount}'", "'7'"),), "== DEDUP_MAX_DELIVERY_COUNT"),  # out of step
         ({}, (app_setting("DEDUP_IN_FLIGHT_WAIT: 'PT25S'"),), "Event Grid within"),  # Event Grid stops listening
         ({}, (app_setting("DEDUP_LEASE: 'PT15S'"),), "call timeout"),  # a live call may outlive the lease
     ],
@@ -173,6 +175,18 @@ def test_a_lease_that_outlives_the_redeliveries_fails(
 ) -> None:
     report = lease_check(infra_copy(tmp_path, change, edits), HOST)
     assert not report.ok and any(expected in failure for failure in report.failures), report.explain()
+
+
+@pytest.mark.parametrize(("change", "edits", "outage"), [
+    ({}, (), "0:20:00"),  # as shipped: 10 deliveries x 2 min, back to back
+    ({"maxDeliveryCount": 5}, (), "0:10:00"),
+    ({}, (app_setting("DEDUP_TRANSIENT_WAIT: 'PT30S'"),), "0:05:00"),
+])  # fmt: skip
+def test_the_lease_check_states_the_longest_outage_survived(
+    tmp_path: Path, change: dict[str, object], edits: tuple[tuple[str, str, str], ...], outage: str
+) -> None:
+    report = lease_check(infra_copy(tmp_path, change, edits), HOST)
+    assert report.ok and f"a store outage of up to {outage} is survived" in report.explain()
 
 
 def test_host_timespans() -> None:
