@@ -38,11 +38,12 @@ def queue_consumer() -> IdempotentConsumer:
 @consumer
 def api_consumer() -> IdempotentConsumer:
     """Keyed by the business key: one order per orderId, whatever the Idempotency-Key; a
-    duplicate answers with the stored response, refusals are told to the caller."""
+    duplicate answers with the stored response, refusals are told to the caller; an
+    Idempotency-Key reused with another payload is refused (422)."""
     handler = stored_response(order_handler(payments()), 201, "/api/orders/{orderId}")
     by_order = from_body_field("orderId")
     return IdempotentConsumer("orders-api", shared_store(), handler, schema=SCHEMA, key_source=by_order,
-                              replay_results=True, record_refusals=False)  # fmt: skip
+                              replay_results=True, record_refusals=False, bind_request_keys=True)  # fmt: skip
 
 
 @bp.function_name("orders")

@@ -1,11 +1,15 @@
 """`make chaos`: the `orders` function under at-least-once delivery, competing workers,
-injected faults and a store outage; exits non-zero on any violated invariant.
+injected faults and a store outage; then, at the shipped proportions with 16 concurrent calls
+and no resubmission from the broker's dead-letter queue, store outages of 2, 10 and 30 s and
+30% of store requests answered 503 for 10 s. Exits non-zero on any violated invariant (a
+message left in the broker's DLQ is one).
 
 Knobs (environment): CHAOS_MESSAGES (5000), CHAOS_WORKERS (8), CHAOS_DUP_RATE (0.3),
 CHAOS_FAULT_RATE (0.05), CHAOS_SEED (random when unset), CHAOS_OUTAGE (1),
 CHAOS_PAYMENTS (0; 1 = charge through a local payment API, a two-phase step), CHAOS_RUNTIME
 (process; worker = deliver through the real Functions Python worker: store faults then cannot
-be injected inside it, delivery faults and the outage still are).
+be injected inside it, delivery faults and the outage still are), CHAOS_TROUBLE_MESSAGES (600;
+0 skips the outage and throttling runs).
 """
 
 from __future__ import annotations
@@ -64,18 +68,44 @@ def as_json(report: Report) -> dict[str, object]:
     }
 
 
+TROUBLE = {
+    "store outage 2 s": {"outage": True, "outage_seconds": 2.0},
+    "store outage 10 s": {"outage": True, "outage_seconds": 10.0},
+    "store outage 30 s": {"outage": True, "outage_seconds": 30.0},
+    "30% of store requests 503 for 10 s": {"throttle_rate": 0.3, "throttle_seconds": 10.0},
+}
+
+
+def trouble_configs(seed: int) -> dict[str, RunConfig]:
+    messages = int(os.environ.get("CHAOS_TROUBLE_MESSAGES", "600"))
+    if messages <= 0:
+        return {}
+    return {name: RunConfig(messages=messages, workers=16, dup_rate=0.2, seed=seed, table=f"trouble{i}",
+                            **changes)  # type: ignore[arg-type]
+            for i, (name, changes) in enumerate(TROUBLE.items())}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # the idempotency log is counted, not shown
     config = config_from_env()
     with tempfile.TemporaryDirectory(prefix="chaos-azurite-") as data, Azurite(location=Path(data)) as azurite:
         report = run(config, azurite)
+        ok = summarise(config, report)
+        for name, trouble in trouble_configs(config.seed).items():
+            print(f"\n{name}, 16 concurrent calls, no resubmission:")
+            ok = summarise(trouble, run(trouble, azurite)) and ok
+    return 0 if ok else 1
+
+
+def summarise(config: RunConfig, report: Report) -> bool:
     print(
         f"{report.messages} messages, {report.deliveries} deliveries to {config.workers} workers in "
         f"{report.seconds:.0f}s; {sum(report.faults.values())} faults injected "
         f"({', '.join(f'{k} {v}' for k, v in sorted(report.faults.items())) or 'none'}); "
         f"{report.store_restarts} store restart(s); {report.lock_expiries} lock expiries; "
-        f"{report.resubmitted} resubmitted from the dead-letter queue."
+        f"{report.broker_dead_lettered} left in the broker's dead-letter queue, "
+        f"{report.resubmitted} resubmitted by an operator."
     )
     print(
         f"Effects applied {report.effects_applied}, dead-lettered {report.dead_lettered}, "
@@ -86,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     if not report.ok:
         print(f"FAILED: invariants violated (reproduce with CHAOS_SEED={config.seed})")
     print(json.dumps(as_json(report)))
-    return 0 if report.ok else 1
+    return report.ok
 
 
 if __name__ == "__main__":

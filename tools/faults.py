@@ -4,6 +4,7 @@ run to run; the seed fixes the workload and the fault draws' sequence."""
 
 from __future__ import annotations
 
+import io
 import random
 import threading
 import time
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import requests
+import urllib3
 from azure.core.exceptions import ServiceRequestError, ServiceResponseError
 from azure.core.pipeline.transport import HttpTransport, RequestsTransport, RequestsTransportResponse
 from azure.core.rest import HttpRequest as RestHttpRequest
@@ -114,11 +116,14 @@ class FaultyTransport(HttpTransport):  # type: ignore[type-arg]
 def status_response(request: Any, status: int) -> Any:
     """A response the server never sent, in the type the pipeline expects for ``request``:
     the SDK sends legacy transport requests, the lean transaction path azure.core.rest ones."""
+    body = b'{"odata.error":{"code":"ServerBusy","message":{"value":"injected"}}}'
+    headers = {"Content-Type": "application/json", "x-ms-error-code": "ServerBusy"}
     raw = requests.Response()
     raw.status_code = status
     raw.reason = "Service Unavailable (injected)"
-    raw._content = b'{"odata.error":{"code":"ServerBusy","message":{"value":"injected"}}}'
-    raw.headers["Content-Type"] = "application/json"
+    # a readable, closable body, as a real answer has (the pipeline streams and closes it)
+    raw.raw = urllib3.HTTPResponse(body=io.BytesIO(body), status=status, headers=headers, preload_content=False)
+    raw.headers.update(headers)
     raw.url = request.url
     if isinstance(request, RestHttpRequest):
         from azure.core.rest._requests_basic import RestRequestsTransportResponse  # what RequestsTransport returns

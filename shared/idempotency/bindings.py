@@ -39,7 +39,7 @@ CLOUDEVENT_REQUIRED = ("id", "source", "specversion", "type")  # CloudEvents 1.0
 # Refusal reasons whose detail is ours to show to an HTTP caller; any other detail (a
 # downstream service's answer, a store error) stays in logs and dead-letter records.
 PUBLIC_REASONS = frozenset({"invalid_json", "schema_violation", "missing_key", "key_too_long", "key_mismatch",
-                            "too_deep", "duplicate_member"})  # fmt: skip
+                            "too_deep", "duplicate_member", "not_i_json", "idempotency_key_reused"})  # fmt: skip
 
 
 class RetryLater(Exception):
@@ -231,6 +231,8 @@ def refusal(result: Result) -> func.HttpResponse:
                        "this business key was already used by another request or another caller")  # fmt: skip
     if result.outcome is Outcome.IN_FLIGHT:
         return problem(409, "A request with this key is in progress", "retry later", retry_after=True)
+    if result.outcome is Outcome.INVALID and result.reason == "idempotency_key_reused":  # IETF Idempotency-Key draft
+        return problem(422, "Idempotency-Key reused", "this Idempotency-Key was already sent with another payload")
     if result.outcome is Outcome.INVALID:
         detail = (result.detail or "")[:500] if result.reason in PUBLIC_REASONS else "the request was refused"
         return problem(400, f"Invalid request: {result.reason}", detail)

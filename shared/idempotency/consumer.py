@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -32,7 +32,7 @@ from .errors import (
 )
 from .fingerprint import fingerprint
 from .keys import DedupKey, KeySource, consumer_partition, from_message_id
-from .records import JSON, Entity, check_result, utcnow
+from .records import JSON, Entity, Marker, State, check_result, utcnow
 from .settings import DedupConfig
 from .steps import Context
 from .store import Commit, CommitStatus, DeadLetter, DedupStore, StateStatus
@@ -216,6 +216,7 @@ class IdempotentConsumer:
         partition_for: Callable[[DedupKey], str] = lambda key: key.id,
         replay_results: bool = False,
         record_refusals: bool = True,
+        bind_request_keys: bool = False,
     ) -> None:
         """``config``: retention, step lease and wait, cache size; by default read from the
         app settings (``DedupConfig.from_settings()``), as the README documents them.
@@ -223,6 +224,11 @@ class IdempotentConsumer:
         for duplicates only) — HTTP needs it, a queue does not. ``record_refusals``:
         invalid and conflicting messages are written to the dead-letter records before
         they are acknowledged — a queue needs it, HTTP tells its caller instead.
+        ``bind_request_keys``: the delivery's ``message_id`` is the caller's request key
+        (HTTP ``Idempotency-Key``) while ``key_source`` keys by the body: each request key
+        is bound to its payload (one conditional insert), so a key reused with another
+        payload is refused (``idempotency_key_reused``, HTTP 422), and a new key for a
+        known payload still replays.
         The cache keeps keys this instance saw completed, so that hot duplicates cost no
         store request; never an in-progress key, never trusted to decide "new"."""
         config = config or DedupConfig.from_settings()
@@ -238,6 +244,7 @@ class IdempotentConsumer:
         self._partition_for = partition_for
         self._replay = replay_results
         self._record_refusals = record_refusals
+        self._bind_request_keys = bind_request_keys
         self._completed = CompletedKeys(0 if replay_results else config.cache_size)  # replays need the result
         self._transient_wait = config.transient_wait
         self._max_deliveries = config.max_deliveries
@@ -326,6 +333,8 @@ class IdempotentConsumer:
             if self._completed.get(key) == fp:
                 return Result(Outcome.DUPLICATE, key, "completed_recently", fingerprint=fp, stored_fingerprint=fp)
             partition, expires_at = self.partition_of(key), utcnow() + self._retention
+            if self._bind_request_keys and delivery.message_id:
+                self._bind(delivery.message_id, fp, expires_at)
             context = Context(key, partition, fp, self.store, self._steps, expires_at, owner)
             effects = self._handler(payload, context)
             if isinstance(effects, LatestState):
@@ -341,6 +350,19 @@ class IdempotentConsumer:
             return Commit(key, partition, fp, effects.entities, effects.result, expires_at, owner, retry)
         except Exception as exc:  # noqa: BLE001 - mapped to exactly one outcome below
             return self._failure(exc, key, fp)
+
+    def _bind(self, request_key: str, fp: str, expires_at: datetime) -> None:
+        """Bind a caller's request key to this payload: the first binding wins (a conditional
+        insert), and the key is refused with any other payload. A scope of its own
+        (consumer names hold no "|") keeps these records apart from the messages' markers."""
+        key = DedupKey(f"{self.name}|request", request_key)
+        marker = Marker(key, consumer_partition(self.name, "request|" + request_key), State.COMPLETED, fp,
+                        utcnow(), expires_at)  # fmt: skip
+        if self.store.insert(marker) is not None:
+            return
+        bound = self.store.get(key, marker.partition)
+        if bound is not None and bound.fingerprint != fp:
+            raise InvalidMessage("idempotency_key_reused", "this Idempotency-Key was sent with another payload")
 
     def _commit(self, pending: list[Commit]) -> list[Result]:
         if not pending:

@@ -1,0 +1,348 @@
+"""Every failure classified once, at the right depth, on the real Azurite: what can never be
+stored is refused at the first delivery with its reason (a dead-letter record; HTTP: a 4xx),
+what clears by itself is waited out inside the delivery, a handler's own error is retried and
+recorded on the last delivery, and a commit applied but answered 500 reports ``processed``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import azure.functions as func
+import pytest
+from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
+from azure.core.pipeline.transport import HttpTransport
+from azure.data.tables import TableServiceClient
+
+from consumers import orders as orders_app
+from shared.idempotency import (
+    Context,
+    Delivery,
+    Effects,
+    Entity,
+    IdempotentConsumer,
+    InvalidMessage,
+    Outcome,
+    StoreUnavailable,
+    registry,
+)
+from shared.idempotency.bindings import REPLAYED, RetryLater, eventgrid_delivery
+from shared.idempotency.errors import StoreRefused
+from shared.idempotency.records import MAX_RESULT_CHARACTERS
+from shared.idempotency.settings import TRANSPORT, DedupConfig
+from shared.idempotency.store import DeadLetter, DedupStore, store_errors
+from shared.idempotency.table_batch import TableTransactions
+from shared.idempotency.table_store import TableStore
+from shared.idempotency.testing import entities
+from shared.orders import SHIPPED
+from tests.conftest import new_table_store
+from tests.functions import fresh_app, servicebus_message, user_function
+from tools.azurite import Azurite
+from tools.faults import status_response
+
+orders, order_status, orders_api, ledger_batch = (user_function(name) for name in
+                                                  ("orders", "order_status", "orders_api", "ledger_batch"))  # fmt: skip
+
+
+def an_order(order_id: str | None = None, **changes: Any) -> dict[str, Any]:
+    order = {"orderId": order_id or f"o-{uuid.uuid4().hex[:8]}", "customerId": "c-1", "amount": 12.5,
+             "currency": "EUR", "items": [{"sku": "book", "quantity": 1}]}  # fmt: skip
+    return {**order, **changes}
+
+
+def dead_letters(store: DedupStore, scope: str) -> list[DeadLetter]:
+    return store.dead_letters(scope)
+
+
+@pytest.fixture
+def store(azurite: Azurite) -> Iterator[DedupStore]:
+    with fresh_app(azurite):
+        yield registry.shared_store()
+
+
+# -- fixable shapes are processed -------------------------------------------------------------
+
+
+def test_a_schema_valid_order_of_non_ascii_skus_at_the_schema_limits_is_processed(store: DedupStore) -> None:
+    """100 items of 64-emoji SKUs: 25,800 characters of items as UTF-8 text (as ASCII escapes,
+    which cost 12 characters an emoji, it was over Table Storage's 32 K-character property)."""
+    order = an_order(items=[{"sku": "😀" * 63 + str(i % 10), "quantity": 10_000} for i in range(100)])
+    orders(servicebus_message(order, order["orderId"]))
+    [stored] = entities(store, "order")
+    assert json.loads(stored["items"]) == order["items"]
+    assert dead_letters(store, "orders") == []
+
+
+@pytest.mark.parametrize("version", [2**31, 2**53 - 1])
+def test_state_versions_up_to_the_largest_exact_json_integer_are_applied(store: DedupStore, version: int) -> None:
+    def change(status: str, at: int) -> func.ServiceBusMessage:
+        body = {"orderId": "o-big", "status": status, "version": at}
+        return servicebus_message(body, f"o-big:{at}")
+
+    order_status(change("paid", version - 1))
+    order_status(change("shipped", version))
+    order_status(change("paid", version - 1))  # late: stale
+    [state] = entities(store, "status")
+    stored = state["StateVersion"]
+    assert (state["status"], int(getattr(stored, "value", stored))) == ("shipped", version)
+
+
+# -- what can never be stored is refused at the first delivery, with its reason ----------------
+
+
+def test_a_lone_surrogate_in_a_member_name_is_refused_and_the_rest_of_the_batch_commits(store: DedupStore) -> None:
+    good = {"accountId": "acc-1", "postingId": "p-1", "amount": 5, "currency": "EUR"}
+    bad = b'{"accountId": "acc-1", "postingId": "p-2", "amount": 5, "currency": "EUR", "\\ud800": 1}'
+    ledger_batch([servicebus_message(good, "acc-1:p-1"), servicebus_message(bad, "acc-1:p-2")])  # no RetryLater
+    assert len(entities(store, None, None)) == 1
+    [record] = dead_letters(store, "ledger")
+    assert (record.reason, record.message_id, record.delivery_count) == ("not_i_json", "acc-1:p-2", 1)
+
+
+def test_an_event_with_a_huge_source_is_dead_lettered_with_bounded_fields(store: DedupStore) -> None:
+    """A 40,000-character source makes a key over the limit; its record still fits the store."""
+    event = func.CloudEvent(id="e-1", source="/s" + "x" * 40_000, type=SHIPPED, specversion="1.0",
+                            data={"orderId": "o-1", "carrier": "DHL", "trackingNumber": "T-1"},
+                            traceparent="00-" + "a" * 40_000)  # fmt: skip
+    user_function("order_events")(event)  # acknowledged: refused for good, recorded
+    [record] = dead_letters(store, "order-events")
+    assert record.reason == "key_too_long"
+    assert len(record.message_id or "") <= 1024 and "sha256" in (record.message_id or "")
+    assert len(record.correlation_id or "") <= 1024
+    assert eventgrid_delivery(event).message_id != record.message_id  # bounded, not the raw id
+
+
+def test_a_value_over_the_stores_limit_is_refused_at_the_first_delivery(azurite: Azurite) -> None:
+    def handler(payload: dict[str, Any], context: Context) -> Effects:
+        return Effects([Entity("note", {"text": "é" * 40_000})])  # 40 K characters: a property holds 32 K
+
+    for lean in (False, True):
+        store = new_table_store(azurite, lean=lean)
+        consumer = IdempotentConsumer("notes", store, handler, config=DedupConfig())
+        result = consumer.process(Delivery(body=b"{}", message_id="n-1", delivery_count=1))
+        assert (result.outcome, result.reason) == (Outcome.INVALID, "store_refused")
+        assert "PropertyValueTooLarge" in (result.detail or "")
+        [record] = store.dead_letters("notes")
+        assert record.reason == "store_refused" and entities(store) == []
+
+
+RESULTS: dict[str, Any] = {
+    "a time": datetime(2026, 12, 1, tzinfo=UTC),
+    "a set": {"a"},
+    "NaN": float("nan"),
+    "too large": "x" * (MAX_RESULT_CHARACTERS + 1),
+}
+
+
+@pytest.mark.parametrize("result", RESULTS)
+def test_a_result_that_is_not_storable_json_is_refused_with_its_reason(azurite: Azurite, result: str) -> None:
+    store = new_table_store(azurite)
+    consumer = IdempotentConsumer("results", store, lambda payload, context: Effects([], RESULTS[result]),
+                                  config=DedupConfig())  # fmt: skip
+    outcome = consumer.process(Delivery(body=b"{}", message_id="r-1", delivery_count=1))
+    expected = "result_too_large" if result == "too large" else "result_not_json"
+    assert (outcome.outcome, outcome.reason) == (Outcome.INVALID, expected)
+    assert [record.reason for record in store.dead_letters("results")] == [expected]
+
+
+def test_a_handler_returning_nothing_is_refused_with_its_reason(azurite: Azurite) -> None:
+    store = new_table_store(azurite)
+    consumer = IdempotentConsumer("nothing", store, lambda payload, context: None,  # type: ignore[arg-type,return-value]
+                                  config=DedupConfig())  # fmt: skip
+    outcome = consumer.process(Delivery(body=b"{}", message_id="r-1", delivery_count=1))
+    assert (outcome.outcome, outcome.reason) == (Outcome.INVALID, "handler_result")
+    assert "NoneType" in (outcome.detail or "")
+
+
+def test_a_handlers_own_error_is_retried_and_recorded_on_the_last_delivery(azurite: Azurite) -> None:
+    """A redeploy may fix a bug: it is not refused, but the last delivery says why it fails."""
+    store = new_table_store(azurite)
+
+    def handler(payload: dict[str, Any], context: Context) -> Effects:
+        return Effects([Entity("x", {"n": payload["missing"]})])
+
+    consumer = IdempotentConsumer("buggy", store, handler, config=DedupConfig(max_deliveries=10))
+    for count in (1, 9):
+        outcome = consumer.process(Delivery(body=b"{}", message_id="b-1", delivery_count=count))
+        assert (outcome.outcome, outcome.reason) == (Outcome.TRANSIENT, "handler_error")
+        assert store.dead_letters("buggy") == []
+    consumer.process(Delivery(body=b"{}", message_id="b-1", delivery_count=10))  # the broker's last
+    [record] = store.dead_letters("buggy")
+    assert record.reason == "handler_error" and "KeyError" in record.detail and record.delivery_count == 10
+
+
+def test_a_step_answer_too_large_to_store_is_refused_and_never_called_again(azurite: Azurite) -> None:
+    store = new_table_store(azurite)
+    calls: list[str] = []
+
+    def handler(payload: dict[str, Any], context: Context) -> Effects:
+        answer = context.step("charge", lambda key: calls.append(key) or {"receipt": "r" * 70_000})
+        return Effects([Entity("order", {"receipt": len(answer)})])
+
+    consumer = IdempotentConsumer("big-answers", store, handler, config=DedupConfig())
+    first = consumer.process(Delivery(body=b"{}", message_id="s-1", delivery_count=1))
+    again = consumer.process(Delivery(body=b"{}", message_id="s-1", delivery_count=2))
+    assert (first.outcome, first.reason) == (Outcome.INVALID, "result_too_large")
+    assert (again.outcome, again.reason) == (Outcome.INVALID, "result_too_large")
+    assert len(calls) == 1  # the payment was made once, and never repeated
+    assert {record.reason for record in store.dead_letters("big-answers")} == {"result_too_large"}
+
+
+def test_store_answers_are_classified_once() -> None:
+    """400/413: refused for good. 401/403: an operator's fix, waited for (never dead-lettered),
+    logged with the role the app most likely lacks. 5xx: transient."""
+
+    def raised(error: Exception) -> Exception:
+        with pytest.raises(Exception) as caught, store_errors():
+            raise error
+        return caught.value
+
+    too_large = HttpResponseError(message="The property value exceeds the maximum allowed size")
+    too_large.status_code, too_large.error_code = 400, "PropertyValueTooLarge"
+    assert isinstance(raised(too_large), StoreRefused)
+    forbidden = ClientAuthenticationError(message="This request is not authorized")
+    forbidden.status_code, forbidden.error_code = 403, "AuthorizationPermissionMismatch"
+    refused = raised(forbidden)
+    assert isinstance(refused, StoreUnavailable) and "Storage Table Data Contributor" in str(refused)
+    busy = HttpResponseError(message="busy")
+    busy.status_code = 503
+    assert isinstance(raised(busy), StoreUnavailable)
+
+
+# -- HTTP ----------------------------------------------------------------------------------------
+
+
+def post(body: dict[str, Any], key: str) -> func.HttpResponse:
+    headers = {"Content-Type": "application/json", "x-functions-key": "client-a", "Idempotency-Key": key}
+    response: func.HttpResponse = orders_api(func.HttpRequest("POST", "/api/orders", headers=headers,
+                                                              body=json.dumps(body).encode()))  # fmt: skip
+    return response
+
+
+def test_an_idempotency_key_reused_with_another_payload_is_422(store: DedupStore) -> None:
+    first, other = an_order(), an_order()
+    assert post(first, "k-1").status_code == 201
+    reused = post(other, "k-1")
+    assert reused.status_code == 422 and reused.mimetype == "application/problem+json"
+    assert [o["orderId"] for o in entities(store, "order")] == [first["orderId"]]  # no second order
+    replay = post(first, "k-2")  # a new key for an existing order still replays
+    assert replay.status_code == 201 and replay.headers.get(REPLAYED) == "true"
+    assert post(first, "k-1").headers.get(REPLAYED) == "true"  # the same key and payload: replayed
+
+
+def test_an_order_id_with_line_breaks_stays_answerable(store: DedupStore) -> None:
+    order = an_order("o-\r\nX-Injected: 1 é")
+    for key in ("k-a", "k-b"):
+        response = post(order, key)
+        assert response.status_code == 201
+        assert response.headers["Location"] == "/api/orders/o-%0D%0AX-Injected%3A%201%20%C3%A9"
+
+
+def test_a_store_refusal_is_a_4xx_problem_for_http(store: DedupStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    unstorable = staticmethod(lambda pk, e: {"PartitionKey": pk, "RowKey": e.name, "x": {1}})  # a set
+    monkeypatch.setattr(TableStore, "effect_entity", unstorable)
+    response = post(an_order(), "k-r")
+    assert response.status_code == 400 and "store_refused" in json.loads(response.get_body())["title"]
+
+
+# -- a commit applied, its answer lost: reported as what it was ----------------------------------
+
+
+class AppliedThen500(HttpTransport):  # type: ignore[type-arg]
+    """The store applies the first transaction, and the client is answered 500."""
+
+    def __init__(self, inner: HttpTransport) -> None:  # type: ignore[type-arg]
+        self._inner, self.sent, self._mutex = inner, 0, threading.Lock()
+
+    def send(self, request: Any, **kwargs: Any) -> Any:
+        response = self._inner.send(request, **kwargs)
+        with self._mutex:
+            self.sent += "$batch" in request.url
+            first = self.sent == 1 and "$batch" in request.url
+        return status_response(request, 500) if first else response
+
+    def open(self) -> None:
+        self._inner.open()
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def __exit__(self, *args: Any) -> None:
+        self._inner.__exit__(*args)
+
+
+def store_answering_500_once(azurite: Azurite, table: str, lean: bool) -> tuple[TableStore, AppliedThen500]:
+    from shared.idempotency.transport import pooled_transport, transaction_transport
+
+    if lean:
+        faulty = AppliedThen500(transaction_transport())
+        service = TableServiceClient.from_connection_string(azurite.connection_string, **TRANSPORT)
+        transactions = TableTransactions.of(service, table, **{**TRANSPORT, "transport": faulty})
+        return TableStore(service, table, table + "dl", transactions=transactions), faulty
+    faulty = AppliedThen500(pooled_transport())
+    service = TableServiceClient.from_connection_string(azurite.connection_string, **TRANSPORT, transport=faulty)
+    return TableStore(service, table, table + "dl"), faulty
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "sdk"])
+def test_a_commit_applied_then_answered_500_reports_processed(azurite: Azurite, lean: bool) -> None:
+    with fresh_app(azurite, DEDUP_TRANSIENT_WAIT="PT10S") as table:
+        store, faulty = store_answering_500_once(azurite, table, lean)
+        store.create_tables()
+        with registry.using_store(store), caplog_outcomes() as outcomes:
+            order = an_order()
+            orders(servicebus_message(order, order["orderId"]))  # no RetryLater: waited out
+            response = post(an_order(), "k-h")
+        assert faulty.sent >= 3  # the first commit (answered 500), its resend, the HTTP commit
+        assert outcomes == ["processed", "processed"]  # never "duplicate" for a first delivery
+        assert response.status_code == 201 and REPLAYED not in response.headers
+        assert len(entities(store, "order")) == 2
+
+
+class _Outcomes(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields = getattr(record, "dedup", None)
+        if fields:
+            self.seen.append(fields["outcome"])
+
+
+@contextmanager
+def caplog_outcomes() -> Iterator[list[str]]:
+    """The outcomes the consumers log, in order."""
+    handler, logger = _Outcomes(), logging.getLogger("idempotency")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield handler.seen
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def test_a_waiting_delivery_that_never_recovers_goes_back_to_the_broker(azurite: Azurite) -> None:
+    """The wait is bounded: an outage longer than it abandons the delivery (RetryLater)."""
+    with fresh_app(azurite, DEDUP_TRANSIENT_WAIT="PT0.3S"):
+        consumer = orders_app.queue_consumer()
+
+        def unavailable(*args: Any, **kwargs: Any) -> Any:
+            raise StoreUnavailable("503 injected")
+
+        consumer.store.commit_many = unavailable  # type: ignore[method-assign]
+        order = an_order()
+        with pytest.raises(RetryLater):
+            orders(servicebus_message(order, order["orderId"]))
+
+
+def test_an_invalid_message_error_class_is_kept_for_handlers() -> None:
+    assert issubclass(StoreRefused, InvalidMessage)
