@@ -72,7 +72,7 @@ TROUBLE = {
     "store outage 2 s": {"outage": True, "outage_seconds": 2.0},
     "store outage 10 s": {"outage": True, "outage_seconds": 10.0},
     "store outage 30 s": {"outage": True, "outage_seconds": 30.0},
-    "30% of store requests 503 for 10 s": {"throttle_rate": 0.3, "throttle_seconds": 10.0},
+    "30% of store requests 503 for 10 s": {"throttle_rate": 0.3, "throttle_seconds": 10.0, "messages": 6000},
 }
 
 
@@ -80,8 +80,8 @@ def trouble_configs(seed: int) -> dict[str, RunConfig]:
     messages = int(os.environ.get("CHAOS_TROUBLE_MESSAGES", "600"))
     if messages <= 0:
         return {}
-    return {name: RunConfig(messages=messages, workers=16, dup_rate=0.2, seed=seed, table=f"trouble{i}",
-                            **changes)  # type: ignore[arg-type]
+    return {name: RunConfig(**{"messages": messages, "workers": 16, "dup_rate": 0.2, "seed": seed,
+                               "table": f"trouble{i}", **changes})  # type: ignore[arg-type]
             for i, (name, changes) in enumerate(TROUBLE.items())}  # fmt: skip
 
 

@@ -71,7 +71,7 @@ class RunConfig:
     outage: bool = False
     outage_seconds: float = 1.5
     throttle_rate: float = 0.0  # this share of store requests answered 503 ...
-    throttle_seconds: float = 0.0  # ... for this long, from when 40% of the queue is done
+    throttle_seconds: float = 0.0  # ... for this long from the start (the run must last longer)
     lock_duration: float = 2.0
     # None: the shipped values (infra/, host.json, the dedup defaults), scaled in time so that
     # the lock lasts ``lock_duration`` — the same proportions as on Azure.
@@ -323,16 +323,16 @@ def _settle(lock: Lock, queue: PeekLockQueue, deliver: Deliver, plan: FaultPlan)
 def _start_trouble(
     config: RunConfig, azurite: Azurite, queue: PeekLockQueue, plan: FaultPlan, report: Report
 ) -> threading.Thread:
-    """Once 40% of the queue is done: stop the store, keep it down, bring it back (an
-    outage), and/or answer a share of store requests 503 for a while (throttling)."""
+    """Answer a share of store requests 503 from the start for a while (throttling), and/or,
+    once 40% of the queue is done, stop the store, keep it down, bring it back (an outage)."""
+    if config.throttle_rate:
+        plan.throttle(config.throttle_rate, config.throttle_seconds)
 
     def trouble() -> None:
-        if not (config.outage or config.throttle_rate):
+        if not config.outage:
             return
         while queue.completed < 0.4 * queue.sent - queue.dropped_by_detection and not queue.drained():
             time.sleep(0.01)
-        if config.throttle_rate:
-            plan.throttle(config.throttle_rate, config.throttle_seconds)
         if config.outage:
             azurite.stop()
             time.sleep(config.outage_seconds)
