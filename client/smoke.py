@@ -24,7 +24,7 @@ from typing import Any
 
 from azure.core.exceptions import HttpResponseError
 
-from shared.idempotency import DedupStore
+from shared.idempotency import DedupStore, StoreUnavailable
 from shared.orders.checks import effects_by_order
 
 
@@ -105,8 +105,9 @@ def report(store: DedupStore, scope: str, plan: Plan) -> SmokeReport:
             result.written_twice.append(order["orderId"])
     try:
         records = store.dead_letters(scope)
-    except HttpResponseError as exc:
-        if exc.status_code != 403:
+    except (HttpResponseError, StoreUnavailable) as exc:  # the store maps a 403 to StoreUnavailable
+        refusal = exc if isinstance(exc, HttpResponseError) else exc.__cause__
+        if getattr(refusal, "status_code", None) != 403:
             raise
         result.dead_lettered = None
         return result

@@ -20,8 +20,15 @@ from itertools import islice
 from typing import Any
 from urllib.parse import unquote
 
+import requests
+import urllib3
 from azure.core import MatchConditions
-from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+from azure.core.exceptions import (
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+    ServiceResponseError,
+)
 from azure.data.tables import EdmType, TableClient, TableServiceClient, TableTransactionError, UpdateMode
 
 from .codec import dead_letter_fields, dead_letter_from, marker_fields, marker_from
@@ -118,6 +125,10 @@ class TableStore(DedupStore):
             return self._lean.submit(entities, retry_total=0)
         try:
             self._table.submit_transaction([("create", entity) for entity in entities], retry_total=0)
+        except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
+            # The SDK reads a transaction's answer after azure-core's transport: an answer cut
+            # short escapes as requests' error. It may have been applied: as the lean path says.
+            raise ServiceResponseError(f"the transaction's answer was cut short: {exc}", error=exc) from exc
         except TableTransactionError as exc:
             if getattr(exc, "error_code", None) != "EntityAlreadyExists":
                 raise

@@ -37,7 +37,7 @@ def test_faults_and_an_outage_cause_no_double_effect_and_no_loss(
     assert sum(report.faults.values()) > 10 and len(report.faults) >= 6
     assert report.deliveries > report.messages  # there really were duplicate deliveries
     assert report.effects_applied == report.messages - report.dead_lettered
-    assert report.outcomes["duplicate"] > 0 and report.outcomes["transient"] > 0
+    assert report.outcomes["duplicate"] > 0
     assert (report.broker_dead_lettered, report.resubmitted) == (0, 0)  # handled without an operator
 
 

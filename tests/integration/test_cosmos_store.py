@@ -24,6 +24,7 @@ from shared.idempotency import (
 )
 from shared.idempotency.codec import MARKER_FIELDS, marker_fields
 from shared.idempotency.cosmos_store import CosmosStore
+from shared.idempotency.errors import StoreRefused
 from shared.idempotency.records import MARKER_KIND, utcnow
 from shared.idempotency.store import store_errors
 from tests.conftest import EMULATED, REAL_COSMOS, new_cosmos_store
@@ -105,8 +106,10 @@ def test_throttling_and_server_errors_are_transient(status: int) -> None:
 def test_transport_errors_are_transient_and_client_errors_are_not() -> None:
     with pytest.raises(StoreUnavailable), store_errors():
         raise ServiceRequestError("connection refused")
-    with pytest.raises(exceptions.CosmosHttpResponseError), store_errors():
+    with pytest.raises(StoreRefused), store_errors():  # refused for good: dead-lettered, never retried
         raise exceptions.CosmosHttpResponseError(status_code=400, message="bad request")  # type: ignore[no-untyped-call]
+    with pytest.raises(exceptions.CosmosHttpResponseError), store_errors():  # the callers read a 409
+        raise exceptions.CosmosHttpResponseError(status_code=409, message="conflict")  # type: ignore[no-untyped-call]
 
 
 def test_a_stale_replace_is_a_version_conflict(cosmos: CosmosStore) -> None:

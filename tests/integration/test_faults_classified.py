@@ -11,7 +11,8 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import azure.functions as func
@@ -346,3 +347,49 @@ def test_a_waiting_delivery_that_never_recovers_goes_back_to_the_broker(azurite:
 
 def test_an_invalid_message_error_class_is_kept_for_handlers() -> None:
     assert issubclass(StoreRefused, InvalidMessage)
+
+
+class CutShort(BaseHTTPRequestHandler):
+    """Answers a transaction 202, multipart, chunked, and hangs up in the middle of it."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(202)
+        self.send_header("Content-Type", "multipart/mixed; boundary=batchresponse_1")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        part = b"--batchresponse_1\r\nContent-Type: multipart/mixed; boundary=changesetresponse_1\r\n\r\n"
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(part) + 400, part))  # a chunk promised longer than sent
+        self.wfile.flush()
+        self.close_connection = True
+
+    def log_message(self, *args: Any) -> None:
+        """Quiet."""
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "sdk"])
+def test_an_answer_cut_short_is_transient_on_both_paths(lean: bool) -> None:
+    """It may have been applied: transient (the resend then reads the marker back), never a
+    handler error (the SDK path let requests' ChunkedEncodingError escape)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), CutShort)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        account, key = "devstoreaccount1", ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
+                                            "KBHBeksoGMGw==")  # fmt: skip
+        connection = (f"DefaultEndpointsProtocol=http;AccountName={account};AccountKey={key};"
+                      f"TableEndpoint=http://127.0.0.1:{server.server_port}/{account};")  # fmt: skip
+        service = TableServiceClient.from_connection_string(connection, **{**TRANSPORT, "retry_total": 0})
+        lean_path = TableTransactions.of(service, "t", **{**TRANSPORT, "retry_total": 0}) if lean else None
+        store = TableStore(service, "t", "tdl", transactions=lean_path)
+
+        def handler(payload: dict[str, Any], context: Context) -> Effects:
+            return Effects([Entity("order", {"n": 1})])
+
+        consumer = IdempotentConsumer("cut", store, handler, config=DedupConfig(transient_wait=timedelta(0)))
+        result = consumer.process(Delivery(body=b"{}", message_id="c-1", delivery_count=1))
+        assert (result.outcome, result.reason) == (Outcome.TRANSIENT, "store_unavailable")
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -68,7 +68,8 @@ def table(store_server: Azurite) -> str:
 def app_settings(azurite: Azurite, table: str) -> dict[str, str]:
     """The documented local settings, pointed at this Azurite."""
     return {**DOCUMENTED, "DEDUP_STORAGE_CONNECTION": azurite.connection_string, "DEDUP_TABLE": table,
-            "DEDUP_DEADLETTER_TABLE": table + "dl", "DEDUP_IN_FLIGHT_WAIT": "PT0S"}  # fmt: skip
+            "DEDUP_DEADLETTER_TABLE": table + "dl", "DEDUP_IN_FLIGHT_WAIT": "PT0S",
+            "DEDUP_TRANSIENT_WAIT": "PT0S"}  # a failing invocation fails at once: the host abandons  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=["lean", "sdk"])
@@ -312,8 +313,10 @@ def test_http_orders_route_replays_refuses_and_validates(worker: WorkerHost, sto
     assert (status, headers["Location"], body["orderId"]) == (201, f"/api/orders/{order_id}", order_id)
     status, headers, again = post(worker, "orders_api", "/api/orders", an_order(order_id), **{"Idempotency-Key": key})
     assert (status, headers.get("Idempotent-Replayed"), again) == (201, "true", body)
-    status, headers, _ = post(worker, "orders_api", "/api/orders", an_order(order_id, 1), **{"Idempotency-Key": key})
+    status, headers, _ = post(worker, "orders_api", "/api/orders", an_order(order_id, 1), **{"Idempotency-Key": "k3"})
     assert status == 409 and headers["content-type"] == "application/problem+json"  # orderId taken, other payload
+    status, headers, _ = post(worker, "orders_api", "/api/orders", an_order(order_id, 1), **{"Idempotency-Key": key})
+    assert status == 422 and headers["content-type"] == "application/problem+json"  # the key reused, other payload
     status, headers, again_new_key = post(
         worker, "orders_api", "/api/orders", an_order(order_id), **{"Idempotency-Key": "k2"}
     )
@@ -406,5 +409,5 @@ def test_the_demo_and_chaos_harness_deliver_through_the_worker(runtime: build.Ru
     assert (report.double_effects, report.lost, report.orphans) == (0, 0, 0)
     assert report.effects_applied == report.messages - report.dead_lettered
     assert report.outcomes["processed"] == report.effects_applied  # counted from the worker's own log lines
-    assert report.outcomes["duplicate"] > 0 and report.outcomes["transient"] > 0  # the outage, abandoned
+    assert report.outcomes["duplicate"] > 0 and report.broker_dead_lettered == 0  # the outage, waited out
     assert report.store_restarts == 1 and set(report.faults) <= {"crash_before_ack", "lost_ack"}
