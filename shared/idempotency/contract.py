@@ -116,6 +116,23 @@ class StoreContract:
         assert store.get(k, k.id) is None
         assert partition_rows(store, k.id) == []
 
+    @pytest.mark.parametrize("effects", [1, 2], ids=["one effect", "two effects"])
+    def test_a_resent_commit_knows_its_own_earlier_attempt(self, store: DedupStore, effects: int) -> None:
+        """A commit applied but answered 500 is resent with ``retry``: the marker carrying the
+        same owner is that delivery's own commit (NEW); another owner's is a DUPLICATE."""
+        k = key()
+        entities = [Entity(f"e{i}", {"n": i}) for i in range(effects)]
+
+        def commit(owner: str, retry: bool) -> CommitStatus:
+            sent = Commit(k, k.id, "fp1", entities, {"ok": True}, utcnow() + HOUR, owner, retry)
+            return store.commit_many([sent])[0].status
+
+        assert commit("a", retry=False) is CommitStatus.NEW
+        assert commit("a", retry=True) is CommitStatus.NEW  # its own: the first answer was lost
+        assert commit("b", retry=True) is CommitStatus.DUPLICATE
+        assert commit("a", retry=False) is CommitStatus.DUPLICATE  # not a retry: no read, a duplicate
+        assert len([item for item in store.scan(k.id) if item.entity]) == effects  # written once
+
     def test_data_the_store_cannot_hold_is_refused_for_good_and_nothing_is_written(self, store: DedupStore) -> None:
         k, other = key(), key()  # two messages of one partition: a store may commit them together
         unstorable = [Entity("order", {"tags": {"a", "b"}})]  # a set: no store, nor JSON, holds it

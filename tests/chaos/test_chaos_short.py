@@ -46,7 +46,8 @@ def test_faults_and_an_outage_cause_no_double_effect_and_no_loss(
 TROUBLE = {
     "outage 2 s": {"outage": True, "outage_seconds": 2.0},
     "outage 10 s": {"outage": True, "outage_seconds": 10.0},
-    "30% of requests 503 for 10 s": {"throttle_rate": 0.3, "throttle_seconds": 10.0, "messages": 2400},
+    # for the whole run (2,400 messages: about 10 s here)
+    "30% of requests 503 throughout": {"throttle_rate": 0.3, "throttle_seconds": 3600.0, "messages": 2400},
 }
 
 
@@ -59,8 +60,8 @@ def test_an_outage_or_throttling_is_waited_out_inside_the_deliveries(persistent_
     assert (report.broker_dead_lettered, report.double_effects, report.lost, report.resubmitted) == (0, 0, 0, 0)
     assert report.effects_applied == report.messages - report.dead_lettered
     assert report.store_restarts == config.outage
-    if config.throttle_rate:  # the run outlasted the throttling: every request of 10 s met it
-        assert report.seconds >= config.throttle_seconds and report.faults["throttled_503"] > 100
+    if config.throttle_rate:
+        assert report.faults["throttled_503"] > 1000
 
 
 def test_a_consumer_that_gives_up_at_once_empties_its_delivery_budget(persistent_azurite: Azurite) -> None:

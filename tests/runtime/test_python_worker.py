@@ -313,12 +313,14 @@ def test_http_orders_route_replays_refuses_and_validates(worker: WorkerHost, sto
     assert (status, headers["Location"], body["orderId"]) == (201, f"/api/orders/{order_id}", order_id)
     status, headers, again = post(worker, "orders_api", "/api/orders", an_order(order_id), **{"Idempotency-Key": key})
     assert (status, headers.get("Idempotent-Replayed"), again) == (201, "true", body)
-    status, headers, _ = post(worker, "orders_api", "/api/orders", an_order(order_id, 1), **{"Idempotency-Key": "k3"})
+    status, headers, _ = post(
+        worker, "orders_api", "/api/orders", an_order(order_id, 1), **{"Idempotency-Key": f"k3-{order_id}"}
+    )
     assert status == 409 and headers["content-type"] == "application/problem+json"  # orderId taken, other payload
     status, headers, _ = post(worker, "orders_api", "/api/orders", an_order(order_id, 1), **{"Idempotency-Key": key})
     assert status == 422 and headers["content-type"] == "application/problem+json"  # the key reused, other payload
     status, headers, again_new_key = post(
-        worker, "orders_api", "/api/orders", an_order(order_id), **{"Idempotency-Key": "k2"}
+        worker, "orders_api", "/api/orders", an_order(order_id), **{"Idempotency-Key": uuid.uuid4().hex}
     )
     assert (status, headers.get("Idempotent-Replayed"), again_new_key) == (201, "true", body)  # a new key replays
     assert post(worker, "orders_api", "/api/orders", an_order(new_id()))[0] == 400  # no Idempotency-Key

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from datetime import timedelta
 
 from shared.idempotency import (
     DedupError,
@@ -14,6 +15,7 @@ from shared.idempotency import (
     StoreUnavailable,
     errors,
 )
+from shared.idempotency.settings import DedupConfig
 from shared.idempotency.store import Commit
 
 
@@ -29,7 +31,8 @@ def test_a_subclass_of_a_transient_error_is_still_transient() -> None:
     def handler(payload: object, context: object) -> Effects:
         raise Throttled("429 after the SDK's retries")
 
-    consumer = IdempotentConsumer("errors", store=None, handler=handler)  # type: ignore[arg-type]
+    consumer = IdempotentConsumer("errors", store=None, handler=handler,  # type: ignore[arg-type]
+                                  config=DedupConfig(transient_wait=timedelta(0)))  # fmt: skip
     result = consumer.process(Delivery(body=b"{}", message_id="m-1"))
     assert (result.outcome, result.reason) == (Outcome.TRANSIENT, "store_unavailable")
 
