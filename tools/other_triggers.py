@@ -58,7 +58,7 @@ def drive(runtime: Runtime, events: int = 150, orders: int = 150, seed: int = 7)
         order = {"orderId": f"web-{seed}-{i}", "customerId": "c-web", "amount": 10.0 + i, "currency": "EUR",
                  "items": [{"sku": "gift", "quantity": 1}]}  # fmt: skip
         copies = [order] * rng.randint(1, 3) + ([{**order, "amount": 1.0}] if i % 30 == 0 else [])
-        for body in copies:  # client retries with the same key; sometimes a changed body
+        for body in copies:  # client retries with the same key; sometimes a changed body (422)
             report.requests += 1
             headers = {"Idempotency-Key": f"idem-{seed}-{i}", "x-functions-key": "demo-client",
                        "Content-Type": "application/json"}  # fmt: skip
