@@ -165,6 +165,9 @@ module functionApp 'modules/functionapp.bicep' = {
       DEDUP_STORAGE_ENDPOINT: storage.outputs.tableEndpoint
       DEDUP_RETENTION: 'P${dedupRetentionDays}D'
       DEDUP_MAX_DELIVERY_COUNT: '${maxDeliveryCount}' // the last delivery records why before the broker dead-letters
+      // Sync functions run on the worker's thread pool (min(32, CPUs + 4) threads by default): every
+      // call that waits out a store outage holds one (make check-leases counts them).
+      PYTHON_THREADPOOL_THREAD_COUNT: '128'
       COSMOS_ENDPOINT: dedupStore == 'cosmos' ? cosmos.outputs.endpoint : ''
       COSMOS_DATABASE: 'dedup'
       COSMOS_CONTAINER: 'records'

@@ -48,6 +48,7 @@ EVENT_GRID_RETRIES = [timedelta(seconds=s) for s in (10, 30, 60, 300, 600, 1800,
 EVENT_GRID_EVERY = timedelta(hours=12)
 EVENT_GRID_RESPONSE_TIMEOUT = timedelta(seconds=30)
 SKEW = timedelta(seconds=15)  # clock skew between instances, plus the claim's own write
+HTTP_THREADS = 16  # worker threads kept for HTTP and Event Grid calls beside the Service Bus ones
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class Redelivery:
     max_deliveries: int
     time_to_live: timedelta
     lock: timedelta = timedelta(0)  # Service Bus only
+    count: int = 1  # entities declared by it (a ``[for name in [...]]`` loop declares several)
 
 
 def redeliveries(infra: Path = INFRA) -> list[Redelivery]:
@@ -76,11 +78,13 @@ def redeliveries(infra: Path = INFRA) -> list[Redelivery]:
                 continue
             properties = _body(spec).get("properties", {})
             name = f"{module['detail']['path']}:{symbol}"
+            loop = ((spec.get("config") or {}).get("loop_type") or {}).get("detail") or {}
+            count = len(loop["array_name"]) if isinstance(loop.get("array_name"), list) else 1
             if spec["type"] in (QUEUE, SUBSCRIPTION):
                 value = {k: _resolve(properties.get(k, d), scope) for k, d in SERVICE_BUS_DEFAULTS.items()}
                 found.append(Redelivery(name, "service bus", int(value["maxDeliveryCount"]),
                                         _duration(value["defaultMessageTimeToLive"], name),
-                                        _duration(value["lockDuration"], name)))  # fmt: skip
+                                        _duration(value["lockDuration"], name), count))  # fmt: skip
             elif spec["type"] in EVENT_SUBSCRIPTIONS:
                 retry = properties.get("retryPolicy", {})
                 value = {k: _resolve(retry.get(k, d), scope) for k, d in EVENT_GRID_DEFAULTS.items()}
@@ -118,11 +122,14 @@ def _duration(value: Any, where: str) -> timedelta:
 class Host:
     function_timeout: timedelta
     lock_renewal: timedelta  # serviceBus.maxAutoLockRenewalDuration
+    max_concurrent_calls: int  # serviceBus.maxConcurrentCalls, per function
 
 
 def host_settings(host: dict[str, Any]) -> Host:
-    renewal = host.get("extensions", {}).get("serviceBus", {}).get("maxAutoLockRenewalDuration", "00:05:00")
-    return Host(timespan(host.get("functionTimeout", "00:05:00")), timespan(renewal))
+    service_bus = host.get("extensions", {}).get("serviceBus", {})
+    renewal = service_bus.get("maxAutoLockRenewalDuration", "00:05:00")
+    return Host(timespan(host.get("functionTimeout", "00:05:00")), timespan(renewal),
+                int(service_bus.get("maxConcurrentCalls", 16)))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -142,15 +149,20 @@ STORE_REQUEST = (TRANSPORT["retry_total"] + 1) * timedelta(
 ) + TRANSPORT["retry_total"] * timedelta(seconds=TRANSPORT["retry_backoff_max"])
 
 
-def dedup_settings(infra: Path = INFRA) -> Dedup:
-    """The DEDUP_* settings as infra sets them, else the library's defaults."""
+def app_setting(name: str, default: str, infra: Path = INFRA) -> str:
+    """An app setting as main.bicep gives it to the function app (``'${param}'`` resolved)."""
     main = parse(infra / "main.bicep")
     settings = _body(main.get("modules", {}).get("functionApp", {})).get("params", {}).get("appSettings") or {}
     values = parameter_values(infra)
+    value = str(_resolve(settings.get(name, default), values))
+    return re.sub(r"\$\{(\w+)\}", lambda match: str(values[match.group(1)]), value)
+
+
+def dedup_settings(infra: Path = INFRA) -> Dedup:
+    """The DEDUP_* settings as infra sets them, else the library's defaults."""
 
     def text(name: str, default: str) -> str:
-        value = str(_resolve(settings.get(name, default), values))  # '${param}' interpolations too
-        return re.sub(r"\$\{(\w+)\}", lambda match: str(values[match.group(1)]), value)
+        return app_setting(name, default, infra)
 
     def setting(name: str, default: str) -> timedelta:
         return _duration(text(name, default), name)
@@ -235,12 +247,20 @@ def lease_check(infra: Path = INFRA, host: dict[str, Any] | None = None) -> Repo
 
     needed = dedup.lease + SKEW
     require(dedup.lease >= dedup.call_timeout + SKEW, f"lease {dedup.lease} >= call timeout + skew")
-    last_attempt = dedup.in_flight_wait + dedup.call_timeout + STORE_REQUEST
-    longest = dedup.transient_wait + last_attempt
+    # Waiting, then a last attempt as slow as any before it (a claim's wait, a call, the commit),
+    # then the last delivery's dead-letter record. A store that hangs on several requests of one
+    # message can still take longer: the host then abandons the invocation (nothing is lost).
+    longest = dedup.transient_wait + dedup.in_flight_wait + dedup.call_timeout + 2 * STORE_REQUEST
     require(longest <= timing.function_timeout,
-            f"a waiting delivery ({longest}: waits, then a last attempt) <= functionTimeout")  # fmt: skip
+            f"a waiting delivery ({longest}: waits, a last attempt, a record) <= functionTimeout")  # fmt: skip
+    places = redeliveries(infra)
+    queues = sum(place.count for place in places if place.broker == "service bus")
+    threads = int(app_setting("PYTHON_THREADPOOL_THREAD_COUNT", "0", infra))
+    require(threads >= queues * timing.max_concurrent_calls + HTTP_THREADS,
+            f"PYTHON_THREADPOOL_THREAD_COUNT {threads} >= {queues} Service Bus entities x maxConcurrentCalls "
+            f"{timing.max_concurrent_calls} + {HTTP_THREADS} (HTTP, Event Grid): waiting holds a thread")  # fmt: skip
     survived: list[timedelta] = []
-    for place in redeliveries(infra):
+    for place in places:
         later = place.max_deliveries - 1
         if place.broker == "service bus":
             require(longest <= max(place.lock, timing.lock_renewal),
@@ -251,6 +271,7 @@ def lease_check(infra: Path = INFRA, host: dict[str, Any] | None = None) -> Repo
             survived.append(place.max_deliveries * dedup.transient_wait)
             covered = later * max(dedup.in_flight_wait, dedup.transient_wait)
         else:
+            # waiting only: a store that hangs can hold a delivery past it; Event Grid then retries
             answer, waited = EVENT_GRID_RESPONSE_TIMEOUT, EVENT_GRID_WAIT + dedup.in_flight_wait + dedup.call_timeout
             require(waited < answer,
                     f"{place.name}: a waiting delivery ({waited}) answers Event Grid within {answer}")  # fmt: skip

@@ -316,7 +316,8 @@ def _settle(lock: Lock, queue: PeekLockQueue, deliver: Deliver, plan: FaultPlan)
         queue.abandon(lock, why=str(error)[:200])
         return
     if plan.draw(WORKER_FAULTS) is not None:
-        return  # crashed before acknowledging, or the acknowledgement was lost
+        queue.crashed(lock)  # died before acknowledging, or the acknowledgement was lost: no more renewal
+        return
     queue.complete(lock)
 
 
@@ -333,11 +334,10 @@ def _start_trouble(
             return
         while queue.completed < 0.4 * queue.sent - queue.dropped_by_detection and not queue.drained():
             time.sleep(0.01)
-        if config.outage:
-            azurite.stop()
-            time.sleep(config.outage_seconds)
-            azurite.start()
-            report.store_restarts += 1
+        azurite.stop()
+        time.sleep(config.outage_seconds)
+        azurite.start()
+        report.store_restarts += 1
 
     thread = threading.Thread(target=trouble, name="trouble")
     thread.start()

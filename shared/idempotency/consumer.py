@@ -22,6 +22,7 @@ from opentelemetry import trace
 
 from . import telemetry
 from .errors import (
+    DedupError,
     DownstreamRejected,
     DownstreamUnavailable,
     FingerprintMismatch,
@@ -56,7 +57,9 @@ _REFUSALS = frozenset({Outcome.INVALID, Outcome.CONFLICT})  # recorded as dead l
 # (the same code fails the same way): it goes back to the broker at once.
 _WAIT_FOR = frozenset({"store_unavailable", "downstream_unavailable", "lease_lost", "claimed_elsewhere",
                        "dead_letter_failed"})  # fmt: skip
-FIRST_PAUSE, MAX_PAUSE = 0.05, 5.0  # seconds between attempts: doubling, with jitter
+# Pauses between attempts, as shares of the delivery's wait (2 min: 0.2 s doubling up to 5 s),
+# with jitter; scaled so that a shorter wait (Event Grid, HTTP, a scaled test) keeps its attempts.
+FIRST_PAUSE, MAX_PAUSE = 1 / 600, 1 / 24
 
 
 @dataclass(frozen=True)
@@ -275,22 +278,27 @@ class IdempotentConsumer:
         wait runs out; on the broker's last delivery, what still fails is recorded as a
         dead letter with its reason before the broker takes the message."""
         started = time.perf_counter()
+        wait = min((self._transient_wait if d.wait is None else d.wait for d in deliveries), default=timedelta(0))
+        deadline = time.monotonic() + wait.total_seconds()  # the first attempt counts too
         spans = [telemetry.span(self.name, d) for d in deliveries]
         # Each delivery's token: its claims and its marker carry it, so a retry knows its own writes.
         owners = [f"{random.getrandbits(128):032x}" for _ in deliveries]
         try:
+            attempt_started = time.monotonic()
             results = self._attempt(deliveries, spans, owners, retry=False)
-            wait = min(self._transient_wait if d.wait is None else d.wait for d in deliveries)
-            deadline, pause = time.monotonic() + wait.total_seconds(), FIRST_PAUSE
+            slowest = time.monotonic() - attempt_started
+            pause, cap = wait.total_seconds() * FIRST_PAUSE, wait.total_seconds() * MAX_PAUSE
             while True:
                 again = [i for i, r in enumerate(results) if r.outcome in RETRY_OUTCOMES and r.reason in _WAIT_FOR]
-                left = deadline - time.monotonic()
-                if not again or left <= 0:
+                nap = random.uniform(pause / 2, pause)  # jitter: instances do not retry in step
+                if not again or time.monotonic() + nap + slowest > deadline:  # an attempt must end by the deadline
                     break
-                time.sleep(min(left, random.uniform(pause / 2, pause)))  # jitter: instances do not retry in step
-                pause = min(pause * 2, MAX_PAUSE)
+                time.sleep(nap)
+                pause = min(pause * 2, cap)
+                attempt_started = time.monotonic()
                 retried = self._attempt([deliveries[i] for i in again], [spans[i] for i in again],
                                         [owners[i] for i in again], retry=True)  # fmt: skip
+                slowest = max(slowest, time.monotonic() - attempt_started)
                 for i, result in zip(again, retried, strict=True):
                     results[i] = result
             finished: list[Result] = []
@@ -370,7 +378,9 @@ class IdempotentConsumer:
         claiming = time.perf_counter()
         try:
             commits = self.store.commit_many(pending)
-        except Exception as exc:  # noqa: BLE001 - nothing was committed that we know of: all retry
+        except DedupError as exc:  # not about one message's data (that is CommitStatus.REFUSED): all wait
+            return [Result(Outcome.TRANSIENT, p.key, "store_unavailable", str(exc)[:500]) for p in pending]
+        except Exception as exc:  # noqa: BLE001 - a bug: all retry
             return [self._failure(exc, p.key, p.fingerprint) for p in pending]
         per_message = (time.perf_counter() - claiming) * 1000 / len(pending)
         results = []
@@ -411,7 +421,7 @@ class IdempotentConsumer:
             return Result(Outcome.DUPLICATE, key, fingerprint=fp, stored_fingerprint=stored_fp)
         try:
             stored = self.store.get(key, partition)
-        except StoreUnavailable as exc:
+        except DedupError as exc:  # the replay could not be read: wait and try again
             return Result(Outcome.TRANSIENT, key, "store_unavailable", str(exc)[:500])
         result = stored.result if stored else None
         return Result(Outcome.DUPLICATE, key, response=result, fingerprint=fp, stored_fingerprint=stored_fp)

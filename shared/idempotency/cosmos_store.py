@@ -30,18 +30,18 @@ from azure.core import MatchConditions
 from azure.cosmos import ContainerProxy, exceptions
 
 from .codec import MARKER_FIELDS, dead_letter_fields, dead_letter_from, marker_fields, marker_from
-from .errors import StoreUnavailable, VersionConflict
+from .errors import StoreRefused, StoreUnavailable, VersionConflict
 from .keys import DedupKey, encode_key, guard_id, marker_id
 from .records import GUARD_KIND, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
 from .store import (
     DEFAULT_DEAD_LETTER_RETENTION,
-    UNSTORABLE,
     Commit,
     CommitResult,
     CommitStatus,
     DeadLetter,
     DedupStore,
     StoredState,
+    check_storable,
     refused,
     store_errors,
 )
@@ -94,8 +94,9 @@ class CosmosStore(DedupStore):
         results = []
         for commit in commits:  # one partition key per batch
             try:
+                check_storable(commit.effects)
                 results.append(self._commit(commit))
-            except UNSTORABLE as exc:
+            except (StoreRefused, TypeError) as exc:  # the data, checked before sending, or the service's answer
                 results.append(refused(exc))
         return results
 

@@ -23,19 +23,11 @@ from .store import (
     DedupStore,
     Purge,
     StoredState,
+    check_storable,
+    refused,
 )
 
 STATE_VERSION = "stateVersion"
-
-
-def _storable(value: Any, nested: bool = False) -> bool:
-    """What both real stores hold: JSON values, and times and bytes at the top level."""
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _storable(v, True) for k, v in value.items())
-    if isinstance(value, list):
-        return all(_storable(v, True) for v in value)
-    scalars = (str, int, float, bool) if nested else (str, int, float, bool, datetime, bytes)
-    return value is None or isinstance(value, scalars)
 
 
 @dataclass(frozen=True)
@@ -77,9 +69,10 @@ class MemoryStore(DedupStore):
         names = [encode_key(effect.name) for effect in effects]
         if len(effects) > self.max_effects or len(set(names)) < len(names):
             raise ValueError(f"a commit holds at most {self.max_effects} entities, each name once")
-        unstorable = [value for effect in effects for value in effect.data.values() if not _storable(value)]
-        if unstorable:  # what the real stores' encoders refuse
-            return CommitResult(CommitStatus.REFUSED, detail=f"cannot be stored: {type(unstorable[0]).__name__}")
+        try:
+            check_storable(effects)  # what the real stores' encoders refuse
+        except TypeError as exc:
+            return refused(exc)
         guard = guard_id(key, fingerprint)
         with self._lock:
             taken = [i for i in (guard, marker_id(key), *names) if (partition, i) in self._items]

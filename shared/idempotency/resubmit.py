@@ -107,7 +107,7 @@ def check_bodies(consumer: IdempotentConsumer, bodies: Iterable[bytes], message_
     lines = []
     for body in bodies:
         try:
-            key, partition, fp = _identify(consumer, Delivery(body=body, message_id=_field(body, message_id_field)))
+            key, partition, fp = consumer.identify(Delivery(body=body, message_id=_field(body, message_id_field)))
         except InvalidMessage as exc:
             lines.append(Line(body[:60].decode("utf-8", "replace"), "invalid", f"{exc.reason}: {exc.detail[:200]}"))
             continue
@@ -116,13 +116,6 @@ def check_bodies(consumer: IdempotentConsumer, bodies: Iterable[bytes], message_
             verdict = "duplicate" if marker.fingerprint == fp else "conflict"
         lines.append(Line(key.id, verdict))
     return lines
-
-
-def _identify(consumer: IdempotentConsumer, delivery: Delivery) -> tuple[DedupKey, str, str]:
-    try:
-        return consumer.identify(delivery)
-    except UnicodeError as exc:  # rfc8785 cannot order member names holding lone surrogates
-        raise InvalidMessage("not_i_json", str(exc)) from exc
 
 
 def _field(body: bytes, name: str | None) -> str | None:
@@ -159,8 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             if found is None:
                 known = ", ".join(sorted({c.name for c in consumers}))
                 return _error(f"no consumer named '{args.consumer}' in function_app; known: {known}")
-            # One read of an empty partition: a missing table fails here, before any verdict
-            # (TableStore.get takes any 404, TableNotFound too, for "no marker").
+            # One read of an empty partition: a missing table or container fails here, before any verdict.
             next(found.store.scan(consumer_partition(found.name, "")), None)
             lines = check_ids(found, args.ids) if args.ids else check_bodies(found, bodies, args.message_id_field)
     except settings.ConfigurationError as exc:

@@ -114,7 +114,7 @@ TRANSPORT: dict[str, Any] = {
     "retry_backoff_factor": 0.4,
     "retry_backoff_max": 4,
     "connection_timeout": 5,
-    "read_timeout": 30,
+    "read_timeout": 10,  # a store request is small: a stalled answer is retried, not waited on
 }
 
 

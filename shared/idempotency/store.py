@@ -86,16 +86,32 @@ class DeadLetter:
         return digest.hexdigest()
 
 
-UNSTORABLE = (StoreRefused, TypeError, UnicodeError)  # what encoding or the store says of data it can never hold
-
-
 def refused(exc: Exception) -> CommitResult:
-    """The commit result of a message whose data the store can never hold."""
-    if isinstance(exc, StoreRefused):
-        return CommitResult(CommitStatus.REFUSED, detail=exc.detail)
-    inner = exc.__context__  # an SDK may re-raise the encoder's error with a vaguer message
-    detail = f"cannot be stored: {inner if isinstance(inner, TypeError | UnicodeError) else exc}"[:500]
+    """The commit result of a message whose data the store can never hold: the store
+    refused it (StoreRefused), or our own encoding could not hold a value."""
+    detail = exc.detail if isinstance(exc, StoreRefused) else f"cannot be stored: {exc}"[:500]
     return CommitResult(CommitStatus.REFUSED, detail=detail)
+
+
+def check_storable(effects: Sequence[Entity]) -> None:
+    """TypeError unless every value is one both real stores hold: JSON values, and times
+    and bytes at the top level. Checked before anything is sent, so that a type error
+    from deeper down (an SDK, a transport) is never mistaken for the message's data."""
+    for effect in effects:
+        for name, value in effect.data.items():
+            if not _storable(value, nested=False):
+                raise TypeError(f"{effect.name}.{name}: a {type(value).__name__} is not a storable value")
+
+
+def _storable(value: object, nested: bool) -> bool:
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _storable(v, True) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_storable(v, True) for v in value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return -(2**63) <= value < 2**63  # Int64; JSON's exact integers are far inside
+    scalars = (str, float, bool) if nested else (str, float, bool, datetime, bytes)
+    return value is None or isinstance(value, scalars)
 
 
 class Commit(NamedTuple):
@@ -131,7 +147,11 @@ def is_transient(status: int | None) -> bool:
     return status in (408, 429, 449) or (status or 0) >= 500
 
 
-REFUSED_FOR_GOOD = (400, 413)  # a value too large, a type or a key the store cannot hold
+# What a store answers about a message's own data (a value, an entity, a request too large;
+# the same row twice in one transaction): refused for good. Any other 400 may be a
+# deployment's mistake (an API version, a header, an account setting): never dead-letter for it.
+REFUSED_FOR_GOOD = frozenset({"PropertyValueTooLarge", "EntityTooLarge", "PropertyNameTooLong", "TooManyProperties",
+                              "KeyValueTooLarge", "InvalidDuplicateRow", "RequestBodyTooLarge"})  # fmt: skip
 DATA_ROLES = "Table Storage: 'Storage Table Data Contributor'; Cosmos DB: 'Cosmos DB Built-in Data Contributor'"
 
 
@@ -143,7 +163,9 @@ def store_errors() -> Iterator[None]:
     - unreachable, throttled, 5xx → StoreUnavailable: wait, then let the broker redeliver;
     - 401/403 → StoreUnavailable too, logged with the role the app's identity most likely
       lacks: a missing role assignment is fixed by an operator, not by dead-lettering;
-    - 400/413 → StoreRefused: this message's data can never be stored; dead-letter it;
+    - 413, or a 400 whose code says the data is too large (REFUSED_FOR_GOOD) → StoreRefused:
+      this message's data can never be stored; dead-letter it;
+    - any other 400 → StoreUnavailable, logged: likely the deployment's, not the message's;
     - anything else (404 on a read, 409, 412) passes through: the callers read those."""
     try:
         yield
@@ -151,14 +173,18 @@ def store_errors() -> Iterator[None]:
         raise StoreUnavailable(str(exc)) from exc
     except HttpResponseError as exc:
         code = getattr(exc, "error_code", None) or ""
+        code = str(getattr(code, "value", code))  # the SDK's may be an enum
         if is_transient(exc.status_code):
             raise StoreUnavailable(f"{exc.status_code} {code}: {exc.message}") from exc
         if isinstance(exc, ClientAuthenticationError) or exc.status_code in (401, 403):
             log.error("dedup store refused access (%s %s): grant the app's identity a data role (%s)",
                       exc.status_code, code, DATA_ROLES)  # fmt: skip
             raise StoreUnavailable(f"{exc.status_code} {code}: access refused ({DATA_ROLES})") from exc
-        if exc.status_code in REFUSED_FOR_GOOD:
+        if exc.status_code == 413 or (exc.status_code == 400 and code in REFUSED_FOR_GOOD):
             raise StoreRefused(f"{exc.status_code} {code}: {exc.message}"[:500]) from exc
+        if exc.status_code == 400:
+            log.error("dedup store answered 400 %s, not about a message's data: check the deployment", code)
+            raise StoreUnavailable(f"400 {code}: {exc.message}"[:500]) from exc
         raise
 
 

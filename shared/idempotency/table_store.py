@@ -32,12 +32,11 @@ from azure.core.exceptions import (
 from azure.data.tables import EdmType, TableClient, TableServiceClient, TableTransactionError, UpdateMode
 
 from .codec import dead_letter_fields, dead_letter_from, marker_fields, marker_from
-from .errors import StoreUnavailable, VersionConflict
+from .errors import StoreRefused, StoreUnavailable, VersionConflict
 from .keys import DedupKey, encode_key, guard_id, marker_id
 from .records import GUARD_KIND, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
 from .store import (
     DEFAULT_DEAD_LETTER_RETENTION,
-    UNSTORABLE,
     Commit,
     CommitResult,
     CommitStatus,
@@ -45,6 +44,7 @@ from .store import (
     DedupStore,
     Purge,
     StoredState,
+    check_storable,
     refused,
     store_errors,
 )
@@ -99,7 +99,13 @@ class TableStore(DedupStore):
         message (the failing index says duplicate or mismatch) and goes again with the
         rest. The same key twice in one call: the later copy waits for a later round."""
         results: dict[int, CommitResult] = {}
-        remaining = list(range(len(commits)))
+        remaining = []
+        for i, commit in enumerate(commits):
+            try:
+                check_storable(commit.effects)
+                remaining.append(i)
+            except TypeError as exc:  # refused before anything is sent
+                results[i] = refused(exc)
         while remaining:
             keys: set[DedupKey] = set()
             this_round: list[int] = []
@@ -144,21 +150,21 @@ class TableStore(DedupStore):
         while chunk:
             operations: list[dict[str, Any]] = []
             owners: list[tuple[int, int]] = []  # per operation: (message, position in the message)
+            for i in chunk:
+                commit = commits[i]
+                guard = {"PartitionKey": pk, "RowKey": guard_id(commit.key, commit.fingerprint), "Kind": GUARD_KIND,
+                         "ExpiresAt": commit.expires_at}  # fmt: skip
+                entities = [guard, self._marker_entity(commit.marker(now)),
+                            *(self.effect_entity(pk, e) for e in commit.effects)]  # fmt: skip
+                operations += entities
+                owners += [(i, position) for position in range(len(entities))]
             try:
-                for i in chunk:
-                    commit = commits[i]
-                    guard = {"PartitionKey": pk, "RowKey": guard_id(commit.key, commit.fingerprint),
-                             "Kind": GUARD_KIND, "ExpiresAt": commit.expires_at}  # fmt: skip
-                    entities = [guard, self._marker_entity(commit.marker(now)),
-                                *(self.effect_entity(pk, e) for e in commit.effects)]  # fmt: skip
-                    operations += entities
-                    owners += [(i, position) for position in range(len(entities))]
                 with store_errors():
                     failure = self._submit(operations)
-            except UNSTORABLE as exc:
+            except StoreRefused as exc:  # a value too large, say: whose? each message on its own
                 if len(chunk) == 1:
                     return {**results, chunk[0]: refused(exc)}
-                failure = TransactionFailure(None, 400, "", str(exc))  # whose data? each message on its own
+                failure = TransactionFailure(None, 400, "", str(exc))
             if failure is not None:
                 failed = failure.index
                 if failed is None and len(chunk) > 1:  # the service did not say which: one by one

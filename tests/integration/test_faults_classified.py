@@ -5,9 +5,11 @@ recorded on the last delivery, and a commit applied but answered 500 reports ``p
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +30,6 @@ from shared.idempotency import (
     Effects,
     Entity,
     IdempotentConsumer,
-    InvalidMessage,
     Outcome,
     StoreUnavailable,
     registry,
@@ -195,25 +196,53 @@ def test_a_step_answer_too_large_to_store_is_refused_and_never_called_again(azur
     assert {record.reason for record in store.dead_letters("big-answers")} == {"result_too_large"}
 
 
-def test_store_answers_are_classified_once() -> None:
-    """400/413: refused for good. 401/403: an operator's fix, waited for (never dead-lettered),
-    logged with the role the app most likely lacks. 5xx: transient."""
+def answered(status: int, code: str | None = None, kind: type[HttpResponseError] = HttpResponseError) -> Exception:
+    """What ``store_errors`` makes of a store's answer."""
+    error = kind(message=f"answered {status}")
+    error.status_code, error.error_code = status, code
+    with pytest.raises(Exception) as caught, store_errors():
+        raise error
+    return caught.value
 
-    def raised(error: Exception) -> Exception:
-        with pytest.raises(Exception) as caught, store_errors():
-            raise error
-        return caught.value
 
-    too_large = HttpResponseError(message="The property value exceeds the maximum allowed size")
-    too_large.status_code, too_large.error_code = 400, "PropertyValueTooLarge"
-    assert isinstance(raised(too_large), StoreRefused)
-    forbidden = ClientAuthenticationError(message="This request is not authorized")
-    forbidden.status_code, forbidden.error_code = 403, "AuthorizationPermissionMismatch"
-    refused = raised(forbidden)
-    assert isinstance(refused, StoreUnavailable) and "Storage Table Data Contributor" in str(refused)
-    busy = HttpResponseError(message="busy")
-    busy.status_code = 503
-    assert isinstance(raised(busy), StoreUnavailable)
+@pytest.mark.parametrize(("status", "code"), [(400, "PropertyValueTooLarge"), (400, "EntityTooLarge"),
+                                              (400, "InvalidDuplicateRow"), (413, None),
+                                              (413, "RequestBodyTooLarge")])  # fmt: skip
+def test_answers_about_the_messages_own_data_are_refused_for_good(status: int, code: str | None) -> None:
+    assert isinstance(answered(status, code), StoreRefused)
+
+
+@pytest.mark.parametrize(("status", "code", "kind"), [
+    (403, "AuthorizationPermissionMismatch", ClientAuthenticationError),  # the lean path's class
+    (403, "AuthorizationPermissionMismatch", HttpResponseError),  # the SDK's, for that code
+    (401, "InvalidAuthenticationInfo", ClientAuthenticationError),
+    (400, "InvalidHeaderValue", HttpResponseError),  # a deployment's mistake, not the message's
+    (400, None, HttpResponseError),
+    (503, "ServerBusy", HttpResponseError),
+])  # fmt: skip
+def test_other_answers_are_waited_for_never_dead_lettered(
+    status: int, code: str | None, kind: type[HttpResponseError], caplog: pytest.LogCaptureFixture
+) -> None:
+    outcome = answered(status, code, kind)
+    assert isinstance(outcome, StoreUnavailable) and not isinstance(outcome, StoreRefused)
+    if status in (401, 403):  # access refused: the log names the role the app most likely lacks
+        assert "Storage Table Data Contributor" in str(outcome) and "Storage Table Data Contributor" in caplog.text
+
+
+def test_a_store_error_outside_one_messages_data_retries_the_whole_batch(azurite: Azurite) -> None:
+    """Only CommitStatus.REFUSED refuses a message: an exception from the commit (here a 400
+    refusal raised by the store as a whole) never dead-letters a batch."""
+    store = new_table_store(azurite)
+    consumer = IdempotentConsumer("batch", store, lambda p, c: Effects([Entity("x", {"n": 1})]),
+                                  config=DedupConfig(transient_wait=timedelta(0)))  # fmt: skip
+
+    def refusing(*args: Any, **kwargs: Any) -> Any:
+        raise StoreRefused("400 PropertyValueTooLarge: raised for the batch as a whole")
+
+    store.commit_many = refusing  # type: ignore[method-assign]
+    results = consumer.process_batch([Delivery(body=b"{}", message_id=f"b-{i}") for i in range(3)])
+    assert [(r.outcome, r.reason) for r in results] == [(Outcome.TRANSIENT, "store_unavailable")] * 3
+    assert store.dead_letters("batch") == []
 
 
 # -- HTTP ----------------------------------------------------------------------------------------
@@ -246,8 +275,8 @@ def test_an_order_id_with_line_breaks_stays_answerable(store: DedupStore) -> Non
 
 
 def test_a_store_refusal_is_a_4xx_problem_for_http(store: DedupStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    unstorable = staticmethod(lambda pk, e: {"PartitionKey": pk, "RowKey": e.name, "x": {1}})  # a set
-    monkeypatch.setattr(TableStore, "effect_entity", unstorable)
+    too_large = staticmethod(lambda pk, e: {"PartitionKey": pk, "RowKey": e.name, "x": "é" * 40_000})
+    monkeypatch.setattr(TableStore, "effect_entity", too_large)  # Azurite answers 400 PropertyValueTooLarge
     response = post(an_order(), "k-r")
     assert response.status_code == 400 and "store_refused" in json.loads(response.get_body())["title"]
 
@@ -331,22 +360,30 @@ def caplog_outcomes() -> Iterator[list[str]]:
         logger.setLevel(level)
 
 
-def test_a_waiting_delivery_that_never_recovers_goes_back_to_the_broker(azurite: Azurite) -> None:
-    """The wait is bounded: an outage longer than it abandons the delivery (RetryLater)."""
-    with fresh_app(azurite, DEDUP_TRANSIENT_WAIT="PT0.3S"):
+@pytest.mark.parametrize("attempt_seconds", [0.0, 0.15])
+def test_a_delivery_waits_with_growing_pauses_and_ends_within_its_wait(
+    azurite: Azurite, attempt_seconds: float
+) -> None:
+    """An outage longer than the wait: several attempts, growing pauses, and the delivery
+    goes back to the broker (RetryLater) no later than the wait plus one attempt."""
+    with fresh_app(azurite, DEDUP_TRANSIENT_WAIT="PT1.2S"):
         consumer = orders_app.queue_consumer()
+        attempts: list[float] = []
 
         def unavailable(*args: Any, **kwargs: Any) -> Any:
+            attempts.append(time.monotonic())
+            time.sleep(attempt_seconds)
             raise StoreUnavailable("503 injected")
 
         consumer.store.commit_many = unavailable  # type: ignore[method-assign]
         order = an_order()
+        started = time.monotonic()
         with pytest.raises(RetryLater):
             orders(servicebus_message(order, order["orderId"]))
-
-
-def test_an_invalid_message_error_class_is_kept_for_handlers() -> None:
-    assert issubclass(StoreRefused, InvalidMessage)
+        took = time.monotonic() - started
+    pauses = [later - earlier - attempt_seconds for earlier, later in itertools.pairwise(attempts)]
+    assert len(attempts) >= 4 and pauses[-1] > pauses[0]  # retried, backing off
+    assert took <= 1.2 + attempt_seconds + 0.2  # never past the wait by more than an attempt (and scheduling)
 
 
 class CutShort(BaseHTTPRequestHandler):
