@@ -106,7 +106,9 @@ def test_throttling_and_server_errors_are_transient(status: int) -> None:
 def test_transport_errors_are_transient_and_client_errors_are_not() -> None:
     with pytest.raises(StoreUnavailable), store_errors():
         raise ServiceRequestError("connection refused")
-    with pytest.raises(StoreRefused), store_errors():  # refused for good: dead-lettered, never retried
+    with pytest.raises(StoreRefused), store_errors():  # too large: refused for good, dead-lettered
+        raise exceptions.CosmosHttpResponseError(status_code=413, message="too large")  # type: ignore[no-untyped-call]
+    with pytest.raises(StoreUnavailable), store_errors():  # a 400 not about the data: waited for, logged
         raise exceptions.CosmosHttpResponseError(status_code=400, message="bad request")  # type: ignore[no-untyped-call]
     with pytest.raises(exceptions.CosmosHttpResponseError), store_errors():  # the callers read a 409
         raise exceptions.CosmosHttpResponseError(status_code=409, message="conflict")  # type: ignore[no-untyped-call]
