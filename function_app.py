@@ -10,7 +10,7 @@ import os
 import azure.functions as func
 
 import consumers
-from shared.idempotency import maintenance
+from shared.idempotency.functions import timers
 
 # The worker logs at INFO: keep the SDKs' per-request HTTP logging out of the app's logs.
 logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
@@ -40,5 +40,5 @@ def ensure_telemetry() -> None:
 
 ensure_telemetry()
 app = func.FunctionApp()
-for blueprint in [*consumers.blueprints(), maintenance.bp]:
+for blueprint in [*consumers.blueprints(), timers]:
     app.register_functions(blueprint)

@@ -7,17 +7,7 @@ from __future__ import annotations
 import azure.functions as func
 
 from shared.idempotency import IdempotentConsumer
-from shared.idempotency.bindings import (
-    acknowledge_or_retry,
-    cloudevent_response,
-    eventgrid_delivery,
-    http_cloudevent_delivery,
-    problem,
-    ready,
-    too_large,
-    webhook_handshake,
-)
-from shared.idempotency.registry import consumer, shared_store
+from shared.idempotency.functions import consumer, on_cloudevents_http, on_eventgrid, shared_store
 from shared.orders import SHIPPED_SCHEMA, shipment_handler
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
@@ -38,19 +28,10 @@ def api_consumer() -> IdempotentConsumer:
 @bp.function_name("order_events")
 @bp.event_grid_trigger(arg_name="event")
 def order_events(event: func.CloudEvent) -> None:
-    acknowledge_or_retry(grid_consumer().process(eventgrid_delivery(event)))
+    on_eventgrid(grid_consumer, event)
 
 
 @bp.function_name("events_api")
 @bp.route(route="events", methods=["POST", "OPTIONS"], auth_level=func.AuthLevel.FUNCTION)
 def events_api(req: func.HttpRequest) -> func.HttpResponse:
-    if req.method == "OPTIONS":
-        return webhook_handshake(req)
-    refused = too_large(req)
-    if refused is not None:
-        return refused
-    delivery = http_cloudevent_delivery(req)
-    if isinstance(delivery, str):
-        return problem(400, "Not a valid CloudEvent", delivery)
-    found = ready(api_consumer)
-    return found if isinstance(found, func.HttpResponse) else cloudevent_response(found.process(delivery))
+    return on_cloudevents_http(api_consumer, req)

@@ -6,8 +6,7 @@ from __future__ import annotations
 import azure.functions as func
 
 from shared.idempotency import IdempotentConsumer, from_body_field
-from shared.idempotency.bindings import BODY_AS_BYTES, acknowledge_or_retry, servicebus_delivery
-from shared.idempotency.registry import consumer, shared_store
+from shared.idempotency.functions import BODY_AS_BYTES, consumer, on_servicebus, shared_store
 from shared.orders import STATUS_SCHEMA, status_handler
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
@@ -23,4 +22,4 @@ def status_consumer() -> IdempotentConsumer:
 @bp.service_bus_queue_trigger(arg_name="msg", queue_name="%ORDER_STATUS_QUEUE%", connection="ServiceBusConnection",
                               data_type=BODY_AS_BYTES)  # fmt: skip
 def order_status(msg: func.ServiceBusMessage) -> None:
-    acknowledge_or_retry(status_consumer().process(servicebus_delivery(msg)))
+    on_servicebus(status_consumer, msg)

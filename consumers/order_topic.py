@@ -6,8 +6,7 @@ from __future__ import annotations
 import azure.functions as func
 
 from shared.idempotency import IdempotentConsumer
-from shared.idempotency.bindings import BODY_AS_BYTES, acknowledge_or_retry, servicebus_delivery
-from shared.idempotency.registry import consumer, shared_store
+from shared.idempotency.functions import BODY_AS_BYTES, consumer, on_servicebus, shared_store
 from shared.orders import SCHEMA, invoice_handler, picklist_handler
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
@@ -27,11 +26,11 @@ def shipping_consumer() -> IdempotentConsumer:
 @bp.service_bus_topic_trigger(arg_name="msg", topic_name="%ORDER_TOPIC%", subscription_name="%BILLING_SUBSCRIPTION%",
                               connection="ServiceBusConnection", data_type=BODY_AS_BYTES)  # fmt: skip
 def billing(msg: func.ServiceBusMessage) -> None:
-    acknowledge_or_retry(billing_consumer().process(servicebus_delivery(msg)))
+    on_servicebus(billing_consumer, msg)
 
 
 @bp.function_name("shipping")
 @bp.service_bus_topic_trigger(arg_name="msg", topic_name="%ORDER_TOPIC%", subscription_name="%SHIPPING_SUBSCRIPTION%",
                               connection="ServiceBusConnection", data_type=BODY_AS_BYTES)  # fmt: skip
 def shipping(msg: func.ServiceBusMessage) -> None:
-    acknowledge_or_retry(shipping_consumer().process(servicebus_delivery(msg)))
+    on_servicebus(shipping_consumer, msg)

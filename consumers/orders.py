@@ -8,18 +8,8 @@ import os
 import azure.functions as func
 
 from shared.idempotency import IdempotentConsumer, from_body_field
-from shared.idempotency.bindings import (
-    BODY_AS_BYTES,
-    acknowledge_or_retry,
-    http_delivery,
-    http_response,
-    ready,
-    servicebus_delivery,
-    stored_response,
-    too_large,
-)
 from shared.idempotency.downstream import IdempotentHttp
-from shared.idempotency.registry import consumer, shared_store
+from shared.idempotency.functions import BODY_AS_BYTES, consumer, on_http, on_servicebus, shared_store, stored_response
 from shared.orders import SCHEMA, order_handler
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
@@ -50,14 +40,10 @@ def api_consumer() -> IdempotentConsumer:
 @bp.service_bus_queue_trigger(arg_name="msg", queue_name="%ORDERS_QUEUE%", connection="ServiceBusConnection",
                               data_type=BODY_AS_BYTES)  # fmt: skip
 def orders(msg: func.ServiceBusMessage) -> None:
-    acknowledge_or_retry(queue_consumer().process(servicebus_delivery(msg)))
+    on_servicebus(queue_consumer, msg)
 
 
 @bp.function_name("orders_api")
 @bp.route(route="orders", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
 def orders_api(req: func.HttpRequest) -> func.HttpResponse:
-    delivery = too_large(req) or http_delivery(req)
-    if isinstance(delivery, func.HttpResponse):
-        return delivery
-    found = ready(api_consumer)
-    return found if isinstance(found, func.HttpResponse) else http_response(found.process(delivery))
+    return on_http(api_consumer, req)

@@ -8,8 +8,9 @@ import pytest
 from azure.cosmos import CosmosClient, PartitionKey
 from azure.data.tables import TableServiceClient
 
-from shared.idempotency import DedupStore, registry
+from shared.idempotency import DedupStore
 from shared.idempotency.cosmos_store import CosmosStore
+from shared.idempotency.functions import reset
 from shared.idempotency.settings import TRANSPORT
 from shared.idempotency.table_batch import TableTransactions
 from shared.idempotency.table_store import TableStore
@@ -26,7 +27,7 @@ def _restore_app_settings() -> Iterator[None]:
     if os.environ != saved:
         os.environ.clear()
         os.environ.update(saved)
-        registry.reset()
+        reset()
 
 
 @pytest.fixture(scope="session")

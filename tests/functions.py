@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from shared.idempotency import IdempotentConsumer, StoreUnavailable, registry
+from shared.idempotency import IdempotentConsumer, StoreUnavailable
+from shared.idempotency.functions import reset
 from tools.azurite import Azurite
 from tools.host import servicebus_message, user_function
 
@@ -46,7 +47,7 @@ def app_settings(**settings: str) -> Iterator[None]:
     """Point the app at a store; its consumers are rebuilt from these settings."""
     saved = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
-    registry.reset()
+    reset()
     try:
         yield
     finally:
@@ -55,4 +56,4 @@ def app_settings(**settings: str) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        registry.reset()
+        reset()

@@ -22,8 +22,8 @@ from typing import Any
 
 import isodate
 
-from shared.idempotency.bindings import EVENT_GRID_WAIT
 from shared.idempotency.downstream import DEFAULT_TIMEOUT
+from shared.idempotency.functions import EVENT_GRID_WAIT
 from shared.idempotency.settings import (
     DEFAULT_DEAD_LETTER_RETENTION,
     DEFAULT_IN_FLIGHT_WAIT,

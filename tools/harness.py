@@ -23,8 +23,9 @@ from datetime import timedelta
 from azure.data.tables import TableServiceClient
 
 from consumers import orders
-from shared.idempotency import DedupKey, DedupStore, IdempotentConsumer, registry
+from shared.idempotency import DedupKey, DedupStore, IdempotentConsumer
 from shared.idempotency.cosmos_store import CosmosStore
+from shared.idempotency.functions import reset
 from shared.idempotency.keys import marker_id
 from shared.idempotency.records import GUARD_KIND
 from shared.idempotency.settings import TRANSPORT, table_transactions
@@ -45,7 +46,7 @@ from tools.payment_service import PaymentService
 def orders_consumer(connection: str, table: str) -> IdempotentConsumer:
     """Configure the app as its settings would, and return the function's consumer."""
     os.environ.update(DEDUP_STORAGE_CONNECTION=connection, DEDUP_TABLE=table, DEDUP_DEADLETTER_TABLE=table + "dl")
-    registry.reset()
+    reset()
     return orders.queue_consumer()
 
 

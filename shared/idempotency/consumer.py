@@ -1,5 +1,5 @@
 """The idempotent-consumer flow. Trigger-neutral: a trigger turns its binding into a
-Delivery, calls ``process`` and settles the returned Result (see bindings.py)."""
+Delivery, calls ``process`` and settles the returned Result (see ``functions``)."""
 
 from __future__ import annotations
 

@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING
 
 from azure.core.exceptions import AzureError, ResourceNotFoundError
 
-from . import registry, settings
+from . import settings
 from .consumer import Delivery, parse_json
 from .errors import DedupError, InvalidMessage
+from .functions import declared, using_store
 from .keys import DedupKey, consumer_partition
 from .records import Marker, State
 
@@ -146,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             return _error(f"cannot read --bodies {args.bodies}: {exc.strerror or exc}")
     try:
         # Never create tables: a typo in DEDUP_TABLE must fail here, not report every message new.
-        with registry.using_store(settings.app_store(create=False)):
-            consumers = registry.declared()
+        with using_store(settings.app_store(create=False)):
+            consumers = declared()
             found = next((c for c in consumers if c.name == args.consumer), None)
             if found is None:
                 known = ", ".join(sorted({c.name for c in consumers}))

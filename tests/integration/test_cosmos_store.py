@@ -20,11 +20,11 @@ from shared.idempotency import (
     State,
     StoreUnavailable,
     VersionConflict,
-    registry,
 )
 from shared.idempotency.codec import MARKER_FIELDS, marker_fields
 from shared.idempotency.cosmos_store import CosmosStore
 from shared.idempotency.errors import StoreRefused
+from shared.idempotency.functions import reset
 from shared.idempotency.records import MARKER_KIND, utcnow
 from shared.idempotency.store import store_errors
 from tests.conftest import EMULATED, REAL_COSMOS, new_cosmos_store
@@ -146,7 +146,7 @@ def test_every_trigger_runs_unchanged_on_cosmos(azurite: Azurite, cosmos_emulato
     finally:
         os.environ.clear()
         os.environ.update(saved)
-        registry.reset()
+        reset()
     assert isinstance(report, Report) and report.violations == []
     assert (report.double_effects, report.lost, report.orphans) == (0, 0, 0)
     assert report.outcomes["duplicate"] > 0 and report.effects_applied == report.messages - report.dead_lettered
@@ -164,7 +164,7 @@ def test_two_phase_steps_complete_on_the_cosmos_emulator(azurite: Azurite, cosmo
     finally:
         os.environ.clear()
         os.environ.update(saved)
-        registry.reset()
+        reset()
     assert report.violations == [] and (report.double_effects, report.lost, report.orphans) == (0, 0, 0)
     assert report.payment_charges == report.effects_applied == report.messages - report.dead_lettered
     assert report.outcomes["transient"] == 0  # no delivery had to be abandoned

@@ -17,7 +17,7 @@ import pytest
 from consumers import order_events as events_app
 from consumers import orders as orders_app
 from shared.idempotency import DedupKey, DedupStore, Marker, State, fingerprint
-from shared.idempotency.bindings import REPLAYED, RetryLater
+from shared.idempotency.functions import REPLAYED, RetryLater
 from shared.idempotency.records import utcnow
 from shared.idempotency.testing import entities
 from shared.orders import SHIPPED

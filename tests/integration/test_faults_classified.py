@@ -32,10 +32,9 @@ from shared.idempotency import (
     IdempotentConsumer,
     Outcome,
     StoreUnavailable,
-    registry,
 )
-from shared.idempotency.bindings import REPLAYED, RetryLater, eventgrid_delivery
 from shared.idempotency.errors import StoreRefused
+from shared.idempotency.functions import REPLAYED, RetryLater, eventgrid_delivery, shared_store, using_store
 from shared.idempotency.records import MAX_RESULT_CHARACTERS
 from shared.idempotency.settings import TRANSPORT, DedupConfig
 from shared.idempotency.store import DeadLetter, DedupStore, store_errors
@@ -65,7 +64,7 @@ def dead_letters(store: DedupStore, scope: str) -> list[DeadLetter]:
 @pytest.fixture
 def store(azurite: Azurite) -> Iterator[DedupStore]:
     with fresh_app(azurite):
-        yield registry.shared_store()
+        yield shared_store()
 
 
 # -- fixable shapes are processed -------------------------------------------------------------
@@ -325,7 +324,7 @@ def test_a_commit_applied_then_answered_500_reports_processed(azurite: Azurite, 
     with fresh_app(azurite, DEDUP_TRANSIENT_WAIT="PT10S") as table:
         store, faulty = store_answering_500_once(azurite, table, lean)
         store.create_tables()
-        with registry.using_store(store), caplog_outcomes() as outcomes:
+        with using_store(store), caplog_outcomes() as outcomes:
             order = an_order()
             orders(servicebus_message(order, order["orderId"]))  # no RetryLater: waited out
             response = post(an_order(), "k-h")

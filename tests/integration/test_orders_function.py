@@ -22,9 +22,8 @@ from shared.idempotency import (
     IdempotentConsumer,
     Outcome,
     StoreUnavailable,
-    registry,
 )
-from shared.idempotency.bindings import RetryLater
+from shared.idempotency.functions import RetryLater, shared_store
 from shared.idempotency.keys import consumer_partition, encode_key
 from shared.idempotency.records import MARKER_KIND, utcnow
 from shared.orders.checks import OrderEffects, effects_by_order
@@ -49,7 +48,7 @@ def an_order(order_id: str | None = None, amount: float = 12.5) -> dict[str, Any
 def tables(azurite: Azurite) -> Iterator[tuple[TableClient, TableClient]]:
     with fresh_app(azurite) as name:
         service = TableServiceClient.from_connection_string(azurite.connection_string)
-        registry.shared_store()  # creates the tables
+        shared_store()  # creates the tables
         yield service.get_table_client(name), service.get_table_client(name + "dl")
 
 

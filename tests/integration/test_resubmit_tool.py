@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from azure.data.tables import TableServiceClient
 
-from shared.idempotency import InvalidMessage, registry, resubmit
+from shared.idempotency import InvalidMessage, resubmit
 from shared.idempotency import consumer as consumer_module
+from shared.idempotency.functions import reset, shared_store
 from shared.idempotency.resubmit import main
 from tests.functions import app_settings, fresh_app, servicebus_message, user_function
 from tools.azurite import KEY, Azurite, free_port
@@ -27,7 +28,7 @@ Output = tuple[int, str, str]
 def app(azurite: Azurite) -> Iterator[str]:
     """The app on new tables, created as the app creates them when it opens its store."""
     with fresh_app(azurite) as table:
-        registry.shared_store()
+        shared_store()
         yield table
 
 
@@ -195,7 +196,7 @@ def test_a_missing_setting_is_one_error_line(
 ) -> None:
     monkeypatch.delenv("DEDUP_STORAGE_CONNECTION")
     monkeypatch.delenv("DEDUP_STORAGE_ENDPOINT", raising=False)
-    registry.reset()
+    reset()
     assert_one_error_line(run(capsys, "--ids", "o-1"), "DEDUP_STORAGE_CONNECTION")
 
 

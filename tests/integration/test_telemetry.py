@@ -14,7 +14,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from shared.idempotency import Context, Delivery, Effects, Entity, IdempotentConsumer, Outcome, registry
+from shared.idempotency import Context, Delivery, Effects, Entity, IdempotentConsumer, Outcome
+from shared.idempotency.functions import shared_store
 from shared.idempotency.memory_store import MemoryStore
 from shared.idempotency.settings import DedupConfig
 from tests.functions import fresh_app, servicebus_message, user_function
@@ -61,7 +62,7 @@ def total(snapshot: dict[Any, Any], name: str) -> int:
 def app(azurite: Azurite, request: pytest.FixtureRequest) -> Iterator[str]:
     """cold: no cache of completed keys (a duplicate seen by another instance)."""
     with fresh_app(azurite, DEDUP_CACHE_SIZE=request.param):
-        registry.shared_store()  # tables created before we count
+        shared_store()  # tables created before we count
         yield request.param
 
 

@@ -20,8 +20,8 @@ from shared.idempotency import (
     State,
     StepPolicy,
 )
-from shared.idempotency.bindings import RetryLater, servicebus_delivery
 from shared.idempotency.downstream import IdempotentHttp
+from shared.idempotency.functions import RetryLater, servicebus_delivery
 from shared.idempotency.keys import consumer_partition
 from shared.idempotency.reconcile import ESCALATION, escalate_stale_claims
 from shared.idempotency.records import utcnow

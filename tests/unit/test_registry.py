@@ -7,8 +7,9 @@ import threading
 
 import pytest
 
+from shared.idempotency.functions import reset, shared_store, using_store
+from shared.idempotency.functions._registry import Once
 from shared.idempotency.memory_store import MemoryStore
-from shared.idempotency.registry import Once, reset, shared_store, using_store
 
 
 def test_sixteen_concurrent_first_calls_build_once() -> None:

@@ -16,10 +16,10 @@ from urllib.parse import quote
 import azure.functions as func
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 
-from .consumer import Delivery, Effects, Handler, IdempotentConsumer, Outcome, Result, parse_json
-from .errors import InvalidMessage, StoreUnavailable
-from .keys import joined_identity
-from .steps import Context
+from ..consumer import Delivery, Effects, Handler, IdempotentConsumer, Outcome, Result, parse_json
+from ..errors import InvalidMessage, StoreUnavailable
+from ..keys import joined_identity
+from ..steps import Context
 
 # Service Bus bodies reach the function as the producer's bytes. With the default (string)
 # the host also merges a JSON body's top-level fields into the trigger metadata, where a body
@@ -257,3 +257,50 @@ def problem(status: int, title: str, detail: str, *, retry_after: bool = False) 
     headers = {"Retry-After": RETRY_AFTER_SECONDS} if retry_after else {}
     return func.HttpResponse(json.dumps(body), status_code=status, headers=headers,
                              mimetype="application/problem+json")  # fmt: skip
+
+
+# -- one call per trigger: a function's whole body ------------------------------------------
+
+Consumer = Callable[[], IdempotentConsumer]  # a consumer declared with @consumer
+
+
+def on_servicebus(consumer: Consumer, msg: func.ServiceBusMessage) -> None:
+    """Process one Service Bus message: returning completes it, raising abandons it."""
+    acknowledge_or_retry(consumer().process(servicebus_delivery(msg)))
+
+
+def on_servicebus_batch(consumer: Consumer, messages: list[func.ServiceBusMessage]) -> None:
+    """Process a batch (``cardinality="many"``). With the classic binding a batch completes or
+    is abandoned as a whole: one message to retry brings the batch back, and its committed
+    messages are then cheap duplicates."""
+    for result in consumer().process_batch([servicebus_delivery(m) for m in messages]):
+        acknowledge_or_retry(result)
+
+
+def on_eventgrid(consumer: Consumer, event: func.CloudEvent) -> None:
+    """Process one Event Grid CloudEvent: returning accepts it, raising makes Event Grid retry."""
+    acknowledge_or_retry(consumer().process(eventgrid_delivery(event)))
+
+
+def on_http(consumer: Consumer, req: func.HttpRequest) -> func.HttpResponse:
+    """A JSON POST with ``Idempotency-Key``: refused (413, 400, 415) before parsing when it
+    must be, 503 when a cold instance cannot reach its store, else the stored response."""
+    delivery = too_large(req) or http_delivery(req)
+    if isinstance(delivery, func.HttpResponse):
+        return delivery
+    found = ready(consumer)
+    return found if isinstance(found, func.HttpResponse) else http_response(found.process(delivery))
+
+
+def on_cloudevents_http(consumer: Consumer, req: func.HttpRequest) -> func.HttpResponse:
+    """A CloudEvents webhook: the OPTIONS handshake, then one event per POST (204)."""
+    if req.method == "OPTIONS":
+        return webhook_handshake(req)
+    refused = too_large(req)
+    if refused is not None:
+        return refused
+    delivery = http_cloudevent_delivery(req)
+    if isinstance(delivery, str):
+        return problem(400, "Not a valid CloudEvent", delivery)
+    found = ready(consumer)
+    return found if isinstance(found, func.HttpResponse) else cloudevent_response(found.process(delivery))

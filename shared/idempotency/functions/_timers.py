@@ -1,5 +1,5 @@
 """The store's housekeeping as a Functions Blueprint: register it once per app
-(``app.register_functions(maintenance.bp)``); it works on the app's shared store."""
+(``app.register_functions(timers)``); it works on the app's shared store."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from dataclasses import astuple
 
 import azure.functions as func
 
-from .reconcile import escalate_stale_claims
-from .records import utcnow
-from .registry import shared_store
-from .settings import duration, setting
+from ..reconcile import escalate_stale_claims
+from ..records import utcnow
+from ..settings import duration, setting
+from ._registry import shared_store
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
 

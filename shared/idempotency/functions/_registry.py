@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Generic, TypeVar
 
-from .consumer import IdempotentConsumer
-from .settings import app_store
-from .store import DedupStore
+from ..consumer import IdempotentConsumer
+from ..settings import app_store
+from ..store import DedupStore
 
 T = TypeVar("T")
 

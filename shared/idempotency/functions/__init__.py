@@ -1,0 +1,80 @@
+"""The Functions face: the only part of the library that imports ``azure.functions`` (the
+``functions`` extra). A consumer module declares its consumer with ``@consumer`` and makes
+each function's body one call:
+
+    @consumer
+    def invoices() -> IdempotentConsumer:
+        return IdempotentConsumer("invoices", shared_store(), record_invoice, schema=SCHEMA)
+
+    @bp.service_bus_queue_trigger(arg_name="msg", queue_name="%INVOICES_QUEUE%",
+                                  connection="ServiceBusConnection", data_type=BODY_AS_BYTES)
+    def on_invoice(msg: func.ServiceBusMessage) -> None:
+        on_servicebus(invoices, msg)
+
+- one call per trigger: ``on_servicebus``, ``on_servicebus_batch``, ``on_eventgrid``,
+  ``on_http`` (``Idempotency-Key``), ``on_cloudevents_http``; ``BODY_AS_BYTES`` for the
+  Service Bus triggers, ``stored_response`` for what an HTTP handler answers;
+- the app's consumers and their store: ``consumer``, ``shared_store``, ``declared``,
+  ``reset``, ``using_store``;
+- ``timers``: the store's housekeeping (reconcile stale claims, purge expired markers), a
+  Blueprint to register once per app;
+- for a trigger of your own: the deliveries (``servicebus_delivery``, ``eventgrid_delivery``,
+  ``cloudevent_delivery``, ``http_delivery``, ``http_cloudevent_delivery``) and settlements
+  (``acknowledge_or_retry`` and ``RetryLater``, ``http_response``, ``cloudevent_response``,
+  ``problem``, ``REPLAYED``); how long an Event Grid delivery and an HTTP request wait for a
+  transient failure inside the call (``EVENT_GRID_WAIT``, ``HTTP_WAIT``).
+"""
+
+from ._bindings import (
+    BODY_AS_BYTES,
+    EVENT_GRID_WAIT,
+    HTTP_WAIT,
+    REPLAYED,
+    RetryLater,
+    acknowledge_or_retry,
+    cloudevent_delivery,
+    cloudevent_response,
+    eventgrid_delivery,
+    http_cloudevent_delivery,
+    http_delivery,
+    http_response,
+    on_cloudevents_http,
+    on_eventgrid,
+    on_http,
+    on_servicebus,
+    on_servicebus_batch,
+    problem,
+    servicebus_delivery,
+    stored_response,
+)
+from ._registry import consumer, declared, reset, shared_store, using_store
+from ._timers import bp as timers
+
+__all__ = [
+    "BODY_AS_BYTES",
+    "EVENT_GRID_WAIT",
+    "HTTP_WAIT",
+    "REPLAYED",
+    "RetryLater",
+    "acknowledge_or_retry",
+    "cloudevent_delivery",
+    "cloudevent_response",
+    "consumer",
+    "declared",
+    "eventgrid_delivery",
+    "http_cloudevent_delivery",
+    "http_delivery",
+    "http_response",
+    "on_cloudevents_http",
+    "on_eventgrid",
+    "on_http",
+    "on_servicebus",
+    "on_servicebus_batch",
+    "problem",
+    "reset",
+    "servicebus_delivery",
+    "shared_store",
+    "stored_response",
+    "timers",
+    "using_store",
+]
