@@ -1,6 +1,6 @@
 """The store contract: the primitives every store implements, and the decisions built on
 them, written once. Every store passes the same contract suite against its real server
-(``shared.idempotency.contract``)."""
+(``shared.idempotency.testing``)."""
 
 from __future__ import annotations
 
@@ -193,7 +193,7 @@ class DedupStore(ABC):
     business data it guards, so that it commits with that data in one transaction.
 
     A new store implements the abstract primitives below — each one SDK call or a
-    conditional write — and passes ``shared.idempotency.contract.StoreContract`` against
+    conditional write — and passes ``shared.idempotency.testing.StoreContract`` against
     its real server. The decisions built on them (what a conflict means, claims,
     completion, versioned upserts) are written once, here."""
 

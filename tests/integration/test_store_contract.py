@@ -1,4 +1,4 @@
-"""The store contract (shared.idempotency.contract) run against each shipped store's real
+"""The store contract (shared.idempotency.testing) run against each shipped store's real
 server: Table Storage on Azurite; Cosmos DB on the local emulator (tests needing atomic
 batches skip there) or on real Cosmos DB when COSMOS_CONTRACT_ENDPOINT / COSMOS_CONTRACT_KEY
 are set."""
@@ -10,10 +10,10 @@ from azure.cosmos import PartitionKey
 from azure.data.tables import TableServiceClient
 
 from shared.idempotency import DedupStore
-from shared.idempotency.contract import StoreContract
 from shared.idempotency.cosmos_store import CosmosStore
 from shared.idempotency.table_batch import TableTransactions
 from shared.idempotency.table_store import TableStore
+from shared.idempotency.testing import StoreContract
 from tests.conftest import EMULATED, NO_ATOMIC_BATCHES, new_cosmos_store, new_table_store
 from tools.azurite import Azurite
 from tools.cosmos_emulator import CosmosEmulator, emulated

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from shared.idempotency import DedupStore
-from shared.idempotency.contract import StoreContract
 from shared.idempotency.memory_store import MemoryStore
+from shared.idempotency.testing import StoreContract
 
 
 class TestMemoryStore(StoreContract):

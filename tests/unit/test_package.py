@@ -26,7 +26,7 @@ def test_the_wheel_holds_the_library_and_imports_without_the_example(tmp_path: P
         [metadata_name] = [n for n in names if n.endswith(".dist-info/METADATA")]
         metadata = email.parser.Parser().parsestr(archive.read(metadata_name).decode())
     code = {n for n in names if not n.split("/")[0].endswith(".dist-info")}
-    assert "shared/idempotency/consumer.py" in code and "shared/idempotency/contract.py" in code
+    assert "shared/idempotency/consumer.py" in code and "shared/idempotency/testing/_contract.py" in code
     assert not [n for n in code if not n.startswith("shared/") or n.startswith(("shared/orders", "shared/ledger"))]
     requires = metadata.get_all("Requires-Dist") or []
     assert any(r.startswith("jsonschema") for r in requires)

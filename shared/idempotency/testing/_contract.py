@@ -24,10 +24,10 @@ from datetime import timedelta
 import pytest
 from azure.core.exceptions import HttpResponseError
 
-from .errors import AlreadyClaimed, StoreUnavailable, VersionConflict
-from .keys import DedupKey
-from .records import Entity, Marker, State, utcnow
-from .store import Commit, CommitStatus, DeadLetter, DedupStore, StateStatus
+from ..errors import AlreadyClaimed, StoreUnavailable, VersionConflict
+from ..keys import DedupKey
+from ..records import Entity, Marker, State, utcnow
+from ..store import Commit, CommitStatus, DeadLetter, DedupStore, StateStatus
 
 HOUR = timedelta(hours=1)
 

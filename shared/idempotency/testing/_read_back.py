@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .keys import DedupKey
-from .store import DedupStore
+from ..keys import DedupKey
+from ..store import DedupStore
 
 
 def entities(store: DedupStore, name: str | None = None, partition: str | None = None) -> list[dict[str, Any]]:
