@@ -39,8 +39,7 @@ from azure.data.tables import TableServiceClient, UpdateMode
 from jsonschema import Draft202012Validator
 
 from shared import ledger
-from shared.idempotency import Delivery, Effects, IdempotentConsumer, Outcome
-from shared.idempotency.consumer import parse_json
+from shared.idempotency import Delivery, Effects, IdempotentConsumer, Outcome, parse_json
 from shared.idempotency.keys import encode_key
 from shared.idempotency.settings import DedupConfig
 from shared.idempotency.steps import Context

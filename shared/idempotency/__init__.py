@@ -6,6 +6,7 @@ Imports nothing from azure.functions, so that any trigger (or a plain script) ca
 from .consumer import Delivery, Effects, Handler, IdempotentConsumer, LatestState, Outcome, Result
 from .errors import (
     AlreadyClaimed,
+    ConfigurationError,
     DedupError,
     DownstreamRejected,
     DownstreamUnavailable,
@@ -16,8 +17,8 @@ from .errors import (
     StoreUnavailable,
     VersionConflict,
 )
-from .fingerprint import fingerprint
 from .keys import DedupKey, cloudevent_identity, from_body_field, from_message_id, joined_identity
+from .payload import fingerprint, parse_json
 from .records import Entity, Marker, State
 from .steps import Context, StepPolicy
 from .store import Commit, CommitResult, CommitStatus, DeadLetter, DedupStore, StoredState
@@ -27,6 +28,7 @@ __all__ = [
     "Commit",
     "CommitResult",
     "CommitStatus",
+    "ConfigurationError",
     "Context",
     "DeadLetter",
     "DedupError",
@@ -57,4 +59,5 @@ __all__ = [
     "from_body_field",
     "from_message_id",
     "joined_identity",
+    "parse_json",
 ]

@@ -3,10 +3,8 @@ Delivery, calls ``process`` and settles the returned Result (see ``functions``).
 
 from __future__ import annotations
 
-import json
 import logging
 import random
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -31,8 +29,8 @@ from .errors import (
     LeaseLost,
     StoreUnavailable,
 )
-from .fingerprint import fingerprint
 from .keys import DedupKey, KeySource, consumer_partition, from_message_id
+from .payload import fingerprint, parse_json
 from .records import JSON, Entity, Marker, State, check_result, utcnow
 from .settings import DedupConfig
 from .steps import Context
@@ -125,46 +123,6 @@ flow's to settle."""
 
 _STATE_OUTCOMES = {StateStatus.APPLIED: Outcome.PROCESSED, StateStatus.SAME: Outcome.DUPLICATE,
                    StateStatus.STALE: Outcome.STALE}  # fmt: skip
-
-
-MAX_JSON_DEPTH = 32
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def parse_json(body: bytes) -> Any:
-    """Strict JSON: no NaN/Infinity, no duplicate member names (which copy would win
-    differs between parsers, so the fingerprint could not mean the same payload), nesting
-    at most MAX_JSON_DEPTH deep."""
-
-    def reject_constant(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
-    def unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        members = dict(pairs)
-        if len(members) != len(pairs):
-            raise InvalidMessage("duplicate_member", "an object repeats a member name")
-        if not all(name.isascii() or not _SURROGATE.search(name) for name in members):
-            # values are refused by the fingerprint (RFC 8785); names must be text too
-            raise InvalidMessage("not_i_json", "a member name holds a lone surrogate")
-        return members
-
-    try:
-        payload = json.loads(body.decode("utf-8"), parse_constant=reject_constant, object_pairs_hook=unique_members)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise InvalidMessage("invalid_json", str(exc)[:500]) from exc
-    _check_depth(payload)
-    return payload
-
-
-def _check_depth(payload: Any) -> None:
-    level = [payload]
-    for _ in range(MAX_JSON_DEPTH):
-        level = [child for value in level if isinstance(value, dict | list)
-                 for child in (value.values() if isinstance(value, dict) else value)]  # fmt: skip
-        if not level:
-            return
-    if any(isinstance(value, dict | list) for value in level):
-        raise InvalidMessage("too_deep", f"JSON nesting is limited to {MAX_JSON_DEPTH} levels")
 
 
 def _fingerprint(delivery: Delivery, payload: Any) -> str:

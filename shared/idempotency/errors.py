@@ -9,6 +9,10 @@ class DedupError(Exception):
     """The root of every error the dedup module raises or expects from a store."""
 
 
+class ConfigurationError(DedupError):
+    """An app setting is missing or malformed (its name and the expected form are in the message)."""
+
+
 class InvalidMessage(DedupError):
     """The message can never be processed as sent (bad JSON, schema, key): dead-letter."""
 

@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING
 from azure.core.exceptions import AzureError, ResourceNotFoundError
 
 from . import settings
-from .consumer import Delivery, parse_json
-from .errors import DedupError, InvalidMessage
+from .consumer import Delivery
+from .errors import ConfigurationError, DedupError, InvalidMessage
 from .functions import declared, using_store
 from .keys import DedupKey, consumer_partition
+from .payload import parse_json
 from .records import Marker, State
 
 if TYPE_CHECKING:
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             # One read of an empty partition: a missing table or container fails here, before any verdict.
             next(found.store.scan(consumer_partition(found.name, "")), None)
             lines = check_ids(found, args.ids) if args.ids else check_bodies(found, bodies, args.message_id_field)
-    except settings.ConfigurationError as exc:
+    except ConfigurationError as exc:
         return _error(str(exc))
     except ResourceNotFoundError:
         return _error(f"{_table()} does not exist: check the app settings (this tool never creates it)")

@@ -11,6 +11,7 @@ import isodate
 
 from . import store as store_defaults
 from . import telemetry
+from .errors import ConfigurationError
 from .steps import DEFAULT_STEPS, StepPolicy
 from .store import DedupStore, store_errors
 
@@ -24,10 +25,6 @@ DEFAULT_LEASE = isodate.duration_isoformat(DEFAULT_STEPS.lease)  # PT1M
 DEFAULT_IN_FLIGHT_WAIT = isodate.duration_isoformat(DEFAULT_STEPS.in_flight_wait)  # PT10S
 DEFAULT_TRANSIENT_WAIT = "PT2M"
 DEFAULT_MAX_DELIVERY_COUNT = "10"  # Service Bus's default maxDeliveryCount, and infra's
-
-
-class ConfigurationError(Exception):
-    pass
 
 
 def setting(name: str, default: str | None = None) -> str:

@@ -21,7 +21,7 @@ from shared.idempotency.store import Commit
 
 def test_every_error_of_the_module_has_the_one_root() -> None:
     classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == errors.__name__]
-    assert len(classes) == 11 and all(issubclass(c, DedupError) for c in classes)
+    assert len(classes) == 12 and all(issubclass(c, DedupError) for c in classes)
 
 
 def test_a_subclass_of_a_transient_error_is_still_transient() -> None:

@@ -16,9 +16,10 @@ from urllib.parse import quote
 import azure.functions as func
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 
-from ..consumer import Delivery, Effects, Handler, IdempotentConsumer, Outcome, Result, parse_json
-from ..errors import InvalidMessage, StoreUnavailable
+from ..consumer import Delivery, Effects, Handler, IdempotentConsumer, Outcome, Result
+from ..errors import DedupError, InvalidMessage, StoreUnavailable
 from ..keys import joined_identity
+from ..payload import parse_json
 from ..steps import Context
 
 # Service Bus bodies reach the function as the producer's bytes. With the default (string)
@@ -42,7 +43,7 @@ PUBLIC_REASONS = frozenset({"invalid_json", "schema_violation", "missing_key", "
                             "too_deep", "duplicate_member", "not_i_json", "idempotency_key_reused"})  # fmt: skip
 
 
-class RetryLater(Exception):
+class RetryLater(DedupError):
     """Raised so that the host abandons the message (Service Bus) or retries the event
     (Event Grid): nothing was committed, or another delivery holds the claim."""
 
