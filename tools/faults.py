@@ -71,16 +71,15 @@ class FaultPlan:
             return True
 
 
-class FaultyTransport(HttpTransport):  # type: ignore[type-arg]
-    """Answers some requests with 503, times some out, loses some responses after the
-    server applied them, crashes the worker around commits, or loses the delivery's lock
-    mid-commit so that another worker receives the redelivery meanwhile. The other
-    requests go through ``inner``: the store's own transport (requests for the SDK's
-    clients, urllib3 for lean transactions)."""
+class PassThrough(HttpTransport):  # type: ignore[type-arg]
+    """A transport in front of ``inner`` (the store's own: requests for the SDK's clients,
+    urllib3 for lean transactions); subclasses change what ``send`` does."""
 
-    def __init__(self, plan: FaultPlan, inner: HttpTransport | None = None) -> None:  # type: ignore[type-arg]
-        self.plan = plan
+    def __init__(self, inner: HttpTransport | None = None) -> None:  # type: ignore[type-arg]
         self._inner = inner or RequestsTransport()
+
+    def send(self, request: Any, **kwargs: Any) -> Any:
+        return self._inner.send(request, **kwargs)
 
     def open(self) -> None:
         self._inner.open()
@@ -90,6 +89,17 @@ class FaultyTransport(HttpTransport):  # type: ignore[type-arg]
 
     def __exit__(self, *args: Any) -> None:
         self._inner.__exit__(*args)
+
+
+class FaultyTransport(PassThrough):
+    """Answers some requests with 503, times some out, loses some responses after the
+    server applied them, crashes the worker around commits, or loses the delivery's lock
+    mid-commit so that another worker receives the redelivery meanwhile. The other
+    requests go through to the store."""
+
+    def __init__(self, plan: FaultPlan, inner: HttpTransport | None = None) -> None:  # type: ignore[type-arg]
+        super().__init__(inner)
+        self.plan = plan
 
     def send(self, request: Any, **kwargs: Any) -> Any:
         if self.plan.throttled():

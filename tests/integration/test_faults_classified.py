@@ -45,7 +45,7 @@ from shared.orders import SHIPPED
 from tests.conftest import new_table_store
 from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
-from tools.faults import status_response
+from tools.faults import PassThrough, status_response
 
 orders, order_status, orders_api, ledger_batch = (user_function(name) for name in
                                                   ("orders", "order_status", "orders_api", "ledger_batch"))  # fmt: skip
@@ -283,27 +283,19 @@ def test_a_store_refusal_is_a_4xx_problem_for_http(store: DedupStore, monkeypatc
 # -- a commit applied, its answer lost: reported as what it was ----------------------------------
 
 
-class AppliedThen500(HttpTransport):  # type: ignore[type-arg]
+class AppliedThen500(PassThrough):
     """The store applies the first transaction, and the client is answered 500."""
 
     def __init__(self, inner: HttpTransport) -> None:  # type: ignore[type-arg]
-        self._inner, self.sent, self._mutex = inner, 0, threading.Lock()
+        super().__init__(inner)
+        self.sent, self._mutex = 0, threading.Lock()
 
     def send(self, request: Any, **kwargs: Any) -> Any:
-        response = self._inner.send(request, **kwargs)
+        response = super().send(request, **kwargs)
         with self._mutex:
             self.sent += "$batch" in request.url
             first = self.sent == 1 and "$batch" in request.url
         return status_response(request, 500) if first else response
-
-    def open(self) -> None:
-        self._inner.open()
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def __exit__(self, *args: Any) -> None:
-        self._inner.__exit__(*args)
 
 
 def store_answering_500_once(azurite: Azurite, table: str, lean: bool) -> tuple[TableStore, AppliedThen500]:
