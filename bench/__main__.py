@@ -43,9 +43,9 @@ from shared.idempotency import Delivery, Effects, IdempotentConsumer, Outcome, p
 from shared.idempotency.keys import encode_key
 from shared.idempotency.settings import DedupConfig
 from shared.idempotency.steps import Context
-from shared.idempotency.table_batch import TableTransactions
-from shared.idempotency.table_store import TableStore
-from shared.idempotency.transport import pooled_transport
+from shared.idempotency.stores import TableStore
+from shared.idempotency.stores._table_batch import TableTransactions
+from shared.idempotency.stores._transport import pooled_transport
 from shared.orders import SCHEMA, order_handler
 from tools.azurite import Azurite
 from tools.delay_proxy import delayed

@@ -24,14 +24,13 @@ from azure.data.tables import TableServiceClient
 
 from consumers import orders
 from shared.idempotency import DedupKey, DedupStore, IdempotentConsumer
-from shared.idempotency.cosmos_store import CosmosStore
 from shared.idempotency.functions import reset
 from shared.idempotency.keys import marker_id
 from shared.idempotency.records import GUARD_KIND
 from shared.idempotency.settings import TRANSPORT, table_transactions
-from shared.idempotency.table_batch import TableTransactions
-from shared.idempotency.table_store import TableStore
-from shared.idempotency.transport import transaction_transport
+from shared.idempotency.stores import CosmosStore, TableStore
+from shared.idempotency.stores._table_batch import TableTransactions
+from shared.idempotency.stores._transport import transaction_transport
 from shared.orders.checks import effects_by_order
 from tools import runtimes, workload
 from tools.azurite import Azurite
@@ -381,6 +380,10 @@ def _verify(
         if (times == 0 and parked < len(group)) or mismatches[key] + parked < expected_refusals:
             report.lost += 1
             violation("lost", key)
+        refused = [d for d in dead if d.key_id == key]
+        if times and len(refused) > len(group) - 1:  # a copy both applied and refused
+            violation("applied and dead-lettered", [(d.message_id, d.reason, d.delivery_count, d.detail[:200])
+                                                    for d in refused])  # fmt: skip
     records = {(d.message_id, d.body, d.reason) for d in dead}
     for message in in_play:
         if message.invalid_reason is None:

@@ -15,7 +15,7 @@ from azure.data.tables import TableServiceClient
 from shared.idempotency import DedupKey, Entity
 from shared.idempotency.records import utcnow
 from shared.idempotency.settings import TRANSPORT
-from shared.idempotency.table_store import TableStore
+from shared.idempotency.stores import TableStore
 from tools.azurite import Azurite
 
 

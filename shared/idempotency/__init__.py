@@ -21,7 +21,7 @@ from .keys import DedupKey, cloudevent_identity, from_body_field, from_message_i
 from .payload import fingerprint, parse_json
 from .records import Entity, Marker, State
 from .steps import Context, StepPolicy
-from .store import Commit, CommitResult, CommitStatus, DeadLetter, DedupStore, StoredState
+from .stores._base import Commit, CommitResult, CommitStatus, DeadLetter, DedupStore, StoredState
 
 __all__ = [
     "AlreadyClaimed",

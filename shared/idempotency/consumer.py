@@ -34,7 +34,7 @@ from .payload import fingerprint, parse_json
 from .records import JSON, Entity, Marker, State, check_result, utcnow
 from .settings import DedupConfig
 from .steps import Context
-from .store import Commit, CommitStatus, DeadLetter, DedupStore, StateStatus
+from .stores._base import Commit, CommitStatus, DeadLetter, DedupStore, StateStatus
 
 log = logging.getLogger("idempotency")
 

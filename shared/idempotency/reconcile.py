@@ -15,7 +15,7 @@ from opentelemetry import metrics
 
 from .errors import VersionConflict
 from .records import Marker, State, utcnow
-from .store import DeadLetter, DedupStore
+from .stores._base import DeadLetter, DedupStore
 
 log = logging.getLogger("idempotency")
 _escalations = metrics.get_meter("idempotency").create_counter(

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import isodate
 
-from . import store as store_defaults
 from . import telemetry
 from .errors import ConfigurationError
 from .steps import DEFAULT_STEPS, StepPolicy
-from .store import DedupStore, store_errors
+from .stores import _base as store_defaults
+from .stores._base import DedupStore, store_errors
 
 if TYPE_CHECKING:  # each store's SDK is an optional dependency (extras "table", "cosmos")
     from azure.cosmos import ContainerProxy, CosmosClient
@@ -120,7 +120,7 @@ def table_service() -> TableServiceClient:
     DEDUP_STORAGE_ENDPOINT (https://<account>.table.core.windows.net, managed identity)."""
     from azure.data.tables import TableServiceClient
 
-    from .transport import pooled_transport
+    from .stores._transport import pooled_transport
 
     timeouts = {name: TRANSPORT[name] for name in ("connection_timeout", "read_timeout")}
     options = {**TRANSPORT, "transport": pooled_transport(**timeouts)}  # more connections than concurrent calls
@@ -137,7 +137,7 @@ def table_service() -> TableServiceClient:
 
 def table_transactions() -> str:
     """DEDUP_TABLE_TRANSACTIONS: ``lean`` (default) builds and reads each commit's entity-group
-    transaction itself (table_batch.py); ``sdk`` uses the Azure SDK's submit_transaction."""
+    transaction itself (stores/_table_batch.py); ``sdk`` uses the Azure SDK's submit_transaction."""
     value = setting("DEDUP_TABLE_TRANSACTIONS", "lean").lower()
     if value not in ("lean", "sdk"):
         raise ConfigurationError(f"DEDUP_TABLE_TRANSACTIONS={value!r}: use 'lean' or 'sdk'")
@@ -166,8 +166,8 @@ def open_store(table: str, dead_letter_table: str, *, create: bool = True) -> De
     kind = setting("DEDUP_STORE", "table").lower()
     keep = dead_letter_retention()
     if kind == "table":
-        from .table_batch import TableTransactions
-        from .table_store import TableStore
+        from .stores._table import TableStore
+        from .stores._table_batch import TableTransactions
 
         service = table_service()
         lean = table_transactions() == "lean"
@@ -177,7 +177,7 @@ def open_store(table: str, dead_letter_table: str, *, create: bool = True) -> De
             store.create_tables()
         return store
     if kind == "cosmos":
-        from .cosmos_store import CosmosStore
+        from .stores._cosmos import CosmosStore
 
         with store_errors():  # the client and the partition key read go to the service: unreachable is transient
             database = cosmos_client().get_database_client(setting("COSMOS_DATABASE", "dedup"))

@@ -23,7 +23,7 @@ from .errors import (
 )
 from .keys import DedupKey
 from .records import JSON, Marker, State, check_result, utcnow
-from .store import DedupStore
+from .stores._base import DedupStore
 
 log = logging.getLogger("idempotency")
 

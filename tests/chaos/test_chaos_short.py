@@ -11,7 +11,7 @@ import pytest
 
 from shared.idempotency import Commit, CommitResult, CommitStatus
 from shared.idempotency.keys import encode_key
-from shared.idempotency.table_store import TableStore
+from shared.idempotency.stores import TableStore
 from tools.azurite import Azurite
 from tools.harness import RunConfig, run
 

@@ -17,7 +17,7 @@ import pytest
 from shared.idempotency import StoreUnavailable
 from shared.idempotency.downstream import IdempotentHttp
 from shared.idempotency.records import JSON, Marker, State
-from shared.idempotency.table_store import TableStore
+from shared.idempotency.stores import TableStore
 from tools.azurite import Azurite
 from tools.faults import Crash
 from tools.harness import Report, RunConfig, Timing, run

@@ -16,7 +16,7 @@ from client.smoke import main, make_plan, report
 from consumers import orders
 from shared.idempotency import DedupStore
 from shared.idempotency.keys import consumer_partition, encode_key
-from shared.idempotency.table_store import TableStore
+from shared.idempotency.stores import TableStore
 from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
 

@@ -11,7 +11,7 @@ from shared.idempotency import Context, DedupKey, Delivery, Effects, Entity, Ide
 from shared.idempotency.errors import ConfigurationError
 from shared.idempotency.records import utcnow
 from shared.idempotency.settings import DedupConfig
-from shared.idempotency.table_store import TableStore
+from shared.idempotency.stores import TableStore
 from tests.functions import app_settings
 
 

@@ -21,12 +21,12 @@ from shared.idempotency import (
     StoreUnavailable,
     VersionConflict,
 )
-from shared.idempotency.codec import MARKER_FIELDS, marker_fields
-from shared.idempotency.cosmos_store import CosmosStore
 from shared.idempotency.errors import StoreRefused
 from shared.idempotency.functions import reset
 from shared.idempotency.records import MARKER_KIND, utcnow
-from shared.idempotency.store import store_errors
+from shared.idempotency.stores import CosmosStore
+from shared.idempotency.stores._base import store_errors
+from shared.idempotency.stores._codec import MARKER_FIELDS, marker_fields
 from tests.conftest import EMULATED, REAL_COSMOS, new_cosmos_store
 from tools import other_triggers
 from tools.azurite import Azurite

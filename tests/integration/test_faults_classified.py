@@ -37,9 +37,9 @@ from shared.idempotency.errors import StoreRefused
 from shared.idempotency.functions import REPLAYED, RetryLater, eventgrid_delivery, shared_store, using_store
 from shared.idempotency.records import MAX_RESULT_CHARACTERS
 from shared.idempotency.settings import TRANSPORT, DedupConfig
-from shared.idempotency.store import DeadLetter, DedupStore, store_errors
-from shared.idempotency.table_batch import TableTransactions
-from shared.idempotency.table_store import TableStore
+from shared.idempotency.stores import DeadLetter, DedupStore, TableStore
+from shared.idempotency.stores._base import store_errors
+from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.testing import entities
 from shared.orders import SHIPPED
 from tests.conftest import new_table_store
@@ -299,7 +299,7 @@ class AppliedThen500(PassThrough):
 
 
 def store_answering_500_once(azurite: Azurite, table: str, lean: bool) -> tuple[TableStore, AppliedThen500]:
-    from shared.idempotency.transport import pooled_transport, transaction_transport
+    from shared.idempotency.stores._transport import pooled_transport, transaction_transport
 
     if lean:
         faulty = AppliedThen500(transaction_transport())

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from consumers import orders
-from shared.idempotency.codec import ID_LIMIT, bounded
+from shared.idempotency.stores._codec import ID_LIMIT, bounded
 from shared.orders.checks import effects_by_order
 from tests.functions import fresh_app, servicebus_message, user_function
 from tools import harness

@@ -10,9 +10,8 @@ from azure.cosmos import PartitionKey
 from azure.data.tables import TableServiceClient
 
 from shared.idempotency import DedupStore
-from shared.idempotency.cosmos_store import CosmosStore
-from shared.idempotency.table_batch import TableTransactions
-from shared.idempotency.table_store import TableStore
+from shared.idempotency.stores import CosmosStore, TableStore
+from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.testing import StoreContract
 from tests.conftest import EMULATED, NO_ATOMIC_BATCHES, new_cosmos_store, new_table_store
 from tools.azurite import Azurite

@@ -24,9 +24,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.idempotency import StoreUnavailable
-from shared.idempotency.store import store_errors
-from shared.idempotency.table_batch import TableTransactions, TransactionFailure, decode, entity_json
-from shared.idempotency.transport import pooled_transport
+from shared.idempotency.stores._base import store_errors
+from shared.idempotency.stores._table_batch import TableTransactions, TransactionFailure, decode, entity_json
+from shared.idempotency.stores._transport import pooled_transport
 from tools.azurite import Azurite
 
 WHEN = datetime(2026, 11, 30, 12, 30, 15, 123456, tzinfo=UTC)

@@ -21,7 +21,7 @@ from azure.data.tables import TableServiceClient, TableTransactionError
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from shared.idempotency.table_batch import TableTransactions, TransactionFailure, decode
+from shared.idempotency.stores._table_batch import TableTransactions, TransactionFailure, decode
 
 # Azurite's well-known account: the canned server checks no signature, but both clients sign.
 ACCOUNT = "devstoreaccount1", "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="

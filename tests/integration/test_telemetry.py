@@ -16,8 +16,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from shared.idempotency import Context, Delivery, Effects, Entity, IdempotentConsumer, Outcome
 from shared.idempotency.functions import shared_store
-from shared.idempotency.memory_store import MemoryStore
 from shared.idempotency.settings import DedupConfig
+from shared.idempotency.stores import MemoryStore
 from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
 

@@ -27,8 +27,8 @@ from azure.core.exceptions import (
 from azure.core.pipeline.transport import RequestsTransport
 from azure.core.rest import HttpRequest
 
-from shared.idempotency.table_batch import TableTransactions
-from shared.idempotency.transport import (
+from shared.idempotency.stores._table_batch import TableTransactions
+from shared.idempotency.stores._transport import (
     DEFAULT_POOL,
     Urllib3Transport,
     pooled_transport,

@@ -27,7 +27,7 @@ from shared.idempotency.reconcile import ESCALATION, escalate_stale_claims
 from shared.idempotency.records import utcnow
 from shared.idempotency.resubmit import check_ids
 from shared.idempotency.settings import DedupConfig
-from shared.idempotency.table_store import TableStore
+from shared.idempotency.stores import TableStore
 from shared.orders import SCHEMA, order_handler
 from shared.orders.checks import effects_by_order
 from tests.functions import fresh_app, servicebus_message, user_function

@@ -20,7 +20,7 @@ import pytest
 from azure.data.tables import TableServiceClient
 
 from shared.idempotency.keys import consumer_partition
-from shared.idempotency.table_store import TableStore
+from shared.idempotency.stores import TableStore
 from shared.ledger import message_id as posting_message_id
 from shared.orders import SHIPPED
 from shared.orders.checks import OrderEffects, effects_by_order

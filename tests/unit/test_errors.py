@@ -16,7 +16,7 @@ from shared.idempotency import (
     errors,
 )
 from shared.idempotency.settings import DedupConfig
-from shared.idempotency.store import Commit
+from shared.idempotency.stores import Commit
 
 
 def test_every_error_of_the_module_has_the_one_root() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from shared.idempotency import DedupStore
-from shared.idempotency.memory_store import MemoryStore
+from shared.idempotency.stores import MemoryStore
 from shared.idempotency.testing import StoreContract
 
 

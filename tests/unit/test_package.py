@@ -39,7 +39,7 @@ def test_the_wheel_holds_the_library_and_imports_without_the_example(tmp_path: P
                    check=True)  # fmt: skip
     probe = (
         "import shared.idempotency as lib, importlib.util as u;"
-        "from shared.idempotency.memory_store import MemoryStore;"
+        "from shared.idempotency.stores._memory import MemoryStore;"
         "print(lib.__file__, u.find_spec('shared.orders'), u.find_spec('function_app'))"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), sysconfig.get_paths()["purelib"]])}

@@ -9,7 +9,7 @@ import pytest
 
 from shared.idempotency.functions import reset, shared_store, using_store
 from shared.idempotency.functions._registry import Once
-from shared.idempotency.memory_store import MemoryStore
+from shared.idempotency.stores import MemoryStore
 
 
 def test_sixteen_concurrent_first_calls_build_once() -> None:

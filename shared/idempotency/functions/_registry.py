@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 
 from ..consumer import IdempotentConsumer
 from ..settings import app_store
-from ..store import DedupStore
+from ..stores._base import DedupStore
 
 T = TypeVar("T")
 

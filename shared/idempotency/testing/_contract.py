@@ -27,7 +27,7 @@ from azure.core.exceptions import HttpResponseError
 from ..errors import AlreadyClaimed, StoreUnavailable, VersionConflict
 from ..keys import DedupKey
 from ..records import Entity, Marker, State, utcnow
-from ..store import Commit, CommitStatus, DeadLetter, DedupStore, StateStatus
+from ..stores._base import Commit, CommitStatus, DeadLetter, DedupStore, StateStatus
 
 HOUR = timedelta(hours=1)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..keys import DedupKey
-from ..store import DedupStore
+from ..stores._base import DedupStore
 
 
 def entities(store: DedupStore, name: str | None = None, partition: str | None = None) -> list[dict[str, Any]]:

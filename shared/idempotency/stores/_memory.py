@@ -11,10 +11,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from .errors import StoreUnavailable, VersionConflict
-from .keys import DedupKey, encode_key, guard_id, marker_id
-from .records import GUARD_KIND, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
-from .store import (
+from ..errors import StoreUnavailable, VersionConflict
+from ..keys import DedupKey, encode_key, guard_id, marker_id
+from ..records import GUARD_KIND, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
+from ._base import (
     DEFAULT_DEAD_LETTER_RETENTION,
     Commit,
     CommitResult,

@@ -29,11 +29,10 @@ from typing import Any
 from azure.core import MatchConditions
 from azure.cosmos import ContainerProxy, exceptions
 
-from .codec import MARKER_FIELDS, dead_letter_fields, dead_letter_from, marker_fields, marker_from
-from .errors import StoreRefused, StoreUnavailable, VersionConflict
-from .keys import DedupKey, encode_key, guard_id, marker_id
-from .records import GUARD_KIND, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
-from .store import (
+from ..errors import StoreRefused, StoreUnavailable, VersionConflict
+from ..keys import DedupKey, encode_key, guard_id, marker_id
+from ..records import GUARD_KIND, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
+from ._base import (
     DEFAULT_DEAD_LETTER_RETENTION,
     Commit,
     CommitResult,
@@ -45,6 +44,7 @@ from .store import (
     refused,
     store_errors,
 )
+from ._codec import MARKER_FIELDS, dead_letter_fields, dead_letter_from, marker_fields, marker_from
 
 MAX_BATCH_OPERATIONS = 100  # Cosmos transactional batch limit (and 2 MB)
 STATE_VERSION = "stateVersion"  # the version of a document written by upsert_if_newer

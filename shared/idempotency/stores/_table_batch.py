@@ -51,7 +51,7 @@ from azure.core.pipeline.policies import (
 from azure.core.pipeline.transport import HttpTransport
 from azure.core.rest import HttpRequest
 
-from .transport import transaction_transport
+from ._transport import transaction_transport
 
 API_VERSION = "2019-02-02"  # what azure-data-tables 12.x sends
 STORAGE_SCOPE = "https://storage.azure.com/.default"

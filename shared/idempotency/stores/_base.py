@@ -21,9 +21,9 @@ from azure.core.exceptions import (
     ServiceResponseError,
 )
 
-from .errors import AlreadyClaimed, StoreRefused, StoreUnavailable, VersionConflict
-from .keys import DedupKey
-from .records import JSON, Entity, Marker, State, StoredItem
+from ..errors import AlreadyClaimed, StoreRefused, StoreUnavailable, VersionConflict
+from ..keys import DedupKey
+from ..records import JSON, Entity, Marker, State, StoredItem
 
 log = logging.getLogger("idempotency")
 

@@ -31,11 +31,10 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import EdmType, TableClient, TableServiceClient, TableTransactionError, UpdateMode
 
-from .codec import dead_letter_fields, dead_letter_from, marker_fields, marker_from
-from .errors import StoreRefused, StoreUnavailable, VersionConflict
-from .keys import DedupKey, encode_key, guard_id, marker_id
-from .records import GUARD_KIND, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
-from .store import (
+from ..errors import StoreRefused, StoreUnavailable, VersionConflict
+from ..keys import DedupKey, encode_key, guard_id, marker_id
+from ..records import GUARD_KIND, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
+from ._base import (
     DEFAULT_DEAD_LETTER_RETENTION,
     Commit,
     CommitResult,
@@ -48,7 +47,8 @@ from .store import (
     refused,
     store_errors,
 )
-from .table_batch import TableTransactions, TransactionFailure
+from ._codec import dead_letter_fields, dead_letter_from, marker_fields, marker_from
+from ._table_batch import TableTransactions, TransactionFailure
 
 MAX_TRANSACTION_OPERATIONS = 100  # Table entity-group transaction limit
 _INT32 = range(-(2**31), 2**31)  # a plain int property; beyond it, typed Edm.Int64
