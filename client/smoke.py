@@ -24,7 +24,8 @@ from typing import Any
 
 from azure.core.exceptions import HttpResponseError
 
-from shared.idempotency import DedupStore, StoreUnavailable
+from shared.idempotency import StoreUnavailable
+from shared.idempotency.stores import DedupStore
 from shared.orders.checks import effects_by_order
 
 

@@ -23,12 +23,12 @@ from datetime import timedelta
 from azure.data.tables import TableServiceClient
 
 from consumers import orders
-from shared.idempotency import DedupKey, DedupStore, IdempotentConsumer
+from shared.idempotency import DedupKey, IdempotentConsumer
 from shared.idempotency.functions import reset
 from shared.idempotency.keys import marker_id
 from shared.idempotency.records import GUARD_KIND
 from shared.idempotency.settings import TRANSPORT, table_transactions
-from shared.idempotency.stores import CosmosStore, TableStore
+from shared.idempotency.stores import CosmosStore, DedupStore, TableStore
 from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.stores._transport import transaction_transport
 from shared.orders.checks import effects_by_order

@@ -1,11 +1,25 @@
-"""The dedup module: stable keys, atomic markers, explicit outcomes.
+"""The dedup library's root face, for handler authors: stable keys, atomic markers, explicit
+outcomes. Imports nothing from azure.functions, so that any trigger (or a plain script) can
+use it; the Functions face is ``.functions``, the stores' is ``.stores``, the contract suite
+``.testing``.
 
-Imports nothing from azure.functions, so that any trigger (or a plain script) can use it.
+- the flow: ``IdempotentConsumer`` processes a ``Delivery`` into a ``Result`` with an
+  ``Outcome``; a ``Handler`` gets the payload and a ``Context`` and returns ``Effects`` (the
+  ``Entity`` records to commit with the marker, and a JSON result) or ``LatestState``;
+  ``context.step`` runs an effect outside the transaction (``StepPolicy``), and
+  ``IdempotentHttp`` calls a service with the step's Idempotency-Key;
+- keys: ``DedupKey``, ``KeySource`` (``from_message_id``, ``from_body_field``),
+  ``cloudevent_identity``, ``joined_identity``;
+- payloads: ``parse_json`` (strict), ``fingerprint`` (RFC 8785);
+- configuration: ``DedupConfig`` (from the app settings by default);
+- errors, all under ``DedupError``: ``ConfigurationError``, ``InvalidMessage``,
+  ``StoreUnavailable``, ``DownstreamUnavailable``, ``DownstreamRejected``,
+  ``FingerprintMismatch``, ``InFlight``, ``LeaseLost``.
 """
 
 from .consumer import Delivery, Effects, Handler, IdempotentConsumer, LatestState, Outcome, Result
+from .downstream import IdempotentHttp
 from .errors import (
-    AlreadyClaimed,
     ConfigurationError,
     DedupError,
     DownstreamRejected,
@@ -15,25 +29,19 @@ from .errors import (
     InvalidMessage,
     LeaseLost,
     StoreUnavailable,
-    VersionConflict,
 )
-from .keys import DedupKey, cloudevent_identity, from_body_field, from_message_id, joined_identity
+from .keys import DedupKey, KeySource, cloudevent_identity, from_body_field, from_message_id, joined_identity
 from .payload import fingerprint, parse_json
-from .records import Entity, Marker, State
+from .records import Entity
+from .settings import DedupConfig
 from .steps import Context, StepPolicy
-from .stores._base import Commit, CommitResult, CommitStatus, DeadLetter, DedupStore, StoredState
 
 __all__ = [
-    "AlreadyClaimed",
-    "Commit",
-    "CommitResult",
-    "CommitStatus",
     "ConfigurationError",
     "Context",
-    "DeadLetter",
+    "DedupConfig",
     "DedupError",
     "DedupKey",
-    "DedupStore",
     "Delivery",
     "DownstreamRejected",
     "DownstreamUnavailable",
@@ -42,18 +50,16 @@ __all__ = [
     "FingerprintMismatch",
     "Handler",
     "IdempotentConsumer",
+    "IdempotentHttp",
     "InFlight",
     "InvalidMessage",
+    "KeySource",
     "LatestState",
     "LeaseLost",
-    "Marker",
     "Outcome",
     "Result",
-    "State",
     "StepPolicy",
     "StoreUnavailable",
-    "StoredState",
-    "VersionConflict",
     "cloudevent_identity",
     "fingerprint",
     "from_body_field",

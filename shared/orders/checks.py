@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.idempotency import DedupStore
 from shared.idempotency.keys import consumer_partition
+from shared.idempotency.stores import DedupStore
 from shared.orders import ORDER
 
 

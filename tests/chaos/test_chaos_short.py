@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.idempotency import Commit, CommitResult, CommitStatus
 from shared.idempotency.keys import encode_key
-from shared.idempotency.stores import TableStore
+from shared.idempotency.stores import Commit, CommitResult, CommitStatus, TableStore
 from tools.azurite import Azurite
 from tools.harness import RunConfig, run
 

@@ -14,9 +14,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from client.producer import order_message, shipped_event
 from client.smoke import main, make_plan, report
 from consumers import orders
-from shared.idempotency import DedupStore
 from shared.idempotency.keys import consumer_partition, encode_key
-from shared.idempotency.stores import TableStore
+from shared.idempotency.stores import DedupStore, TableStore
 from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
 

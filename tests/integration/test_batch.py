@@ -11,9 +11,8 @@ import pytest
 from azure.data.tables import TableServiceClient
 
 from consumers import ledger
-from shared.idempotency import DedupStore
 from shared.idempotency.functions import RetryLater
-from shared.idempotency.stores import TableStore
+from shared.idempotency.stores import DedupStore, TableStore
 from shared.ledger import message_id
 from tests.functions import fresh_app, servicebus_message, store_down, user_function
 from tools.azurite import Azurite

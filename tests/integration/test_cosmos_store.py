@@ -12,19 +12,11 @@ import pytest
 from azure.core.exceptions import ServiceRequestError
 from azure.cosmos import exceptions
 
-from shared.idempotency import (
-    CommitStatus,
-    DedupKey,
-    Entity,
-    Marker,
-    State,
-    StoreUnavailable,
-    VersionConflict,
-)
+from shared.idempotency import DedupKey, Entity, StoreUnavailable
 from shared.idempotency.errors import StoreRefused
 from shared.idempotency.functions import reset
 from shared.idempotency.records import MARKER_KIND, utcnow
-from shared.idempotency.stores import CosmosStore
+from shared.idempotency.stores import CommitStatus, CosmosStore, Marker, State, VersionConflict
 from shared.idempotency.stores._base import store_errors
 from shared.idempotency.stores._codec import MARKER_FIELDS, marker_fields
 from tests.conftest import EMULATED, REAL_COSMOS, new_cosmos_store

@@ -16,9 +16,10 @@ import pytest
 
 from consumers import order_events as events_app
 from consumers import orders as orders_app
-from shared.idempotency import DedupKey, DedupStore, Marker, State, fingerprint
+from shared.idempotency import DedupKey, fingerprint
 from shared.idempotency.functions import REPLAYED, RetryLater
 from shared.idempotency.records import utcnow
+from shared.idempotency.stores import DedupStore, Marker, State
 from shared.idempotency.testing import entities
 from shared.orders import SHIPPED
 from tests.functions import app_settings, fresh_app, servicebus_message, store_down, user_function

@@ -9,8 +9,7 @@ import pytest
 from azure.cosmos import PartitionKey
 from azure.data.tables import TableServiceClient
 
-from shared.idempotency import DedupStore
-from shared.idempotency.stores import CosmosStore, TableStore
+from shared.idempotency.stores import CosmosStore, DedupStore, TableStore
 from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.testing import StoreContract
 from tests.conftest import EMULATED, NO_ATOMIC_BATCHES, new_cosmos_store, new_table_store

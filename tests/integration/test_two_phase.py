@@ -12,14 +12,7 @@ from typing import Any
 import pytest
 
 from consumers import orders as orders_app
-from shared.idempotency import (
-    DedupKey,
-    IdempotentConsumer,
-    Marker,
-    Outcome,
-    State,
-    StepPolicy,
-)
+from shared.idempotency import DedupKey, IdempotentConsumer, Outcome, StepPolicy
 from shared.idempotency.downstream import IdempotentHttp
 from shared.idempotency.functions import RetryLater, servicebus_delivery
 from shared.idempotency.keys import consumer_partition
@@ -27,7 +20,7 @@ from shared.idempotency.reconcile import ESCALATION, escalate_stale_claims
 from shared.idempotency.records import utcnow
 from shared.idempotency.resubmit import check_ids
 from shared.idempotency.settings import DedupConfig
-from shared.idempotency.stores import TableStore
+from shared.idempotency.stores import Marker, State, TableStore
 from shared.orders import SCHEMA, order_handler
 from shared.orders.checks import effects_by_order
 from tests.functions import fresh_app, servicebus_message, user_function

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.idempotency import DedupStore
-from shared.idempotency.stores import MemoryStore
+from shared.idempotency.stores import DedupStore, MemoryStore
 from shared.idempotency.testing import StoreContract
 
 
