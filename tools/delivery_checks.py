@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -149,20 +150,23 @@ STORE_REQUEST = (TRANSPORT["retry_total"] + 1) * timedelta(
 ) + TRANSPORT["retry_total"] * timedelta(seconds=TRANSPORT["retry_backoff_max"])
 
 
-def app_setting(name: str, default: str, infra: Path = INFRA) -> str:
-    """An app setting as main.bicep gives it to the function app (``'${param}'`` resolved)."""
+def app_settings(infra: Path = INFRA) -> Callable[[str, str], str]:
+    """The app settings main.bicep gives the function app, read once: ``lookup(name, default)``
+    (``'${param}'`` interpolations resolved)."""
     main = parse(infra / "main.bicep")
     settings = _body(main.get("modules", {}).get("functionApp", {})).get("params", {}).get("appSettings") or {}
     values = parameter_values(infra)
-    value = str(_resolve(settings.get(name, default), values))
-    return re.sub(r"\$\{(\w+)\}", lambda match: str(values[match.group(1)]), value)
+
+    def lookup(name: str, default: str) -> str:
+        value = str(_resolve(settings.get(name, default), values))
+        return re.sub(r"\$\{(\w+)\}", lambda match: str(values[match.group(1)]), value)
+
+    return lookup
 
 
 def dedup_settings(infra: Path = INFRA) -> Dedup:
     """The DEDUP_* settings as infra sets them, else the library's defaults."""
-
-    def text(name: str, default: str) -> str:
-        return app_setting(name, default, infra)
+    text = app_settings(infra)
 
     def setting(name: str, default: str) -> timedelta:
         return _duration(text(name, default), name)
@@ -255,7 +259,7 @@ def lease_check(infra: Path = INFRA, host: dict[str, Any] | None = None) -> Repo
             f"a waiting delivery ({longest}: waits, a last attempt, a record) <= functionTimeout")  # fmt: skip
     places = redeliveries(infra)
     queues = sum(place.count for place in places if place.broker == "service bus")
-    threads = int(app_setting("PYTHON_THREADPOOL_THREAD_COUNT", "0", infra))
+    threads = int(app_settings(infra)("PYTHON_THREADPOOL_THREAD_COUNT", "0"))
     require(threads >= queues * timing.max_concurrent_calls + HTTP_THREADS,
             f"PYTHON_THREADPOOL_THREAD_COUNT {threads} >= {queues} Service Bus entities x maxConcurrentCalls "
             f"{timing.max_concurrent_calls} + {HTTP_THREADS} (HTTP, Event Grid): waiting holds a thread")  # fmt: skip
