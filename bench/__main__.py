@@ -40,8 +40,8 @@ from jsonschema import Draft202012Validator
 
 from shared import ledger
 from shared.idempotency import Delivery, Effects, IdempotentConsumer, Outcome, parse_json
+from shared.idempotency.config import DedupConfig
 from shared.idempotency.keys import encode_key
-from shared.idempotency.settings import DedupConfig
 from shared.idempotency.steps import Context
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._table_batch import TableTransactions

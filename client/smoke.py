@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     from azure.servicebus import ServiceBusSubQueue
 
     from client.producer import order_message, send_in_batches, servicebus_client
-    from shared.idempotency.settings import app_store, setting
+    from shared.idempotency.config import setting
+    from shared.idempotency.stores._registry import app_store
 
     if not (os.environ.get("SERVICEBUS_FULLY_QUALIFIED_NAMESPACE") or os.environ.get("SERVICEBUS_CONNECTION_STRING")):
         print(

@@ -9,8 +9,8 @@ from azure.cosmos import CosmosClient, PartitionKey
 from azure.data.tables import TableServiceClient
 
 from shared.idempotency.functions import reset
-from shared.idempotency.settings import TRANSPORT
 from shared.idempotency.stores import CosmosStore, DedupStore, TableStore
+from shared.idempotency.stores._azure import TRANSPORT
 from shared.idempotency.stores._table_batch import TableTransactions
 from tools.azurite import Azurite
 from tools.cosmos_emulator import CosmosEmulator, emulated

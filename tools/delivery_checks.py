@@ -23,16 +23,16 @@ from typing import Any
 
 import isodate
 
-from shared.idempotency.downstream import DEFAULT_TIMEOUT
-from shared.idempotency.functions import EVENT_GRID_WAIT
-from shared.idempotency.settings import (
+from shared.idempotency.config import (
     DEFAULT_DEAD_LETTER_RETENTION,
     DEFAULT_IN_FLIGHT_WAIT,
     DEFAULT_LEASE,
     DEFAULT_MAX_DELIVERY_COUNT,
     DEFAULT_TRANSIENT_WAIT,
-    TRANSPORT,
 )
+from shared.idempotency.downstream import DEFAULT_TIMEOUT
+from shared.idempotency.functions import EVENT_GRID_WAIT
+from shared.idempotency.stores._azure import TRANSPORT
 from tools.infra_checks import INFRA, ROOT, parameter_values, parse, timespan
 
 QUEUE, SUBSCRIPTION = "Microsoft.ServiceBus/namespaces/queues", "Microsoft.ServiceBus/namespaces/topics/subscriptions"

@@ -26,9 +26,9 @@ from consumers import orders
 from shared.idempotency import DedupKey, IdempotentConsumer
 from shared.idempotency.functions import reset
 from shared.idempotency.keys import marker_id
-from shared.idempotency.records import GUARD_KIND
-from shared.idempotency.settings import TRANSPORT, table_transactions
 from shared.idempotency.stores import CosmosStore, DedupStore, TableStore
+from shared.idempotency.stores._azure import TRANSPORT, table_transactions
+from shared.idempotency.stores._records import GUARD_KIND
 from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.stores._transport import transaction_transport
 from shared.orders.checks import effects_by_order

@@ -13,9 +13,9 @@ from datetime import timedelta
 from azure.data.tables import TableServiceClient
 
 from shared.idempotency import DedupKey, Entity
-from shared.idempotency.records import utcnow
-from shared.idempotency.settings import TRANSPORT
+from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import TableStore
+from shared.idempotency.stores._azure import TRANSPORT
 from tools.azurite import Azurite
 
 

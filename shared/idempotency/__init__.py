@@ -17,7 +17,8 @@ use it; the Functions face is ``.functions``, the stores' is ``.stores``, the co
   ``FingerprintMismatch``, ``InFlight``, ``LeaseLost``.
 """
 
-from .consumer import Delivery, Effects, Handler, IdempotentConsumer, LatestState, Outcome, Result
+from .config import DedupConfig, StepPolicy
+from .consumer import Handler, IdempotentConsumer
 from .downstream import IdempotentHttp
 from .errors import (
     ConfigurationError,
@@ -31,10 +32,9 @@ from .errors import (
     StoreUnavailable,
 )
 from .keys import DedupKey, KeySource, cloudevent_identity, from_body_field, from_message_id, joined_identity
+from .messages import Delivery, Effects, Entity, LatestState, Outcome, Result
 from .payload import fingerprint, parse_json
-from .records import Entity
-from .settings import DedupConfig
-from .steps import Context, StepPolicy
+from .steps import Context
 
 __all__ = [
     "ConfigurationError",

@@ -9,9 +9,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from enum import StrEnum
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -19,6 +17,7 @@ from jsonschema.exceptions import best_match
 from opentelemetry import trace
 
 from . import telemetry
+from .config import DedupConfig
 from .errors import (
     DedupError,
     DownstreamRejected,
@@ -30,26 +29,24 @@ from .errors import (
     StoreUnavailable,
 )
 from .keys import DedupKey, KeySource, consumer_partition, from_message_id
+from .messages import (
+    RETRY_OUTCOMES,
+    Delivery,
+    Effects,
+    LatestState,
+    Outcome,
+    Result,
+    check_result,
+    utcnow,
+)
 from .payload import fingerprint, parse_json
-from .records import JSON, Entity, Marker, State, check_result, utcnow
-from .settings import DedupConfig
 from .steps import Context
-from .stores._base import Commit, CommitStatus, DeadLetter, DedupStore, StateStatus
+from .stores._base import DedupStore
+from .stores._records import Commit, CommitStatus, DeadLetter, Marker, State, StateStatus
 
 log = logging.getLogger("idempotency")
 
 
-class Outcome(StrEnum):
-    PROCESSED = "processed"  # effects committed with the marker, now
-    DUPLICATE = "duplicate"  # same key, same payload: nothing written, acknowledge
-    IN_FLIGHT = "in_flight"  # another delivery holds a live claim: retry later
-    CONFLICT = "conflict"  # same key, different payload: dead-lettered, alert raised
-    INVALID = "invalid"  # can never be processed as sent: dead-lettered with reason
-    TRANSIENT = "transient"  # nothing committed: let the broker redeliver
-    STALE = "stale"  # an older version of state already superseded: acknowledge
-
-
-RETRY_OUTCOMES = frozenset({Outcome.IN_FLIGHT, Outcome.TRANSIENT})
 _REFUSALS = frozenset({Outcome.INVALID, Outcome.CONFLICT})  # recorded as dead letters before acknowledging
 # What clears by itself: waited for inside the delivery. A handler's own exception is not
 # (the same code fails the same way): it goes back to the broker at once.
@@ -58,61 +55,6 @@ _WAIT_FOR = frozenset({"store_unavailable", "downstream_unavailable", "lease_los
 # Pauses between attempts, as shares of the delivery's wait (2 min: 0.2 s doubling up to 5 s),
 # with jitter; scaled so that a shorter wait (Event Grid, HTTP, a scaled test) keeps its attempts.
 FIRST_PAUSE, MAX_PAUSE = 1 / 600, 1 / 24
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """One delivery of a message, whatever the trigger. Only ``message_id`` (producer
-    assigned) may feed the key; the rest is for logs and operators."""
-
-    body: bytes
-    message_id: str | None = None
-    correlation_id: str | None = None
-    delivery_count: int | None = None
-    traceparent: str | None = None  # W3C trace context of the producer, when it sent one
-    properties: Mapping[str, Any] = field(default_factory=dict)
-    # Who sent it, where the channel lets anyone send (an HTTP caller): part of the
-    # fingerprint, so one caller never replays, nor matches, another caller's request.
-    origin: str | None = None
-    # How long this delivery may wait inside its invocation for a transient failure to
-    # clear; None: the consumer's DEDUP_TRANSIENT_WAIT (Service Bus, which redelivers at once).
-    wait: timedelta | None = None
-
-
-@dataclass(frozen=True)
-class Result:
-    outcome: Outcome
-    key: DedupKey | None = None
-    reason: str | None = None
-    detail: str | None = None
-    response: JSON = None  # what the handler answered (Effects.result), and what a replay answers again
-    fingerprint: str | None = None
-    stored_fingerprint: str | None = None
-
-    @property
-    def acknowledge(self) -> bool:
-        """False: the trigger must make the broker redeliver (abandon / raise)."""
-        return self.outcome not in RETRY_OUTCOMES
-
-
-@dataclass(frozen=True)
-class Effects:
-    """What a handler decides for one new message: the business entities to commit with
-    the marker (one transaction) and the result to store for replays."""
-
-    entities: list[Entity]
-    result: JSON = None
-
-
-@dataclass(frozen=True)
-class LatestState:
-    """Event-carried state transfer: the message holds the absolute state and its version.
-    Applying it is naturally idempotent — written only when newer — so no dedup marker
-    is written at all. Prefer this wherever the message can carry the whole state."""
-
-    entity: Entity
-    version: int
-    result: JSON = None
 
 
 Handler = Callable[[Any, Context], Effects | LatestState]

@@ -14,8 +14,9 @@ from datetime import datetime, timedelta
 from opentelemetry import metrics
 
 from .errors import VersionConflict
-from .records import Marker, State, utcnow
-from .stores._base import DeadLetter, DedupStore
+from .messages import utcnow
+from .stores._base import DedupStore
+from .stores._records import DeadLetter, Marker, State
 
 log = logging.getLogger("idempotency")
 _escalations = metrics.get_meter("idempotency").create_counter(

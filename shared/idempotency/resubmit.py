@@ -7,8 +7,9 @@ each message by the consumer's own rules (key source, schema, partition), as pro
 With ids it tells completed / refused / in progress / not processed; with bodies (one JSON
 message body per line, as exported from the dead-letter queue) it also validates them and
 compares fingerprints, so it can tell a resubmit that would be a duplicate from one that
-would be a conflict, or dead-lettered again as invalid (with the reason). The consumer and
-its store come from the app (the consumers function_app declares, built from the app settings).
+would be a conflict, or dead-lettered again as invalid (with the reason). The consumer comes from
+the module that declares the app's consumers (``--consumers``, default ``consumers``: never
+the function app itself), its store from the app settings.
 
 It prints one line per id or body, then a JSON summary; what it cannot do (a setting, the
 file, the store, an unknown consumer) is one line on stderr and exit status 2.
@@ -17,6 +18,7 @@ file, the store, an unknown consumer) is one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import importlib
 import io
 import json
 import logging
@@ -27,13 +29,14 @@ from typing import TYPE_CHECKING
 
 from azure.core.exceptions import AzureError, ResourceNotFoundError
 
-from . import settings
-from .consumer import Delivery
+from .config import setting
 from .errors import ConfigurationError, DedupError, InvalidMessage
 from .functions import declared, using_store
 from .keys import DedupKey, consumer_partition
+from .messages import Delivery
 from .payload import parse_json
-from .records import Marker, State
+from .stores import app_store
+from .stores._records import Marker, State
 
 if TYPE_CHECKING:
     from .consumer import IdempotentConsumer
@@ -135,9 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--ids", nargs="+", help="message ids (the dedup keys)")
     source.add_argument("--bodies", help="a file of message bodies, one JSON document per line")
     parser.add_argument("--message-id-field", help="with --bodies: the body field that holds the MessageId")
+    parser.add_argument("--consumers", default="consumers",
+                        help="the module that declares the app's consumers (default: consumers)")  # fmt: skip
     args = parser.parse_args(argv)
-
-    import function_app  # noqa: F401 - declares the app's consumers, built from its settings
 
     bodies: list[bytes] = []
     if args.bodies:
@@ -147,18 +150,21 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             return _error(f"cannot read --bodies {args.bodies}: {exc.strerror or exc}")
     try:
+        importlib.import_module(args.consumers)  # declares them (@consumer), built from the app settings
         # Never create tables: a typo in DEDUP_TABLE must fail here, not report every message new.
-        with using_store(settings.app_store(create=False)):
+        with using_store(app_store(create=False)):
             consumers = declared()
             found = next((c for c in consumers if c.name == args.consumer), None)
             if found is None:
                 known = ", ".join(sorted({c.name for c in consumers}))
-                return _error(f"no consumer named '{args.consumer}' in function_app; known: {known}")
+                return _error(f"no consumer named '{args.consumer}' in {args.consumers}; known: {known}")
             # One read of an empty partition: a missing table or container fails here, before any verdict.
             next(found.store.scan(consumer_partition(found.name, "")), None)
             lines = check_ids(found, args.ids) if args.ids else check_bodies(found, bodies, args.message_id_field)
     except ConfigurationError as exc:
         return _error(str(exc))
+    except ImportError as exc:
+        return _error(f"cannot import --consumers {args.consumers}: {exc}")
     except ResourceNotFoundError:
         return _error(f"{_table()} does not exist: check the app settings (this tool never creates it)")
     except (DedupError, AzureError) as exc:  # unreachable, access refused (store_errors maps them)
@@ -171,12 +177,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _table() -> str:
-    """What the markers are read from, as settings.app_store names it."""
-    table = settings.setting("DEDUP_TABLE", "records")
-    if settings.setting("DEDUP_STORE", "table").lower() != "cosmos":
+    """What the markers are read from, as app_store names it."""
+    table = setting("DEDUP_TABLE", "records")
+    if setting("DEDUP_STORE", "table").lower() != "cosmos":
         return f"table '{table}'"
-    database = settings.setting("COSMOS_DATABASE", "dedup")
-    return f"container '{settings.setting('COSMOS_CONTAINER', table)}' of database '{database}'"
+    database = setting("COSMOS_DATABASE", "dedup")
+    return f"container '{setting('COSMOS_CONTAINER', table)}' of database '{database}'"
 
 
 def _first_line(exc: Exception) -> str:

@@ -9,9 +9,10 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from dataclasses import replace
+from datetime import datetime
 
+from .config import StepPolicy
 from .errors import (
     AlreadyClaimed,
     DownstreamRejected,
@@ -22,27 +23,11 @@ from .errors import (
     VersionConflict,
 )
 from .keys import DedupKey
-from .records import JSON, Marker, State, check_result, utcnow
+from .messages import JSON, check_result, utcnow
 from .stores._base import DedupStore
+from .stores._records import Marker, State
 
 log = logging.getLogger("idempotency")
-
-
-@dataclass(frozen=True)
-class StepPolicy:
-    """``lease``: how long a claim is protected from takeover; it must outlive the step's
-    call (its timeout) plus clock skew, and lapse while the broker still has deliveries
-    left (``make check-leases``). A takeover of a live but slow owner repeats the call with
-    the same downstream idempotency key, and the owner's fenced completion is refused, so
-    the lease bounds wasted calls, not correctness. ``in_flight_wait``: how long a delivery
-    that meets a live claim waits for it to finish (or lapse, then takes it over) before
-    giving the message back to the broker."""
-
-    lease: timedelta = timedelta(minutes=1)
-    in_flight_wait: timedelta = timedelta(seconds=10)
-
-
-DEFAULT_STEPS = StepPolicy()
 
 
 class Context:

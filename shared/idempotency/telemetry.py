@@ -18,7 +18,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
-    from .consumer import Delivery, Result
+    from .messages import Delivery, Result
 
 log = logging.getLogger("idempotency")
 _meter = metrics.get_meter("idempotency")

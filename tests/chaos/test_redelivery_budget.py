@@ -16,8 +16,9 @@ import pytest
 
 from shared.idempotency import StoreUnavailable
 from shared.idempotency.downstream import IdempotentHttp
-from shared.idempotency.records import JSON, Marker, State
+from shared.idempotency.messages import JSON
 from shared.idempotency.stores import TableStore
+from shared.idempotency.stores._records import Marker, State
 from tools.azurite import Azurite
 from tools.faults import Crash
 from tools.harness import Report, RunConfig, Timing, run

@@ -8,9 +8,9 @@ from datetime import timedelta
 import pytest
 
 from shared.idempotency import Context, DedupKey, Delivery, Effects, Entity, IdempotentConsumer, Outcome
+from shared.idempotency.config import DedupConfig
 from shared.idempotency.errors import ConfigurationError
-from shared.idempotency.records import utcnow
-from shared.idempotency.settings import DedupConfig
+from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import TableStore
 from tests.functions import app_settings
 

@@ -15,10 +15,11 @@ from azure.cosmos import exceptions
 from shared.idempotency import DedupKey, Entity, StoreUnavailable
 from shared.idempotency.errors import StoreRefused
 from shared.idempotency.functions import reset
-from shared.idempotency.records import MARKER_KIND, utcnow
+from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import CommitStatus, CosmosStore, Marker, State, VersionConflict
-from shared.idempotency.stores._base import store_errors
+from shared.idempotency.stores._azure import store_errors
 from shared.idempotency.stores._codec import MARKER_FIELDS, marker_fields
+from shared.idempotency.stores._records import MARKER_KIND
 from tests.conftest import EMULATED, REAL_COSMOS, new_cosmos_store
 from tools import other_triggers
 from tools.azurite import Azurite

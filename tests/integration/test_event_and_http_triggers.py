@@ -18,7 +18,7 @@ from consumers import order_events as events_app
 from consumers import orders as orders_app
 from shared.idempotency import DedupKey, fingerprint
 from shared.idempotency.functions import REPLAYED, RetryLater
-from shared.idempotency.records import utcnow
+from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import DedupStore, Marker, State
 from shared.idempotency.testing import entities
 from shared.orders import SHIPPED

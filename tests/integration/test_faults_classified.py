@@ -33,12 +33,12 @@ from shared.idempotency import (
     Outcome,
     StoreUnavailable,
 )
+from shared.idempotency.config import DedupConfig
 from shared.idempotency.errors import StoreRefused
 from shared.idempotency.functions import REPLAYED, RetryLater, eventgrid_delivery, shared_store, using_store
-from shared.idempotency.records import MAX_RESULT_CHARACTERS
-from shared.idempotency.settings import TRANSPORT, DedupConfig
+from shared.idempotency.messages import MAX_RESULT_CHARACTERS
 from shared.idempotency.stores import DeadLetter, DedupStore, TableStore
-from shared.idempotency.stores._base import store_errors
+from shared.idempotency.stores._azure import TRANSPORT, store_errors
 from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.testing import entities
 from shared.orders import SHIPPED

@@ -16,8 +16,9 @@ from consumers import orders as orders_app
 from shared.idempotency import DedupKey, Delivery, Effects, Entity, IdempotentConsumer, Outcome, StoreUnavailable
 from shared.idempotency.functions import RetryLater, shared_store
 from shared.idempotency.keys import consumer_partition, encode_key
-from shared.idempotency.records import MARKER_KIND, utcnow
+from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import Commit
+from shared.idempotency.stores._records import MARKER_KIND
 from shared.orders.checks import OrderEffects, effects_by_order
 from tests.functions import app_settings, fresh_app, servicebus_message, store_down, user_function
 from tools.azurite import Azurite

@@ -15,9 +15,10 @@ import pytest
 from consumers import orders
 from shared.idempotency import DedupKey, Entity, fingerprint
 from shared.idempotency.keys import consumer_partition
-from shared.idempotency.records import GUARD_KIND, MARKER_KIND, utcnow
+from shared.idempotency.messages import utcnow
 from shared.idempotency.resubmit import check_bodies, check_ids
 from shared.idempotency.stores import Marker, State, TableStore
+from shared.idempotency.stores._records import GUARD_KIND, MARKER_KIND
 from shared.idempotency.testing import entities
 from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -236,3 +237,17 @@ def test_an_unknown_consumer_lists_the_known_ones(app: str, capsys: pytest.Captu
     known = err.split("known: ")[1].strip().split(", ")
     assert {"orders", "orders-api", "order-events", "billing", "shipping", "order-status", "ledger"} <= set(known)
     assert os.environ["DEDUP_TABLE"] == app
+
+
+def test_a_consumers_module_that_cannot_be_imported_is_one_line(app: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["--consumer", "orders", "--consumers", "no_such_consumers", "--ids", "o-1"])
+    assert_one_error_line((code, *capsys.readouterr()), "cannot import --consumers no_such_consumers")
+
+
+def test_the_tool_never_imports_the_function_app(app: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """It reads the consumers' declarations, not the app: function_app would configure
+    telemetry and register the functions (the library never depends on the app)."""
+    sys.modules.pop("function_app", None)
+    assert main(["--consumer", "orders", "--ids", "o-1"]) == 0
+    assert "function_app" not in sys.modules
+    assert capsys.readouterr().out.startswith("o-1\tnew")

@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.idempotency import StoreUnavailable
-from shared.idempotency.stores._base import store_errors
+from shared.idempotency.stores._azure import store_errors
 from shared.idempotency.stores._table_batch import TableTransactions, TransactionFailure, decode, entity_json
 from shared.idempotency.stores._transport import pooled_transport
 from tools.azurite import Azurite

@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from shared.idempotency import Context, Delivery, Effects, Entity, IdempotentConsumer, Outcome
+from shared.idempotency.config import DedupConfig
 from shared.idempotency.functions import shared_store
-from shared.idempotency.settings import DedupConfig
 from shared.idempotency.stores import MemoryStore
 from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite

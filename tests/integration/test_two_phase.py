@@ -13,13 +13,13 @@ import pytest
 
 from consumers import orders as orders_app
 from shared.idempotency import DedupKey, IdempotentConsumer, Outcome, StepPolicy
+from shared.idempotency.config import DedupConfig
 from shared.idempotency.downstream import IdempotentHttp
 from shared.idempotency.functions import RetryLater, servicebus_delivery
 from shared.idempotency.keys import consumer_partition
+from shared.idempotency.messages import utcnow
 from shared.idempotency.reconcile import ESCALATION, escalate_stale_claims
-from shared.idempotency.records import utcnow
 from shared.idempotency.resubmit import check_ids
-from shared.idempotency.settings import DedupConfig
 from shared.idempotency.stores import Marker, State, TableStore
 from shared.orders import SCHEMA, order_handler
 from shared.orders.checks import effects_by_order

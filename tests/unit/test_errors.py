@@ -15,7 +15,7 @@ from shared.idempotency import (
     StoreUnavailable,
     errors,
 )
-from shared.idempotency.settings import DedupConfig
+from shared.idempotency.config import DedupConfig
 from shared.idempotency.stores import Commit
 
 

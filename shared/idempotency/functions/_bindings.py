@@ -16,9 +16,10 @@ from urllib.parse import quote
 import azure.functions as func
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 
-from ..consumer import Delivery, Effects, Handler, IdempotentConsumer, Outcome, Result
+from ..consumer import Handler, IdempotentConsumer
 from ..errors import DedupError, InvalidMessage, StoreUnavailable
 from ..keys import joined_identity
+from ..messages import Delivery, Effects, Outcome, Result
 from ..payload import parse_json
 from ..steps import Context
 

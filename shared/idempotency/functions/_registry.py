@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from typing import Generic, TypeVar
 
 from ..consumer import IdempotentConsumer
-from ..settings import app_store
 from ..stores._base import DedupStore
+from ..stores._registry import app_store
 
 T = TypeVar("T")
 

@@ -8,9 +8,9 @@ from dataclasses import astuple
 
 import azure.functions as func
 
+from ..config import duration, setting
+from ..messages import utcnow
 from ..reconcile import escalate_stale_claims
-from ..records import utcnow
-from ..settings import duration, setting
 from ._registry import shared_store
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated

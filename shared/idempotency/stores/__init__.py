@@ -1,16 +1,20 @@
 """The stores face: for choosing a store and for writing one.
 
-- ``DedupStore``: the contract, its abstract primitives and the decisions built on them, with
-  what ``commit_many`` takes and answers (``Commit``, ``CommitResult``, ``CommitStatus``), the
-  records it keeps (``Marker``, ``State``, ``DeadLetter``, ``StoredItem``, ``StoredState``,
-  ``StateStatus``, ``Purge``) and the errors it raises (``AlreadyClaimed``, ``VersionConflict``,
-  ``StoreRefused``, ``StoreUnavailable``). A store is done when it passes
-  ``shared.idempotency.testing.StoreContract`` against its real server.
+- Choosing: ``app_store`` opens the one the app settings name (``DEDUP_STORE``: ``table``,
+  ``cosmos``, a name given to ``register_store``, or ``package.module:factory``);
+  ``open_store`` the same for other tables; a ``StoreFactory`` builds one.
 - The shipped stores: ``MemoryStore`` (unit tests only), ``TableStore`` (the ``table`` extra)
   and ``CosmosStore`` (the ``cosmos`` extra), the last two imported on first use.
+- Writing one: ``DedupStore``, the contract, its abstract primitives (each says what it
+  raises) and the decisions built on them; what ``commit_many`` takes and answers
+  (``Commit``, ``CommitResult``, ``CommitStatus``), the records it keeps (``Marker``,
+  ``State``, ``DeadLetter``, ``StoredItem``, ``StoredState``, ``StateStatus``, ``Purge``) and
+  the errors it raises (``AlreadyClaimed``, ``VersionConflict``, ``StoreRefused``,
+  ``StoreUnavailable``). A store is done when it passes
+  ``shared.idempotency.testing.StoreContract`` against its real server.
 
-The Azure plumbing (error mapping, transports, the Table ``$batch`` wire code) stays private
-in this package's ``_``-modules.
+The Azure plumbing (error mapping, transports, client factories, the Table ``$batch`` wire
+code) stays private in this package's ``_``-modules: a store of another kind imports none of it.
 """
 
 from __future__ import annotations
@@ -18,9 +22,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AlreadyClaimed, StoreRefused, StoreUnavailable, VersionConflict
-from ..records import Marker, State, StoredItem
-from ._base import Commit, CommitResult, CommitStatus, DeadLetter, DedupStore, Purge, StateStatus, StoredState
+from ._base import DedupStore
 from ._memory import MemoryStore
+from ._records import (
+    Commit,
+    CommitResult,
+    CommitStatus,
+    DeadLetter,
+    Marker,
+    Purge,
+    State,
+    StateStatus,
+    StoredItem,
+    StoredState,
+)
+from ._registry import StoreFactory, app_store, open_store, register_store
 
 if TYPE_CHECKING:  # at run time, on first use (__getattr__ below)
     from ._cosmos import CosmosStore
@@ -39,12 +55,16 @@ __all__ = [
     "Purge",
     "State",
     "StateStatus",
+    "StoreFactory",
     "StoreRefused",
     "StoreUnavailable",
     "StoredItem",
     "StoredState",
     "TableStore",
     "VersionConflict",
+    "app_store",
+    "open_store",
+    "register_store",
 ]
 
 

@@ -4,86 +4,27 @@ them, written once. Every store passes the same contract suite against its real 
 
 from __future__ import annotations
 
-import hashlib
-import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
-from enum import StrEnum
-from typing import NamedTuple
 
-from azure.core.exceptions import (
-    ClientAuthenticationError,
-    HttpResponseError,
-    ServiceRequestError,
-    ServiceResponseError,
-)
-
-from ..errors import AlreadyClaimed, StoreRefused, StoreUnavailable, VersionConflict
+from ..config import DEAD_LETTER_RETENTION
+from ..errors import AlreadyClaimed, StoreRefused, VersionConflict
 from ..keys import DedupKey
-from ..records import JSON, Entity, Marker, State, StoredItem
-
-log = logging.getLogger("idempotency")
-
-
-class StateStatus(StrEnum):
-    APPLIED = "applied"  # the incoming version was newer: written
-    SAME = "same"  # this version is already stored: a redelivery
-    STALE = "stale"  # a newer version is stored: ignored
-
-
-@dataclass(frozen=True)
-class Purge:
-    scanned: int
-    deleted: int
-    requests: int
-
-
-class CommitStatus(StrEnum):
-    NEW = "new"  # marker and effects committed together, just now
-    DUPLICATE = "duplicate"  # a marker with the same fingerprint exists: nothing written
-    MISMATCH = "mismatch"  # a marker with another fingerprint exists: nothing written
-    REFUSED = "refused"  # the store can never hold this message's data (``detail`` says why): nothing written
-
-
-@dataclass(frozen=True)
-class CommitResult:
-    status: CommitStatus
-    stored_fingerprint: str | None = None
-    detail: str | None = None
-
-
-DEFAULT_DEAD_LETTER_RETENTION = timedelta(days=14)
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """What operators need to understand and resubmit a message the consumer refused: the
-    full body (it may hold personal data), ids, reason and fingerprints. Kept for the
-    store's ``dead_letter_retention`` (DEDUP_DEAD_LETTER_RETENTION), then deleted."""
-
-    scope: str
-    reason: str
-    detail: str
-    body: bytes
-    message_id: str | None = None
-    correlation_id: str | None = None
-    delivery_count: int | None = None
-    key_id: str | None = None
-    fingerprint: str | None = None
-    stored_fingerprint: str | None = None
-    recorded_at: datetime | None = None
-
-    @property
-    def record_id(self) -> str:
-        """Deterministic, so that recording the same delivery twice writes one record."""
-        digest = hashlib.sha256()
-        for part in (self.scope, self.message_id or "", self.key_id or "", self.reason):
-            digest.update(part.encode("utf-8", "surrogatepass") + b"\x00")
-        digest.update(self.body)
-        return digest.hexdigest()
+from ..messages import JSON, Entity
+from ._records import (
+    Commit,
+    CommitResult,
+    CommitStatus,
+    DeadLetter,
+    Marker,
+    Purge,
+    State,
+    StateStatus,
+    StoredItem,
+    StoredState,
+)
 
 
 def refused(exc: Exception) -> CommitResult:
@@ -114,80 +55,6 @@ def _storable(value: object, nested: bool) -> bool:
     return value is None or isinstance(value, scalars)
 
 
-class Commit(NamedTuple):
-    """One message's marker and effects, as ``commit`` takes them. ``owner``: this
-    delivery's token, stored in the marker; ``retry``: an earlier attempt of the same
-    delivery may have been applied with its answer lost, so a conflict reads the marker
-    to tell our own commit (``NEW``) from another delivery's (``DUPLICATE``)."""
-
-    key: DedupKey
-    partition: str
-    fingerprint: str
-    effects: Sequence[Entity]
-    result: JSON
-    expires_at: datetime
-    owner: str | None = None
-    retry: bool = False
-
-    def marker(self, now: datetime) -> Marker:
-        return Marker(self.key, self.partition, State.COMPLETED, self.fingerprint, now, self.expires_at,
-                      owner=self.owner, result=self.result)  # fmt: skip
-
-
-class StoredState(NamedTuple):
-    """What ``upsert_if_newer`` reads before it writes: the stored version and the ETag
-    its conditional write is fenced by."""
-
-    version: int
-    etag: str
-
-
-def is_transient(status: int | None) -> bool:
-    """Throttling, timeouts and server errors (Cosmos DB's 449 "retry with" included)."""
-    return status in (408, 429, 449) or (status or 0) >= 500
-
-
-# What a store answers about a message's own data (a value, an entity, a request too large;
-# the same row twice in one transaction): refused for good. Any other 400 may be a
-# deployment's mistake (an API version, a header, an account setting): never dead-letter for it.
-REFUSED_FOR_GOOD = frozenset({"PropertyValueTooLarge", "EntityTooLarge", "PropertyNameTooLong", "TooManyProperties",
-                              "KeyValueTooLarge", "InvalidDuplicateRow", "RequestBodyTooLarge"})  # fmt: skip
-DATA_ROLES = "Table Storage: 'Storage Table Data Contributor'; Cosmos DB: 'Cosmos DB Built-in Data Contributor'"
-
-
-@contextmanager
-def store_errors() -> Iterator[None]:
-    """Map what the SDKs could not get through (after their own retries) to one outcome.
-    Both SDKs raise azure-core's errors (Cosmos DB's are subclasses):
-
-    - unreachable, throttled, 5xx → StoreUnavailable: wait, then let the broker redeliver;
-    - 401/403 → StoreUnavailable too, logged with the role the app's identity most likely
-      lacks: a missing role assignment is fixed by an operator, not by dead-lettering;
-    - 413, or a 400 whose code says the data is too large (REFUSED_FOR_GOOD) → StoreRefused:
-      this message's data can never be stored; dead-letter it;
-    - any other 400 → StoreUnavailable, logged: likely the deployment's, not the message's;
-    - anything else (404 on a read, 409, 412) passes through: the callers read those."""
-    try:
-        yield
-    except (ServiceRequestError, ServiceResponseError) as exc:
-        raise StoreUnavailable(str(exc)) from exc
-    except HttpResponseError as exc:
-        code = getattr(exc, "error_code", None) or ""
-        code = str(getattr(code, "value", code))  # the SDK's may be an enum
-        if is_transient(exc.status_code):
-            raise StoreUnavailable(f"{exc.status_code} {code}: {exc.message}") from exc
-        if isinstance(exc, ClientAuthenticationError) or exc.status_code in (401, 403):
-            log.error("dedup store refused access (%s %s): grant the app's identity a data role (%s)",
-                      exc.status_code, code, DATA_ROLES)  # fmt: skip
-            raise StoreUnavailable(f"{exc.status_code} {code}: access refused ({DATA_ROLES})") from exc
-        if exc.status_code == 413 or (exc.status_code == 400 and code in REFUSED_FOR_GOOD):
-            raise StoreRefused(f"{exc.status_code} {code}: {exc.message}"[:500]) from exc
-        if exc.status_code == 400:
-            log.error("dedup store answered 400 %s, not about a message's data: check the deployment", code)
-            raise StoreUnavailable(f"400 {code}: {exc.message}"[:500]) from exc
-        raise
-
-
 class DedupStore(ABC):
     """Markers keyed by (consumer, message). A marker lives in the partition of the
     business data it guards, so that it commits with that data in one transaction.
@@ -195,9 +62,14 @@ class DedupStore(ABC):
     A new store implements the abstract primitives below — each one SDK call or a
     conditional write — and passes ``shared.idempotency.testing.StoreContract`` against
     its real server. The decisions built on them (what a conflict means, claims,
-    completion, versioned upserts) are written once, here."""
+    completion, versioned upserts) are written once, here.
 
-    dead_letter_retention: timedelta = DEFAULT_DEAD_LETTER_RETENTION
+    Every primitive raises ``StoreUnavailable`` when the store could not be reached or
+    answered that it is busy, throttled or failing (the delivery waits, then the broker
+    redelivers), and never for a message's own data; what else each one raises or answers
+    is on it."""
+
+    dead_letter_retention: timedelta = DEAD_LETTER_RETENTION
     max_effects = 98  # business entities one commit holds: a transaction of 100 less guard and marker
 
     # -- the atomic path: one request claims and commits -------------------------------
@@ -207,7 +79,12 @@ class DedupStore(ABC):
         """For each commit, insert a completed marker, its guard (key, fingerprint) and its
         effects in one transaction, or nothing. When the transaction fails on an existing
         item, ``conflict`` says what that means. A store may group commits that share a
-        partition into fewer requests."""
+        partition into fewer requests.
+
+        :returns: one ``CommitResult`` per commit, in order; ``REFUSED`` (``refused(exc)``)
+            for a commit whose data the store can never hold, the others decided on their own.
+        :raises StoreUnavailable: nothing was decided; any commit may have been applied
+            (the caller resends with ``retry``)."""
 
     def commit(
         self,
@@ -239,40 +116,65 @@ class DedupStore(ABC):
     # -- primitives of the two-phase path ------------------------------------------------
 
     @abstractmethod
-    def get(self, key: DedupKey, partition: str) -> Marker | None: ...
+    def get(self, key: DedupKey, partition: str) -> Marker | None:
+        """The marker with its ``version``, or None.
+
+        :raises StoreUnavailable: as every primitive."""
 
     @abstractmethod
     def insert(self, marker: Marker) -> Marker | None:
-        """Conditional insert; None when a marker for the key already exists."""
+        """Conditional insert.
+
+        :returns: the stored marker with its ``version``; None when one exists for the key.
+        :raises StoreUnavailable: the insert may have been applied (``claim`` reads it back)."""
 
     @abstractmethod
     def replace(self, marker: Marker, if_version: str) -> Marker:
-        """Overwrite a marker only at ``if_version``; VersionConflict otherwise."""
+        """Overwrite a marker only at ``if_version``.
+
+        :returns: the stored marker with its new ``version``.
+        :raises VersionConflict: the marker is at another version, or gone.
+        :raises StoreUnavailable: as every primitive."""
 
     @abstractmethod
     def stale_claims(self, lease_expired_before: datetime, limit: int) -> list[Marker]:
-        """In-progress markers whose lease ran out before the given time (a bounded scan)."""
+        """In-progress markers whose lease ran out before the given time, at most ``limit``.
+
+        :raises StoreUnavailable: as every primitive."""
 
     # -- primitives of naturally idempotent writes: no marker ----------------------------
 
     @abstractmethod
     def read_state(self, partition: str, name: str) -> StoredState | None:
-        """The stored version of entity ``name`` (-1 when it has none), or None."""
+        """The stored version of entity ``name`` (-1 when it has none) and its ETag, or None.
+
+        :raises StoreUnavailable: as every primitive."""
 
     @abstractmethod
     def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None) -> bool:
         """Write ``entity`` with ``version``: create it (``if_etag`` None) or replace it at
-        ``if_etag``. False when another writer got there first."""
+        ``if_etag``.
+
+        :returns: False when another writer got there first (it exists, or its ETag moved).
+        :raises StoreRefused: the store can never hold this entity.
+        :raises StoreUnavailable: as every primitive."""
 
     # -- operators' records --------------------------------------------------------------
 
     @abstractmethod
     def dead_letter(self, record: DeadLetter) -> None:
         """Record a refused message durably (idempotent by ``record.record_id``), to be
-        deleted ``dead_letter_retention`` after it was recorded."""
+        deleted ``dead_letter_retention`` after it was recorded, with its whole body (never
+        a truncated copy).
+
+        :raises StoreUnavailable: not recorded (unreachable, or a body too large for one
+            record): the message goes back to the broker, which keeps it."""
 
     @abstractmethod
-    def dead_letters(self, scope: str) -> list[DeadLetter]: ...
+    def dead_letters(self, scope: str) -> list[DeadLetter]:
+        """The dead-letter records of one consumer (``scope``), for operators and tests.
+
+        :raises StoreUnavailable: as every primitive."""
 
     # -- lifecycle and verification ------------------------------------------------------
 

@@ -12,8 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from ..keys import DedupKey
-from ..records import MARKER_KIND, Marker, State
-from ._base import DeadLetter
+from ._records import MARKER_KIND, DeadLetter, Marker, State
 
 DETAIL_LIMIT = 8_000  # characters of a refusal's detail kept with a dead letter
 ID_LIMIT = 1_024  # characters of an id kept with a dead letter (a property holds 32 K; the body needs the room)

@@ -29,22 +29,25 @@ from typing import Any
 from azure.core import MatchConditions
 from azure.cosmos import ContainerProxy, exceptions
 
+from ..config import DEAD_LETTER_RETENTION
 from ..errors import StoreRefused, StoreUnavailable, VersionConflict
 from ..keys import DedupKey, encode_key, guard_id, marker_id
-from ..records import GUARD_KIND, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
-from ._base import (
-    DEFAULT_DEAD_LETTER_RETENTION,
+from ..messages import Entity, utcnow
+from ._azure import store_errors
+from ._base import DedupStore, check_storable, refused
+from ._codec import MARKER_FIELDS, dead_letter_fields, dead_letter_from, marker_fields, marker_from
+from ._records import (
+    GUARD_KIND,
+    MARKER_KIND,
     Commit,
     CommitResult,
     CommitStatus,
     DeadLetter,
-    DedupStore,
+    Marker,
+    State,
+    StoredItem,
     StoredState,
-    check_storable,
-    refused,
-    store_errors,
 )
-from ._codec import MARKER_FIELDS, dead_letter_fields, dead_letter_from, marker_fields, marker_from
 
 MAX_BATCH_OPERATIONS = 100  # Cosmos transactional batch limit (and 2 MB)
 STATE_VERSION = "stateVersion"  # the version of a document written by upsert_if_newer
@@ -67,7 +70,7 @@ class CosmosStore(DedupStore):
         dead_letters: ContainerProxy,
         partition_field: str,
         *,
-        dead_letter_retention: timedelta = DEFAULT_DEAD_LETTER_RETENTION,
+        dead_letter_retention: timedelta = DEAD_LETTER_RETENTION,
     ) -> None:
         """``partition_field``: the property named by the container's partition key path.
         The dead-letter container needs TTL on (``defaultTtl: -1``): each record carries its own."""

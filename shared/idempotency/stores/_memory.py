@@ -11,20 +11,23 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from ..config import DEAD_LETTER_RETENTION
 from ..errors import StoreUnavailable, VersionConflict
 from ..keys import DedupKey, encode_key, guard_id, marker_id
-from ..records import GUARD_KIND, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
-from ._base import (
-    DEFAULT_DEAD_LETTER_RETENTION,
+from ..messages import Entity, utcnow
+from ._base import DedupStore, check_storable, refused
+from ._records import (
+    GUARD_KIND,
+    MARKER_KIND,
     Commit,
     CommitResult,
     CommitStatus,
     DeadLetter,
-    DedupStore,
+    Marker,
     Purge,
+    State,
+    StoredItem,
     StoredState,
-    check_storable,
-    refused,
 )
 
 STATE_VERSION = "stateVersion"
@@ -43,7 +46,7 @@ class _Item:
 class MemoryStore(DedupStore):
     """``available = False`` makes every call fail as an unreachable store does."""
 
-    def __init__(self, *, dead_letter_retention: timedelta = DEFAULT_DEAD_LETTER_RETENTION) -> None:
+    def __init__(self, *, dead_letter_retention: timedelta = DEAD_LETTER_RETENTION) -> None:
         self.dead_letter_retention = dead_letter_retention
         self.available = True
         self._lock = threading.Lock()

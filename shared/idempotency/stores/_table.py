@@ -29,25 +29,35 @@ from azure.core.exceptions import (
     ResourceNotFoundError,
     ServiceResponseError,
 )
-from azure.data.tables import EdmType, TableClient, TableServiceClient, TableTransactionError, UpdateMode
+from azure.data.tables import (
+    EdmType,
+    TableClient,
+    TableErrorCode,
+    TableServiceClient,
+    TableTransactionError,
+    UpdateMode,
+)
 
+from ..config import DEAD_LETTER_RETENTION
 from ..errors import StoreRefused, StoreUnavailable, VersionConflict
 from ..keys import DedupKey, encode_key, guard_id, marker_id
-from ..records import GUARD_KIND, MARKER_KIND, Entity, Marker, State, StoredItem, utcnow
-from ._base import (
-    DEFAULT_DEAD_LETTER_RETENTION,
+from ..messages import Entity, utcnow
+from ._azure import error_code, store_errors
+from ._base import DedupStore, check_storable, refused
+from ._codec import dead_letter_fields, dead_letter_from, marker_fields, marker_from
+from ._records import (
+    GUARD_KIND,
+    MARKER_KIND,
     Commit,
     CommitResult,
     CommitStatus,
     DeadLetter,
-    DedupStore,
+    Marker,
     Purge,
+    State,
+    StoredItem,
     StoredState,
-    check_storable,
-    refused,
-    store_errors,
 )
-from ._codec import dead_letter_fields, dead_letter_from, marker_fields, marker_from
 from ._table_batch import TableTransactions, TransactionFailure
 
 MAX_TRANSACTION_OPERATIONS = 100  # Table entity-group transaction limit
@@ -67,7 +77,7 @@ class TableStore(DedupStore):
         table: str,
         dead_letter_table: str = "deadletters",
         *,
-        dead_letter_retention: timedelta = DEFAULT_DEAD_LETTER_RETENTION,
+        dead_letter_retention: timedelta = DEAD_LETTER_RETENTION,
         transactions: TableTransactions | None = None,
     ) -> None:
         """``transactions``: commits go through this lean transaction path (table_batch.py);
@@ -136,12 +146,10 @@ class TableStore(DedupStore):
             # short escapes as requests' error. It may have been applied: as the lean path says.
             raise ServiceResponseError(f"the transaction's answer was cut short: {exc}", error=exc) from exc
         except TableTransactionError as exc:
-            if getattr(exc, "error_code", None) != "EntityAlreadyExists":
+            failure = TransactionFailure.of(exc.status_code or 0, error_code(exc), exc.message or "")
+            if not failure.already_exists:
                 raise
-            message = getattr(exc, "message", "") or ""
-            return TransactionFailure(
-                _failed_operation(message), exc.status_code or 409, "EntityAlreadyExists", message
-            )
+            return failure
         return None
 
     def _transact(self, commits: Sequence[Commit], partition: str, chunk: list[int]) -> dict[int, CommitResult]:
@@ -186,7 +194,7 @@ class TableStore(DedupStore):
             with store_errors():
                 entity = self._table.get_entity(encode_key(partition), marker_id(key))
         except ResourceNotFoundError as exc:
-            if getattr(exc, "error_code", None) == "TableNotFound":  # not "no marker": a missing table
+            if error_code(exc) == TableErrorCode.TABLE_NOT_FOUND:  # not "no marker": a missing table
                 raise
             return None
         return self._marker_from(entity, partition)
@@ -377,13 +385,6 @@ def _chunks(commits: Sequence[Commit], members: list[int]) -> Iterator[list[int]
         operations += size
     if chunk:
         yield chunk
-
-
-def _failed_operation(message: str) -> int | None:
-    """The service prefixes a transaction error with the failing operation's index
-    ("1:The specified entity already exists."); None when it did not say."""
-    prefix, colon, _ = message.partition(":")
-    return int(prefix) if colon and prefix.isdigit() else None
 
 
 def _to_table(fields: dict[str, Any]) -> dict[str, Any]:

@@ -50,6 +50,7 @@ from azure.core.pipeline.policies import (
 )
 from azure.core.pipeline.transport import HttpTransport
 from azure.core.rest import HttpRequest
+from azure.data.tables import TableErrorCode
 
 from ._transport import transaction_transport
 
@@ -78,6 +79,16 @@ class TransactionFailure:
     status: int
     code: str
     message: str
+
+    @classmethod
+    def of(cls, status: int, code: str, message: str) -> TransactionFailure:
+        prefix, colon, _ = message.partition(":")
+        return cls(int(prefix) if colon and prefix.isdigit() else None, status, code, message)
+
+    @property
+    def already_exists(self) -> bool:
+        """An insert met an existing entity: what ``conflict`` reads, never an error."""
+        return self.status == 409 and self.code == TableErrorCode.ENTITY_ALREADY_EXISTS
 
 
 class SharedKeyPolicy(SansIOHTTPPolicy):  # type: ignore[type-arg]
@@ -168,7 +179,7 @@ class TableTransactions:
         if not response.headers.get("Content-Type", "").startswith("multipart/mixed"):
             raise ServiceResponseError(f"a transaction was answered with {response.headers.get('Content-Type')!r}")
         failure = decode(response.content, len(operations))
-        if failure is not None and not (failure.status == 409 and failure.code == "EntityAlreadyExists"):
+        if failure is not None and not failure.already_exists:
             raise _refused(response, failure.status, failure.code, failure.message)  # the operation's status
         return failure
 
@@ -277,9 +288,7 @@ def decode(body: bytes, operations: int) -> TransactionFailure | None:
     statuses = [(int(match.group(1)), match.end()) for match in _STATUS.finditer(body)]
     for status, end in statuses:
         if not 200 <= status < 300:
-            code, message = _error(body[end:])
-            prefix, colon, _ = message.partition(":")
-            return TransactionFailure(int(prefix) if colon and prefix.isdigit() else None, status, code, message)
+            return TransactionFailure.of(status, *_error(body[end:]))
     if len(statuses) != operations:
         raise ServiceResponseError(f"a transaction of {operations} operations was answered {len(statuses)} times")
     return None

@@ -26,8 +26,9 @@ from azure.core.exceptions import HttpResponseError
 
 from ..errors import AlreadyClaimed, StoreUnavailable, VersionConflict
 from ..keys import DedupKey
-from ..records import Entity, Marker, State, utcnow
-from ..stores._base import Commit, CommitStatus, DeadLetter, DedupStore, StateStatus
+from ..messages import Entity, utcnow
+from ..stores._base import DedupStore
+from ..stores._records import Commit, CommitStatus, DeadLetter, Marker, State, StateStatus
 
 HOUR = timedelta(hours=1)
 

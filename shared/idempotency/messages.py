@@ -1,0 +1,113 @@
+"""What goes through a consumer: a ``Delivery`` in, a ``Result`` with its ``Outcome`` out;
+and what a handler decides: ``Effects`` (``Entity`` records committed with the marker, and a
+JSON result) or a ``LatestState``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from .errors import InvalidMessage
+from .keys import DedupKey
+
+JSON = Any  # a value that json.dumps accepts
+
+MAX_RESULT_CHARACTERS = 30_000  # of a stored result as compact JSON: one Table property holds 32 K
+_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
+def check_result(value: JSON, what: str) -> None:
+    """A result is stored with its marker and replayed: JSON (no NaN, no sets or times),
+    at most MAX_RESULT_CHARACTERS once serialised; else InvalidMessage."""
+    try:
+        size = len(_compact(value))
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessage("result_not_json", f"{what} must be JSON: {exc}"[:500]) from exc
+    if size > MAX_RESULT_CHARACTERS:
+        raise InvalidMessage("result_too_large", f"{what} is {size} characters of JSON; "
+                             f"at most {MAX_RESULT_CHARACTERS} are stored")  # fmt: skip
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class Entity:
+    """A business record written with a marker. ``name`` is unique within the message's
+    partition (Table RowKey, Cosmos id suffix); the store places it beside the marker."""
+
+    name: str
+    data: dict[str, JSON]
+
+
+class Outcome(StrEnum):
+    PROCESSED = "processed"  # effects committed with the marker, now
+    DUPLICATE = "duplicate"  # same key, same payload: nothing written, acknowledge
+    IN_FLIGHT = "in_flight"  # another delivery holds a live claim: retry later
+    CONFLICT = "conflict"  # same key, different payload: dead-lettered, alert raised
+    INVALID = "invalid"  # can never be processed as sent: dead-lettered with reason
+    TRANSIENT = "transient"  # nothing committed: let the broker redeliver
+    STALE = "stale"  # an older version of state already superseded: acknowledge
+
+
+RETRY_OUTCOMES = frozenset({Outcome.IN_FLIGHT, Outcome.TRANSIENT})
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One delivery of a message, whatever the trigger. Only ``message_id`` (producer
+    assigned) may feed the key; the rest is for logs and operators."""
+
+    body: bytes
+    message_id: str | None = None
+    correlation_id: str | None = None
+    delivery_count: int | None = None
+    traceparent: str | None = None  # W3C trace context of the producer, when it sent one
+    properties: Mapping[str, Any] = field(default_factory=dict)
+    # Who sent it, where the channel lets anyone send (an HTTP caller): part of the
+    # fingerprint, so one caller never replays, nor matches, another caller's request.
+    origin: str | None = None
+    # How long this delivery may wait inside its invocation for a transient failure to
+    # clear; None: the consumer's DEDUP_TRANSIENT_WAIT (Service Bus, which redelivers at once).
+    wait: timedelta | None = None
+
+
+@dataclass(frozen=True)
+class Result:
+    outcome: Outcome
+    key: DedupKey | None = None
+    reason: str | None = None
+    detail: str | None = None
+    response: JSON = None  # what the handler answered (Effects.result), and what a replay answers again
+    fingerprint: str | None = None
+    stored_fingerprint: str | None = None
+
+    @property
+    def acknowledge(self) -> bool:
+        """False: the trigger must make the broker redeliver (abandon / raise)."""
+        return self.outcome not in RETRY_OUTCOMES
+
+
+@dataclass(frozen=True)
+class Effects:
+    """What a handler decides for one new message: the business entities to commit with
+    the marker (one transaction) and the result to store for replays."""
+
+    entities: list[Entity]
+    result: JSON = None
+
+
+@dataclass(frozen=True)
+class LatestState:
+    """Event-carried state transfer: the message holds the absolute state and its version.
+    Applying it is naturally idempotent — written only when newer — so no dedup marker
+    is written at all. Prefer this wherever the message can carry the whole state."""
+
+    entity: Entity
+    version: int
+    result: JSON = None

@@ -1,0 +1,149 @@
+"""What a store keeps and answers: markers and their states, what ``commit_many`` takes
+and answers, dead-letter records, and what verifiers read back."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import NamedTuple
+
+from ..keys import DedupKey
+from ..messages import JSON, Entity
+
+MARKER_KIND = "dedup-marker"
+GUARD_KIND = "dedup-guard"
+
+
+class State(StrEnum):
+    IN_PROGRESS = "in_progress"  # claimed; an external effect may be under way
+    COMPLETED = "completed"  # effects committed; the result can be replayed
+    REFUSED = "refused"  # a step's call was refused for good (a final 4xx): never called again
+    ESCALATED = "escalated"  # in progress long past its lease: operators were alerted, once
+
+
+@dataclass(frozen=True)
+class Marker:
+    key: DedupKey
+    partition: str
+    state: State
+    fingerprint: str
+    created_at: datetime
+    expires_at: datetime
+    lease_until: datetime | None = None  # only while in progress
+    owner: str | None = None  # the claim's token: tells our own lost write from a rival's
+    result: JSON = None
+    version: str | None = field(default=None, compare=False)  # the store's ETag
+
+    @property
+    def claimed(self) -> bool:
+        """Not final yet: in progress, escalated or not."""
+        return self.state in (State.IN_PROGRESS, State.ESCALATED)
+
+    @property
+    def final(self) -> bool:
+        return self.state in (State.COMPLETED, State.REFUSED)
+
+    def reclaimable(self, now: datetime) -> bool:
+        """An expired marker, or a claim whose owner's lease has run out, may be taken
+        over — always with a write fenced by ``version``."""
+        if self.expires_at <= now:
+            return True
+        return self.claimed and self.lease_until is not None and self.lease_until <= now
+
+
+@dataclass(frozen=True)
+class StoredItem:
+    """One stored record as a verifier sees it. A Cosmos document that is its own marker
+    has both a ``key`` and an ``entity``."""
+
+    name: str  # RowKey / id, as stored
+    kind: str | None  # MARKER_KIND, GUARD_KIND, or None for business data only
+    key: DedupKey | None  # set on markers
+    entity: str | None  # the business entity's name, set on business data
+    data: dict[str, JSON]
+
+
+class StateStatus(StrEnum):
+    APPLIED = "applied"  # the incoming version was newer: written
+    SAME = "same"  # this version is already stored: a redelivery
+    STALE = "stale"  # a newer version is stored: ignored
+
+
+@dataclass(frozen=True)
+class Purge:
+    scanned: int
+    deleted: int
+    requests: int
+
+
+class CommitStatus(StrEnum):
+    NEW = "new"  # marker and effects committed together, just now
+    DUPLICATE = "duplicate"  # a marker with the same fingerprint exists: nothing written
+    MISMATCH = "mismatch"  # a marker with another fingerprint exists: nothing written
+    REFUSED = "refused"  # the store can never hold this message's data (``detail`` says why): nothing written
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    status: CommitStatus
+    stored_fingerprint: str | None = None
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """What operators need to understand and resubmit a message the consumer refused: the
+    full body (it may hold personal data), ids, reason and fingerprints. Kept for the
+    store's ``dead_letter_retention`` (DEDUP_DEAD_LETTER_RETENTION), then deleted."""
+
+    scope: str
+    reason: str
+    detail: str
+    body: bytes
+    message_id: str | None = None
+    correlation_id: str | None = None
+    delivery_count: int | None = None
+    key_id: str | None = None
+    fingerprint: str | None = None
+    stored_fingerprint: str | None = None
+    recorded_at: datetime | None = None
+
+    @property
+    def record_id(self) -> str:
+        """Deterministic, so that recording the same delivery twice writes one record."""
+        digest = hashlib.sha256()
+        for part in (self.scope, self.message_id or "", self.key_id or "", self.reason):
+            digest.update(part.encode("utf-8", "surrogatepass") + b"\x00")
+        digest.update(self.body)
+        return digest.hexdigest()
+
+
+class Commit(NamedTuple):
+    """One message's marker and effects, as ``commit`` takes them. ``owner``: this
+    delivery's token, stored in the marker; ``retry``: an earlier attempt of the same
+    delivery may have been applied with its answer lost, so a conflict reads the marker
+    to tell our own commit (``NEW``) from another delivery's (``DUPLICATE``)."""
+
+    key: DedupKey
+    partition: str
+    fingerprint: str
+    effects: Sequence[Entity]
+    result: JSON
+    expires_at: datetime
+    owner: str | None = None
+    retry: bool = False
+
+    def marker(self, now: datetime) -> Marker:
+        return Marker(self.key, self.partition, State.COMPLETED, self.fingerprint, now, self.expires_at,
+                      owner=self.owner, result=self.result)  # fmt: skip
+
+
+class StoredState(NamedTuple):
+    """What ``upsert_if_newer`` reads before it writes: the stored version and the ETag
+    its conditional write is fenced by."""
+
+    version: int
+    etag: str
