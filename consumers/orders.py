@@ -7,8 +7,7 @@ import os
 
 import azure.functions as func
 
-from shared.idempotency import IdempotentConsumer, from_body_field
-from shared.idempotency.downstream import IdempotentHttp
+from shared.idempotency import IdempotentConsumer, IdempotentHttp, from_body_field
 from shared.idempotency.functions import BODY_AS_BYTES, consumer, on_http, on_servicebus, shared_store, stored_response
 from shared.orders import SCHEMA, order_handler
 

@@ -13,8 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from shared.idempotency import Context, Effects, Entity, Handler, InvalidMessage, LatestState
-from shared.idempotency.downstream import IdempotentHttp
+from shared.idempotency import Context, Effects, Entity, Handler, IdempotentHttp, InvalidMessage, LatestState
 
 SCHEMA: dict[str, Any] = json.loads((Path(__file__).with_name("schema.json")).read_text())
 
