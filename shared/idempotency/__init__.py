@@ -5,7 +5,8 @@ use it; the Functions face is ``.functions``, the stores' is ``.stores``, the co
 
 - the flow: ``IdempotentConsumer`` processes a ``Delivery`` into a ``Result`` with an
   ``Outcome``; a ``Handler`` gets the payload and a ``Context`` and returns ``Effects`` (the
-  ``Entity`` records to commit with the marker, and a JSON result) or ``LatestState``;
+  ``Entity`` records to commit with the marker, a JSON result, and ``Outgoing`` messages
+  that a ``Sender`` sends after the commit, the ``Outbox``) or ``LatestState``;
   ``context.step`` runs an effect outside the transaction (``StepPolicy``), and
   ``IdempotentHttp`` calls a service with the step's Idempotency-Key;
 - keys: ``DedupKey``, ``KeySource`` (``from_message_id``, ``from_body_field``),
@@ -32,7 +33,8 @@ from .errors import (
     StoreUnavailable,
 )
 from .keys import DedupKey, KeySource, cloudevent_identity, from_body_field, from_message_id, joined_identity
-from .messages import Delivery, Effects, Entity, LatestState, Outcome, Result
+from .messages import Delivery, Effects, Entity, LatestState, Outcome, Outgoing, Result
+from .outbox import Outbox, Sender
 from .payload import fingerprint, parse_json
 from .steps import Context
 
@@ -56,8 +58,11 @@ __all__ = [
     "KeySource",
     "LatestState",
     "LeaseLost",
+    "Outbox",
     "Outcome",
+    "Outgoing",
     "Result",
+    "Sender",
     "StepPolicy",
     "StoreUnavailable",
     "cloudevent_identity",

@@ -36,6 +36,7 @@ DEFAULT_DEAD_LETTER_RETENTION: str = isodate.duration_isoformat(DEAD_LETTER_RETE
 
 DEFAULT_RETENTION = "P30D"
 DEFAULT_TRANSIENT_WAIT = "PT2M"
+DEFAULT_OUTBOX_SWEEP_DELAY = "PT10M"
 DEFAULT_MAX_DELIVERY_COUNT = "10"  # Service Bus's default maxDeliveryCount, and infra's
 
 
@@ -90,14 +91,18 @@ class DedupConfig:
     transient_wait: timedelta = timedelta(minutes=2)
     # The broker's maxDeliveryCount: the last delivery leaves a dead-letter record of why.
     max_deliveries: int = 10
+    # How long after a parked delivery (HTTP, a last delivery) the outbox sweep may send its
+    # messages: longer than an invocation runs (functionTimeout), so it never races its send.
+    outbox_sweep_delay: timedelta = timedelta(minutes=10)
 
     @classmethod
     def from_settings(cls) -> DedupConfig:
         """DEDUP_RETENTION, DEDUP_LEASE, DEDUP_IN_FLIGHT_WAIT, DEDUP_CACHE_SIZE,
-        DEDUP_TRANSIENT_WAIT, DEDUP_MAX_DELIVERY_COUNT (README, Configuration)."""
+        DEDUP_TRANSIENT_WAIT, DEDUP_MAX_DELIVERY_COUNT, DEDUP_OUTBOX_SWEEP_DELAY (README, Configuration)."""
         return cls(retention(), step_policy(), whole("DEDUP_CACHE_SIZE", "10000"),
                    duration("DEDUP_TRANSIENT_WAIT", DEFAULT_TRANSIENT_WAIT),
-                   max(1, whole("DEDUP_MAX_DELIVERY_COUNT", DEFAULT_MAX_DELIVERY_COUNT)))  # fmt: skip
+                   max(1, whole("DEDUP_MAX_DELIVERY_COUNT", DEFAULT_MAX_DELIVERY_COUNT)),
+                   duration("DEDUP_OUTBOX_SWEEP_DELAY", DEFAULT_OUTBOX_SWEEP_DELAY))  # fmt: skip
 
 
 def whole(name: str, default: str) -> int:

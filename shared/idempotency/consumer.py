@@ -39,6 +39,7 @@ from .messages import (
     check_result,
     utcnow,
 )
+from .outbox import Outbox, Sender, rows, rows_prefix
 from .payload import fingerprint, parse_json
 from .steps import Context
 from .stores._base import DedupStore
@@ -47,11 +48,12 @@ from .stores._records import Commit, CommitStatus, DeadLetter, Marker, State, St
 log = logging.getLogger("idempotency")
 
 
+_COMMITTED = frozenset({Outcome.PROCESSED, Outcome.DUPLICATE})  # the marker is there: its outbox is due
 _REFUSALS = frozenset({Outcome.INVALID, Outcome.CONFLICT})  # recorded as dead letters before acknowledging
 # What clears by itself: waited for inside the delivery. A handler's own exception is not
 # (the same code fails the same way): it goes back to the broker at once.
 _WAIT_FOR = frozenset({"store_unavailable", "downstream_unavailable", "lease_lost", "claimed_elsewhere",
-                       "dead_letter_failed"})  # fmt: skip
+                       "dead_letter_failed", "dispatch_failed"})  # fmt: skip
 # Pauses between attempts, as shares of the delivery's wait (2 min: 0.2 s doubling up to 5 s),
 # with jitter; scaled so that a shorter wait (Event Grid, HTTP, a scaled test) keeps its attempts.
 FIRST_PAUSE, MAX_PAUSE = 1 / 600, 1 / 24
@@ -90,6 +92,10 @@ class CompletedKeys:
                 self._keys.move_to_end(key)
             return fp
 
+    def discard(self, key: DedupKey) -> None:
+        with self._mutex:
+            self._keys.pop(key, None)
+
     def put(self, key: DedupKey, fp: str) -> None:
         if self._size <= 0:
             return
@@ -120,6 +126,7 @@ class IdempotentConsumer:
         replay_results: bool = False,
         record_refusals: bool = True,
         bind_request_keys: bool = False,
+        sender: Sender | None = None,
     ) -> None:
         """``config``: retention, step lease and wait, cache size; by default read from the
         app settings (``DedupConfig.from_settings()``), as the README documents them.
@@ -132,6 +139,8 @@ class IdempotentConsumer:
         is bound to its payload (one conditional insert), so a key reused with another
         payload is refused (``idempotency_key_reused``, HTTP 422), and a new key for a
         known payload still replays.
+        ``sender``: sends what handlers declare in ``Effects.messages`` (the outbox: committed
+        with the marker, sent after the commit and again on duplicates until sent).
         The cache keeps keys this instance saw completed, so that hot duplicates cost no
         store request; never an in-progress key, never trusted to decide "new"."""
         config = config or DedupConfig.from_settings()
@@ -151,6 +160,7 @@ class IdempotentConsumer:
         self._completed = CompletedKeys(0 if replay_results else config.cache_size)  # replays need the result
         self._transient_wait = config.transient_wait
         self._max_deliveries = config.max_deliveries
+        self._outbox = Outbox(store, sender, sweep_delay=config.outbox_sweep_delay) if sender else None
 
     def identify(self, delivery: Delivery) -> tuple[DedupKey, str, str]:
         """Key, partition and fingerprint as processing derives them, or InvalidMessage
@@ -222,6 +232,8 @@ class IdempotentConsumer:
         results = []
         for delivery, item in zip(deliveries, decided, strict=True):
             result = next(committed) if isinstance(item, Commit) else item
+            if self._outbox is not None and isinstance(item, Commit) and result.outcome in _COMMITTED:
+                result = self._dispatch(self._outbox, delivery, item, result, retry)
             if self._record_refusals and result.outcome in _REFUSALS:
                 result = self._dead_letter(delivery, result)
             results.append(result)
@@ -229,6 +241,31 @@ class IdempotentConsumer:
 
     def _last(self, delivery: Delivery) -> bool:
         return delivery.delivery_count is not None and delivery.delivery_count >= self._max_deliveries
+
+    def _parks(self, delivery: Delivery) -> bool:
+        """Nobody is sure to deliver it again if it is not acknowledged: an HTTP call (no
+        delivery count), a broker's last delivery. Its outgoing messages are indexed for the
+        sweep before the commit."""
+        return delivery.delivery_count is None or self._last(delivery)
+
+    def _dispatch(self, outbox: Outbox, delivery: Delivery, commit: Commit, result: Result, retry: bool) -> Result:
+        """Send what the commit holds: the rows just committed, or (a duplicate, a retry)
+        those the store still has. A failed send waits and retries as any transient failure;
+        a parked delivery is acknowledged anyway: its messages are committed, the sweep sends."""
+        prefix = rows_prefix(commit.key)
+        fresh = result.outcome is Outcome.PROCESSED and not retry
+        try:
+            outbox.dispatch(commit.partition, prefix, [e for e in commit.effects if e.name.startswith(prefix)]
+                            if fresh else None)  # fmt: skip
+        except DedupError as exc:
+            self._completed.discard(commit.key)  # a duplicate must read the rows again
+            if self._parks(delivery):
+                log.warning("dedup outbox: %s left for the sweep: %s", commit.key, exc)
+                return result
+            return Result(
+                Outcome.TRANSIENT, commit.key, "dispatch_failed", str(exc)[:500], fingerprint=commit.fingerprint
+            )
+        return result
 
     def _decide(self, delivery: Delivery, owner: str, retry: bool) -> Result | Commit:
         """Everything up to the commit: parse, key, validate, fingerprint, the cache of
@@ -251,11 +288,19 @@ class IdempotentConsumer:
             if not isinstance(effects, Effects):
                 raise InvalidMessage("handler_result", f"the handler returned {type(effects).__name__}, "
                                      "not Effects or LatestState")  # fmt: skip
-            if len(effects.entities) > self.store.max_effects:
-                raise InvalidMessage("too_many_effects", f"{len(effects.entities)} entities; one commit holds "
+            if len(effects.entities) + len(effects.messages) > self.store.max_effects:
+                raise InvalidMessage("too_many_effects", f"{len(effects.entities)} entities and "
+                                     f"{len(effects.messages)} outgoing messages; one commit holds "
                                      f"{self.store.max_effects}")  # fmt: skip
             check_result(effects.result, "the handler's result")
-            return Commit(key, partition, fp, effects.entities, effects.result, expires_at, owner, retry)
+            entities = list(effects.entities)
+            if effects.messages:
+                if self._outbox is None:
+                    raise ValueError(f"consumer {self.name!r} has no sender for the handler's outgoing messages")
+                entities += rows(key, effects.messages)
+                if self._parks(delivery):
+                    self._outbox.park(partition, key)
+            return Commit(key, partition, fp, entities, effects.result, expires_at, owner, retry)
         except Exception as exc:  # noqa: BLE001 - mapped to exactly one outcome below
             return self._failure(exc, key, fp)
 

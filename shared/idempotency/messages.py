@@ -1,11 +1,11 @@
 """What goes through a consumer: a ``Delivery`` in, a ``Result`` with its ``Outcome`` out;
 and what a handler decides: ``Effects`` (``Entity`` records committed with the marker, and a
-JSON result) or a ``LatestState``."""
+JSON result, and ``Outgoing`` messages) or a ``LatestState``."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -96,10 +96,29 @@ class Result:
 @dataclass(frozen=True)
 class Effects:
     """What a handler decides for one new message: the business entities to commit with
-    the marker (one transaction) and the result to store for replays."""
+    the marker (one transaction), the result to store for replays, and the messages it
+    sends — committed in the same transaction, sent after it (the outbox)."""
 
     entities: list[Entity]
     result: JSON = None
+    messages: Sequence[Outgoing] = ()
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A message a handler sends: to ``destination`` (a queue or topic), ``body`` as JSON,
+    with application ``properties`` and a ``session_id`` where the destination needs one.
+    ``name`` tells it apart from the message's other outgoing ones (default: its position);
+    with the consumer and the message's key it makes ``message_id``, which the consumer
+    sets — the same on every re-send, so that duplicate detection and the next consumer's
+    dedup recognise it."""
+
+    destination: str
+    body: JSON
+    name: str = ""
+    properties: Mapping[str, str | int | float | bool] = field(default_factory=dict)
+    session_id: str | None = None
+    message_id: str = ""
 
 
 @dataclass(frozen=True)

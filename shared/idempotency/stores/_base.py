@@ -176,6 +176,29 @@ class DedupStore(ABC):
 
         :raises StoreUnavailable: as every primitive."""
 
+    # -- the library's own records beside the data (the outbox) ---------------------------
+
+    @abstractmethod
+    def read_entities(self, partition: str, prefix: str, limit: int) -> list[Entity]:
+        """Entities of ``partition`` whose name starts with ``prefix`` (all with ""), in
+        name order, at most ``limit``: one range read, never a scan of other partitions.
+        Markers and guards are not entities.
+
+        :raises StoreUnavailable: as every primitive."""
+
+    @abstractmethod
+    def put_entity(self, partition: str, entity: Entity) -> None:
+        """Create or replace one entity.
+
+        :raises StoreRefused: the store can never hold this entity.
+        :raises StoreUnavailable: as every primitive."""
+
+    @abstractmethod
+    def delete_entities(self, partition: str, names: Sequence[str]) -> None:
+        """Delete these entities; one already gone is not an error.
+
+        :raises StoreUnavailable: as every primitive; some may have been deleted."""
+
     # -- lifecycle and verification ------------------------------------------------------
 
     def purge_expired(self, now: datetime, budget: int) -> Purge:

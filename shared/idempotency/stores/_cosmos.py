@@ -38,6 +38,7 @@ from ._base import DedupStore, check_storable, refused
 from ._codec import MARKER_FIELDS, dead_letter_fields, dead_letter_from, marker_fields, marker_from
 from ._records import (
     GUARD_KIND,
+    LIBRARY_RECORD,
     MARKER_KIND,
     Commit,
     CommitResult,
@@ -51,6 +52,7 @@ from ._records import (
 
 MAX_BATCH_OPERATIONS = 100  # Cosmos transactional batch limit (and 2 MB)
 STATE_VERSION = "stateVersion"  # the version of a document written by upsert_if_newer
+_ITEM_FIELDS = frozenset({"id", "entity", "ttl", "_rid", "_self", "_etag", "_attachments", "_ts"})
 _MAX_BODY_BYTES = 896_000  # the same bound as the Table store: one item stays under 2 MB
 _TIME = "%Y-%m-%dT%H:%M:%S.%fZ"  # fixed width: string order is time order in queries
 
@@ -106,7 +108,7 @@ class CosmosStore(DedupStore):
     def _commit(self, commit: Commit) -> CommitResult:
         key, partition, fingerprint, effects, _, expires_at, _, _ = commit
         marker = commit.marker(utcnow())
-        if len(effects) == 1:
+        if len(effects) == 1 and not effects[0].name.startswith(LIBRARY_RECORD):  # the library's own: never merged
             return self._commit_document_as_marker(commit, marker, effects[0])
         if len(effects) + 2 > MAX_BATCH_OPERATIONS:
             raise ValueError(f"a Cosmos batch holds at most {MAX_BATCH_OPERATIONS - 2} documents")
@@ -233,6 +235,29 @@ class CosmosStore(DedupStore):
         except (exceptions.CosmosResourceExistsError, exceptions.CosmosAccessConditionFailedError):
             return False
         return True
+
+    # -- the library's own records beside the data ------------------------------------------
+
+    def read_entities(self, partition: str, prefix: str, limit: int) -> list[Entity]:
+        query = "SELECT * FROM c WHERE STARTSWITH(c.entity, @prefix) ORDER BY c.entity"
+        with store_errors():
+            items = list(islice(self._container.query_items(query, parameters=[{"name": "@prefix", "value": prefix}],
+                                                            partition_key=partition), limit))  # fmt: skip
+        return [Entity(item["entity"], {k: v for k, v in item.items() if k not in _ITEM_FIELDS and k != self._pk})
+                for item in items]  # fmt: skip
+
+    def put_entity(self, partition: str, entity: Entity) -> None:
+        check_storable([entity])
+        with store_errors():
+            self._container.upsert_item(self._document(partition, entity))
+
+    def delete_entities(self, partition: str, names: Sequence[str]) -> None:
+        for name in names:
+            try:
+                with store_errors():
+                    self._container.delete_item(encode_key(name), partition_key=partition)
+            except exceptions.CosmosResourceNotFoundError:
+                pass  # already gone
 
     # -- dead letters --------------------------------------------------------------------
 

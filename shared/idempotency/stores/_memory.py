@@ -142,6 +142,27 @@ class MemoryStore(DedupStore):
             self._items[place] = _Item(self._etag(), entity=entity.name, data={**entity.data, STATE_VERSION: version})
             return True
 
+    # -- the library's own records beside the data ------------------------------------------
+
+    def read_entities(self, partition: str, prefix: str, limit: int) -> list[Entity]:
+        self._check()
+        found = sorted((item.entity, item.data or {}) for (p, _), item in list(self._items.items())
+                       if p == partition and item.entity is not None and item.entity.startswith(prefix))  # fmt: skip
+        return [Entity(name, dict(data)) for name, data in found[:limit]]
+
+    def put_entity(self, partition: str, entity: Entity) -> None:
+        self._check()
+        check_storable([entity])
+        with self._lock:
+            self._items[(partition, encode_key(entity.name))] = _Item(self._etag(), entity=entity.name,
+                                                                      data=dict(entity.data))  # fmt: skip
+
+    def delete_entities(self, partition: str, names: Sequence[str]) -> None:
+        self._check()
+        with self._lock:
+            for name in names:
+                self._items.pop((partition, encode_key(name)), None)
+
     # -- dead letters and lifecycle ------------------------------------------------------
 
     def dead_letter(self, record: DeadLetter) -> None:

@@ -15,6 +15,7 @@ from ..messages import JSON, Entity
 
 MARKER_KIND = "dedup-marker"
 GUARD_KIND = "dedup-guard"
+LIBRARY_RECORD = "~"  # entity names the library writes beside the data (the outbox) start with it
 
 
 class State(StrEnum):

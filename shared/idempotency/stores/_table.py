@@ -63,6 +63,7 @@ from ._table_batch import TableTransactions, TransactionFailure
 MAX_TRANSACTION_OPERATIONS = 100  # Table entity-group transaction limit
 _INT32 = range(-(2**31), 2**31)  # a plain int property; beyond it, typed Edm.Int64
 STATE_VERSION = "StateVersion"  # the version of an entity written by upsert_if_newer
+_KEYS = ("PartitionKey", "RowKey")
 _BODY_CHUNK = 64_000  # bytes per Edm.Binary property (limit 64 KiB)
 _MAX_BODY_CHUNKS = 14  # the whole entity must stay under 1 MiB
 # Compact, and UTF-8 rather than ASCII escapes: "é" is one character of a property's 64 KiB, not six.
@@ -306,6 +307,33 @@ class TableStore(DedupStore):
         except (TableTransactionError, ResourceModifiedError, ResourceNotFoundError):
             return 0  # one of them changed or vanished since the scan: the next run retries
         return len(entities)
+
+    # -- the library's own records beside the data ------------------------------------------
+
+    def read_entities(self, partition: str, prefix: str, limit: int) -> list[Entity]:
+        # encode_key maps character by character (names here are short): an encoded prefix
+        # is a prefix of every encoded name it starts, and "~" sorts after each character
+        # an encoded name holds.
+        low = encode_key(prefix) if prefix else ""
+        query = self._table.query_entities(
+            "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high",
+            parameters={"pk": encode_key(partition), "low": low, "high": low + "~"},
+            results_per_page=min(limit, 1000),
+        )
+        with store_errors():
+            rows = list(islice(query, limit))
+        return [Entity(unquote(row["RowKey"]), {k: v for k, v in row.items() if k not in _KEYS})
+                for row in rows if row.get("Kind") not in (MARKER_KIND, GUARD_KIND)]  # fmt: skip
+
+    def put_entity(self, partition: str, entity: Entity) -> None:
+        check_storable([entity])
+        with store_errors():
+            self._table.upsert_entity(self.effect_entity(encode_key(partition), entity), mode=UpdateMode.REPLACE)
+
+    def delete_entities(self, partition: str, names: Sequence[str]) -> None:
+        for name in names:
+            with store_errors():
+                self._table.delete_entity(encode_key(partition), encode_key(name))  # a missing one is no error
 
     # -- dead letters --------------------------------------------------------------------
 

@@ -354,3 +354,41 @@ class StoreContract:
             store.commit(k, k.id, "fp", [], None, utcnow() + HOUR)
         with pytest.raises(StoreUnavailable):
             store.get(k, k.id)
+
+    # -- the library's own records beside the data (the outbox) --------------------------------
+
+    def test_entities_are_read_by_prefix_in_name_order_and_only_from_their_partition(self, store: DedupStore) -> None:
+        k = key()
+        outbox = [Entity(f"~outbox|{k.id}|{name}", {"destination": "t", "n": i}) for i, name in enumerate("ba")]
+        assert store.commit(k, k.id, "fp", [Entity("order", {"n": 0}), *outbox], None, utcnow() + HOUR).status is (
+            CommitStatus.NEW)  # fmt: skip
+        other = key()
+        store.put_entity(other.id, Entity(f"~outbox|{k.id}|c", {"n": 9}))  # the same name, another partition
+        found = store.read_entities(k.id, f"~outbox|{k.id}|", 10)
+        assert [(e.name, e.data["n"]) for e in found] == [(f"~outbox|{k.id}|a", 1), (f"~outbox|{k.id}|b", 0)]
+        assert [e.name for e in store.read_entities(k.id, f"~outbox|{k.id}|", 1)] == [f"~outbox|{k.id}|a"]
+        assert store.read_entities(k.id, "~outbox|nobody|", 10) == []
+        assert {e.name for e in store.read_entities(k.id, "", 10)} == {"order", *(e.name for e in outbox)}
+
+    def test_a_library_record_alone_is_never_the_marker(self, store: DedupStore) -> None:
+        """A commit whose one effect is the library's own record (an outgoing message): its
+        deletion once dispatched must leave the marker in place."""
+        k = key()
+        row = Entity(f"~outbox|{k.id}|0", {"destination": "t"})
+        store.commit(k, k.id, "fp", [row], None, utcnow() + HOUR)
+        store.delete_entities(k.id, [row.name])
+        assert store.read_entities(k.id, "~", 10) == []
+        marker = store.get(k, k.id)
+        assert marker is not None and marker.fingerprint == "fp"
+        assert store.commit(k, k.id, "fp", [row], None, utcnow() + HOUR).status is CommitStatus.DUPLICATE
+
+    def test_entities_are_put_replaced_and_deleted_once_or_twice(self, store: DedupStore) -> None:
+        partition = key().id
+        store.put_entity(partition, Entity("~due|1", {"n": 1}))
+        store.put_entity(partition, Entity("~due|1", {"n": 2}))
+        store.put_entity(partition, Entity("~due|2", {"n": 3}))
+        assert [(e.name, e.data["n"]) for e in store.read_entities(partition, "~due|", 10)] == [
+            ("~due|1", 2), ("~due|2", 3)]  # fmt: skip
+        store.delete_entities(partition, ["~due|1", "~due|missing"])
+        store.delete_entities(partition, ["~due|1"])
+        assert [e.name for e in store.read_entities(partition, "", 10)] == ["~due|2"]

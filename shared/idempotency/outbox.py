@@ -1,0 +1,174 @@
+"""The outbox: what a handler sends is committed with its marker and effects, in the same
+transaction (rows beside the data, in the message's partition), then sent, then deleted.
+
+- **Identity**: each message's id derives from (consumer, message key, its name): every
+  re-send carries the same MessageId, which Service Bus duplicate detection drops inside the
+  destination's window and the next consumer's dedup catches after it.
+- **Dispatch after commit, again on every duplicate until done**: a delivery sends what it
+  committed; a redelivery that meets the marker reads the key's rows left (one range read)
+  and sends them. A failed send gives the message back to the broker, whose redelivery
+  sends again; a crash between commit and send, a lost send acknowledgement or a lost
+  completion never loses nor doubles a downstream effect.
+- **The sweep**, for messages nobody will redeliver (an HTTP call, a broker's last delivery):
+  before their commit such a delivery *parks* its key in an index partitioned by the hour it
+  falls due; ``sweep`` reads only the hours since its cursor, sends what is still there and
+  deletes the index rows. Its cost follows what was parked, never the table's size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+from .errors import DedupError, DownstreamUnavailable, InvalidMessage
+from .keys import DedupKey
+from .messages import Entity, Outgoing, utcnow
+from .stores._base import DedupStore
+
+log = logging.getLogger("idempotency")
+
+ROWS = "~outbox|"  # the outgoing messages' entity names, beside the business data
+DUE = "~outbox-due|"  # the sweep's index: one partition per hour, and its cursor
+CURSOR = Entity("cursor", {})
+MAX_MESSAGES = 25  # per incoming message: they commit in its transaction (100 operations)
+_HOUR = "%Y%m%d%H"
+_DUE = "%Y%m%d%H%M%S"
+
+
+class Sender(Protocol):
+    """Sends outgoing messages, each with its ``message_id`` set. Any exception means "not
+    (surely) sent": the same messages are sent again later, with the same ids."""
+
+    def send(self, messages: Sequence[Outgoing]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Sweep:
+    parked: int  # index rows read that were due
+    sent: int  # messages sent
+    failed: int  # parked keys whose send failed: tried again next time
+    reads: int  # range reads (the cursor and one per hour since it)
+
+
+def rows_prefix(key: DedupKey) -> str:
+    digest = hashlib.sha256("\x00".join((key.scope, key.id, key.step)).encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{ROWS}{digest[:32]}|"
+
+
+def message_id(key: DedupKey, name: str) -> str:
+    """Deterministic: (consumer, message key, the outgoing message's name)."""
+    return key.for_step(f"outbox/{name}").downstream_key
+
+
+def rows(key: DedupKey, messages: Sequence[Outgoing]) -> list[Entity]:
+    """The outgoing messages as entities to commit with the marker; InvalidMessage when
+    the handler's messages cannot be stored or told apart."""
+    if len(messages) > MAX_MESSAGES:
+        raise InvalidMessage("too_many_messages", f"{len(messages)} outgoing messages; at most {MAX_MESSAGES}")
+    names = [m.name or str(i) for i, m in enumerate(messages)]
+    if len(set(names)) < len(names) or any(len(n) > 100 for n in names):
+        raise InvalidMessage("outgoing_names", "outgoing messages need distinct names of at most 100 characters")
+    prefix = rows_prefix(key)
+    found = []
+    for name, message in zip(names, messages, strict=True):
+        if not message.destination:
+            raise InvalidMessage("outgoing_destination", f"outgoing message {name!r} has no destination")
+        data = {"destination": message.destination, "messageId": message_id(key, name),
+                "body": _json(message.body, name), "properties": _json(dict(message.properties), name)}  # fmt: skip
+        if message.session_id is not None:
+            data["sessionId"] = message.session_id
+        found.append(Entity(prefix + name, data))
+    return found
+
+
+def _json(value: object, name: str) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessage("outgoing_not_json", f"outgoing message {name!r}: {exc}"[:500]) from exc
+
+
+def outgoing(row: Entity) -> Outgoing:
+    data = row.data
+    return Outgoing(str(data["destination"]), json.loads(str(data["body"])), row.name.rpartition("|")[2],
+                    json.loads(str(data.get("properties") or "{}")), data.get("sessionId") or None,
+                    str(data["messageId"]))  # fmt: skip
+
+
+class Outbox:
+    """Dispatch and sweep over one store and one sender. ``sweep_delay``: how long after a
+    parked delivery's commit the sweep may send for it (longer than an invocation can run,
+    so that the sweep never races the invocation's own send)."""
+
+    def __init__(self, store: DedupStore, sender: Sender, *, sweep_delay: timedelta = timedelta(minutes=10)) -> None:
+        self.store = store
+        self.sender = sender
+        self.sweep_delay = sweep_delay
+
+    def park(self, partition: str, key: DedupKey, now: datetime | None = None) -> Entity:
+        """Index the key for the sweep, before its commit. The sweep deletes the index row
+        once it found the key's rows sent (or never committed): one read and one delete per
+        parked key, later, instead of a delete on the delivery's path."""
+        due = (now or utcnow()) + self.sweep_delay
+        index = Entity(f"{due:{_DUE}}|{rows_prefix(key)}", {"partition": partition})
+        self.store.put_entity(DUE + f"{due:{_HOUR}}", index)
+        return index
+
+    def dispatch(self, partition: str, key_rows: str, committed: Sequence[Entity] | None = None) -> int:
+        """Send the rows under ``key_rows`` (the ones just ``committed``, or else those the
+        store still holds), then delete them. DownstreamUnavailable when the send failed:
+        nothing is deleted, and the next try sends the same messages again."""
+        found = self.store.read_entities(partition, key_rows, MAX_MESSAGES) if committed is None else list(committed)
+        if not found:
+            return 0
+        try:
+            self.sender.send([outgoing(row) for row in found])
+        except Exception as exc:  # whatever failed, the rows stay to be sent again
+            raise DownstreamUnavailable(f"outgoing messages not sent: {exc!r}"[:500]) from exc
+        self.store.delete_entities(partition, [row.name for row in found])
+        return len(found)
+
+    def sweep(self, now: datetime, *, since: timedelta, budget: int = 1000) -> Sweep:
+        """Send what parked deliveries left, hour by hour from the cursor (first run: ``since``
+        ago) to ``now``; the cursor moves past every hour left empty."""
+        stored = self.store.read_entities(DUE + "cursor", "cursor", 1)
+        first = (now - since).replace(minute=0, second=0, microsecond=0)
+        start = _hour(str(stored[0].data["hour"])) if stored else first
+        hour, cursor, reads = start, start, 1
+        parked = sent = failed = 0
+        moving = True
+        while hour <= now and parked < budget:
+            indexes = self.store.read_entities(DUE + f"{hour:{_HOUR}}", "", budget - parked)
+            reads += 1
+            left = len(indexes) >= budget - parked
+            for index in indexes:
+                if _at(index.name[:14]) > now:  # parked, not yet due
+                    left = True
+                    continue
+                parked += 1
+                try:
+                    sent += self.dispatch(str(index.data["partition"]), index.name.partition("|")[2])
+                    self.store.delete_entities(DUE + f"{hour:{_HOUR}}", [index.name])
+                except DedupError as exc:
+                    failed, left = failed + 1, True
+                    log.warning("outbox sweep: %s", exc)
+            moving = moving and not left and hour + timedelta(hours=1) <= now
+            if moving:
+                cursor = hour + timedelta(hours=1)
+            hour += timedelta(hours=1)
+        if cursor != start or not stored:
+            self.store.put_entity(DUE + "cursor", replace(CURSOR, data={"hour": f"{cursor:{_HOUR}}"}))
+        return Sweep(parked, sent, failed, reads)
+
+
+def _hour(text: str) -> datetime:
+    return datetime.strptime(text, _HOUR).replace(tzinfo=UTC)
+
+
+def _at(text: str) -> datetime:
+    return datetime.strptime(text, _DUE).replace(tzinfo=UTC)

@@ -1,0 +1,177 @@
+"""The outbox on a real store (Azurite, both transaction paths): what a handler sends is
+committed with its marker, sent after the commit, and sent again on every duplicate until
+sent; the sweep sends what nobody will redeliver. Counts are exact: messages the topic
+took, re-sends dropped by duplicate detection, copies per subscription."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from shared.idempotency import Context, DedupConfig, Delivery, Effects, Entity, IdempotentConsumer, Outcome, Outgoing
+from shared.idempotency.messages import utcnow
+from shared.idempotency.outbox import DUE, ROWS, Outbox, message_id
+from shared.idempotency.stores import DedupStore, TableStore
+from shared.idempotency.testing import entities
+from tests.conftest import new_table_store
+from tools.azurite import Azurite
+from tools.broker import PeekLockQueue
+from tools.topic import Topic
+
+NO_WAIT = DedupConfig(transient_wait=timedelta(0))
+
+
+class Crash(BaseException):
+    """The process dies: nothing after it runs, nothing is settled."""
+
+
+@pytest.fixture(params=[False, True], ids=["sdk", "lean"])
+def store(request: pytest.FixtureRequest, azurite: Azurite) -> TableStore:
+    return new_table_store(azurite, lean=request.param)
+
+
+@pytest.fixture
+def topic() -> Topic:
+    queues = {name: PeekLockQueue(60, 10, 0) for name in ("billing", "shipping")}
+    return Topic("order-events", queues)
+
+
+def accept(payload: Any, context: Context) -> Effects:
+    order = payload["orderId"]
+    return Effects([Entity("order", {"id": order})], {"accepted": order},
+                   [Outgoing("order-events", {"type": "OrderAccepted", "orderId": order}, "accepted")])  # fmt: skip
+
+
+def consumer(store: DedupStore, sender: Any, config: DedupConfig = NO_WAIT) -> IdempotentConsumer:
+    return IdempotentConsumer("orders", store, accept, config=config, sender=sender)
+
+
+def delivery(order: str, count: int | None = 1) -> Delivery:
+    return Delivery(f'{{"orderId":"{order}"}}'.encode(), message_id=order, delivery_count=count)
+
+
+def copies(topic: Topic) -> dict[str, int]:
+    return {name: queue.sent for name, queue in topic.subscriptions.items()}
+
+
+def outbox_rows(store: DedupStore, partition: str) -> list[Entity]:
+    return store.read_entities(partition, ROWS, 100)
+
+
+def test_a_new_message_commits_its_outgoing_one_then_sends_it_once(store: TableStore, topic: Topic) -> None:
+    c = consumer(store, topic)
+    assert c.process(delivery("o-1")).outcome is Outcome.PROCESSED
+    assert (topic.sent, copies(topic)) == (1, {"billing": 1, "shipping": 1})
+    [queued] = topic.subscriptions["billing"]._ready
+    assert queued.message_id == message_id(c.identify(delivery("o-1"))[0], "accepted")
+    assert outbox_rows(store, "orders|o-1") == []  # sent, then deleted
+    assert [e["id"] for e in entities(store, "order", "orders|o-1")] == ["o-1"]
+    assert c.process(delivery("o-1", 2)).outcome is Outcome.DUPLICATE  # a lost completion: nothing re-sent
+    assert (topic.attempts, topic.sent) == (1, 1)
+
+
+def test_the_outgoing_message_commits_with_the_marker_or_not_at_all(store: TableStore, topic: Topic) -> None:
+    """Its id is deterministic and its row is in the marker's transaction: the commit that
+    fails on an existing entity writes no outgoing row either."""
+    store.put_entity("orders|o-2", Entity("order", {"id": "someone else's"}))  # the business row exists
+    c = consumer(store, topic)
+    assert c.process(delivery("o-2")).outcome is Outcome.DUPLICATE  # an entity outlived its marker
+    assert outbox_rows(store, "orders|o-2") == [] and topic.attempts == 0
+
+
+def test_a_failed_send_goes_back_to_the_broker_and_the_redelivery_sends_it(store: TableStore, topic: Topic) -> None:
+    c = consumer(store, topic)
+    topic.fail_before = 1
+    result = c.process(delivery("o-3"))
+    assert (result.outcome, result.reason, result.acknowledge) == (Outcome.TRANSIENT, "dispatch_failed", False)
+    assert len(outbox_rows(store, "orders|o-3")) == 1 and topic.sent == 0  # committed, not sent
+    assert c.process(delivery("o-3", 2)).outcome is Outcome.DUPLICATE  # the marker is there: the rows are sent
+    assert (topic.sent, topic.attempts, copies(topic)) == (1, 2, {"billing": 1, "shipping": 1})
+    assert outbox_rows(store, "orders|o-3") == []
+
+
+def test_a_failed_send_is_waited_out_inside_the_delivery(store: TableStore, topic: Topic) -> None:
+    c = consumer(store, topic, DedupConfig(transient_wait=timedelta(seconds=5)))
+    topic.fail_before = 2
+    assert c.process(delivery("o-4")).outcome is Outcome.PROCESSED
+    assert (topic.sent, topic.attempts) == (1, 3)
+
+
+def test_a_lost_send_acknowledgement_resends_the_same_id_which_detection_drops(store: TableStore, topic: Topic) -> None:
+    c = consumer(store, topic)
+    topic.lose_ack = 1
+    assert c.process(delivery("o-5")).reason == "dispatch_failed"
+    assert c.process(delivery("o-5", 2)).outcome is Outcome.DUPLICATE
+    assert (topic.sent, topic.dropped_by_detection, copies(topic)) == (1, 1, {"billing": 1, "shipping": 1})
+
+
+def test_a_crash_between_commit_and_send_loses_nothing(store: TableStore, topic: Topic) -> None:
+    crashing = CrashingSender(topic)
+    with pytest.raises(Crash):
+        consumer(store, crashing).process(delivery("o-6"))
+    assert len(outbox_rows(store, "orders|o-6")) == 1 and topic.sent == 0
+    assert consumer(store, topic).process(delivery("o-6", 2)).outcome is Outcome.DUPLICATE  # the lock lapsed
+    assert (topic.sent, copies(topic)) == (1, {"billing": 1, "shipping": 1})
+
+
+class CrashingSender:
+    def __init__(self, topic: Topic) -> None:
+        self.topic = topic
+
+    def send(self, messages: Sequence[Outgoing]) -> None:
+        raise Crash
+
+
+def test_an_http_call_is_parked_and_the_sweep_sends_what_its_crash_left(store: TableStore, topic: Topic) -> None:
+    """No delivery count: nobody redelivers it. Parked before its commit, it is sent by the
+    sweep once it falls due — and only then (never racing the invocation's own send)."""
+    with pytest.raises(Crash):
+        consumer(store, CrashingSender(topic)).process(delivery("o-7", count=None))
+    outbox = Outbox(store, topic, sweep_delay=NO_WAIT.outbox_sweep_delay)
+    assert outbox.sweep(utcnow(), since=timedelta(hours=2)).parked == 0  # not due yet
+    later = utcnow() + NO_WAIT.outbox_sweep_delay + timedelta(seconds=1)
+    swept = outbox.sweep(later, since=timedelta(hours=2))
+    assert (swept.parked, swept.sent, swept.failed) == (1, 1, 0)
+    assert (topic.sent, copies(topic)) == (1, {"billing": 1, "shipping": 1})
+    assert outbox.sweep(later, since=timedelta(hours=2)).parked == 0  # its index row is gone
+    assert outbox_rows(store, "orders|o-7") == []
+
+
+def test_a_parked_delivery_whose_send_fails_is_acknowledged_and_the_sweep_sends(
+    store: TableStore, topic: Topic
+) -> None:
+    """The broker's last delivery: a failed send must not dead-letter a committed order."""
+    topic.fail_before = 1
+    result = consumer(store, topic).process(delivery("o-8", count=10))
+    assert (result.outcome, result.acknowledge, topic.sent) == (Outcome.PROCESSED, True, 0)
+    swept = Outbox(store, topic).sweep(utcnow() + timedelta(minutes=11), since=timedelta(hours=2))
+    assert (swept.sent, topic.sent, topic.dropped_by_detection) == (1, 1, 0)
+
+
+def test_a_sent_parked_delivery_leaves_the_sweep_one_read_and_one_delete(store: TableStore, topic: Topic) -> None:
+    assert consumer(store, topic).process(delivery("o-9", count=None)).outcome is Outcome.PROCESSED
+    swept = Outbox(store, topic).sweep(utcnow() + timedelta(minutes=11), since=timedelta(hours=2))
+    assert (swept.parked, swept.sent, topic.sent) == (1, 0, 1)  # sent by the call, not again
+
+
+def test_the_sweep_reads_the_hours_since_its_cursor_whatever_the_table_holds(store: TableStore, topic: Topic) -> None:
+    outbox = Outbox(store, topic)
+    now = utcnow()
+    first = outbox.sweep(now, since=timedelta(hours=5))
+    assert first.reads == 1 + 6  # the cursor, then each hour from 5 h ago to now
+    c = consumer(store, topic)
+    for i in range(150):  # a bigger table: its size is never read
+        c.process(delivery(f"bulk-{i}"))
+    again = outbox.sweep(now + timedelta(minutes=1), since=timedelta(hours=5))
+    assert again.reads <= 1 + 2 and again.parked == 0  # the cursor moved to the current hour
+    assert [e.name for e in store.read_entities(DUE + "cursor", "", 10)] == ["cursor"]
+
+
+def test_a_handler_that_sends_without_a_sender_is_a_bug_never_a_lost_message(store: TableStore) -> None:
+    result = consumer(store, None).process(delivery("o-10"))
+    assert (result.outcome, result.reason) == (Outcome.TRANSIENT, "handler_error")
+    assert store.get(c_key := IdempotentConsumer("orders", store, accept, config=NO_WAIT).identify(delivery("o-10"))[0],
+                     "orders|o-10") is None, c_key  # nothing committed  # fmt: skip
