@@ -1,25 +1,28 @@
 """Publish/subscribe: billing and shipping each receive every order from the topic and
-keep their own markers (their names scope their keys), so neither blocks the other."""
+keep their own markers (their names scope their keys), so neither blocks the other. Keyed
+by the order's id, the business key: an order published by the orders consumer's outbox
+(a MessageId of its own) and one sent by a producer (MessageId = orderId) are one order."""
 
 from __future__ import annotations
 
 import azure.functions as func
 
-from shared.idempotency import IdempotentConsumer
+from shared.idempotency import IdempotentConsumer, from_body_field
 from shared.idempotency.functions import BODY_AS_BYTES, consumer, on_servicebus, shared_store
 from shared.orders import SCHEMA, invoice_handler, picklist_handler
 
+BY_ORDER = from_body_field("orderId")
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
 
 
 @consumer
 def billing_consumer() -> IdempotentConsumer:
-    return IdempotentConsumer("billing", shared_store(), invoice_handler, schema=SCHEMA)
+    return IdempotentConsumer("billing", shared_store(), invoice_handler, schema=SCHEMA, key_source=BY_ORDER)
 
 
 @consumer
 def shipping_consumer() -> IdempotentConsumer:
-    return IdempotentConsumer("shipping", shared_store(), picklist_handler, schema=SCHEMA)
+    return IdempotentConsumer("shipping", shared_store(), picklist_handler, schema=SCHEMA, key_source=BY_ORDER)
 
 
 @bp.function_name("billing")

@@ -1,5 +1,6 @@
 """Orders, from a Service Bus queue and from ``POST /api/orders``: one order record and one
-ledger posting per order, the charge through the payment API when one is configured."""
+ledger posting per order, the charge through the payment API when one is configured, and
+``OrderAccepted`` published to ORDER_ACCEPTED_TOPIC when it is set (the outbox)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ import os
 import azure.functions as func
 
 from shared.idempotency import IdempotentConsumer, IdempotentHttp, from_body_field
-from shared.idempotency.functions import BODY_AS_BYTES, consumer, on_http, on_servicebus, shared_store, stored_response
+from shared.idempotency.functions import (
+    BODY_AS_BYTES,
+    consumer,
+    on_http,
+    on_servicebus,
+    shared_sender,
+    shared_store,
+    stored_response,
+)
 from shared.orders import SCHEMA, order_handler
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
@@ -19,9 +28,16 @@ def payments() -> IdempotentHttp | None:
     return IdempotentHttp(url) if url else None
 
 
+def accepted_topic() -> str | None:
+    return os.environ.get("ORDER_ACCEPTED_TOPIC") or None
+
+
 @consumer
 def queue_consumer() -> IdempotentConsumer:
-    return IdempotentConsumer("orders", shared_store(), order_handler(payments()), schema=SCHEMA)
+    topic = accepted_topic()
+    handler = order_handler(payments(), accepted_topic=topic)
+    return IdempotentConsumer("orders", shared_store(), handler, schema=SCHEMA,
+                              sender=shared_sender() if topic else None)  # fmt: skip
 
 
 @consumer
@@ -29,10 +45,12 @@ def api_consumer() -> IdempotentConsumer:
     """Keyed by the business key: one order per orderId, whatever the Idempotency-Key; a
     duplicate answers with the stored response, refusals are told to the caller; an
     Idempotency-Key reused with another payload is refused (422)."""
-    handler = stored_response(order_handler(payments()), 201, "/api/orders/{orderId}")
+    topic = accepted_topic()
+    handler = stored_response(order_handler(payments(), accepted_topic=topic), 201, "/api/orders/{orderId}")
     by_order = from_body_field("orderId")
     return IdempotentConsumer("orders-api", shared_store(), handler, schema=SCHEMA, key_source=by_order,
-                              replay_results=True, record_refusals=False, bind_request_keys=True)  # fmt: skip
+                              replay_results=True, record_refusals=False, bind_request_keys=True,
+                              sender=shared_sender() if topic else None)  # fmt: skip
 
 
 @bp.function_name("orders")

@@ -159,6 +159,8 @@ module functionApp 'modules/functionapp.bicep' = {
       ORDER_STATUS_QUEUE: serviceBus.outputs.statusQueueName
       LEDGER_QUEUE: serviceBus.outputs.ledgerQueueName
       ORDER_TOPIC: serviceBus.outputs.topicName
+      // The orders consumer publishes OrderAccepted there through its outbox (Data Sender on it only).
+      ORDER_ACCEPTED_TOPIC: serviceBus.outputs.topicName
       BILLING_SUBSCRIPTION: 'billing'
       SHIPPING_SUBSCRIPTION: 'shipping'
       DEDUP_STORE: dedupStore
@@ -189,6 +191,7 @@ module roles 'modules/roles.bicep' = {
     eventDeadLetterContainer: storage.outputs.eventDeadLetterContainer
     operatorPrincipalId: principalId
     ordersQueueName: serviceBus.outputs.queueName
+    orderEventsTopicName: serviceBus.outputs.topicName
     recordsName: 'records'
   }
 }

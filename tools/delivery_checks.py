@@ -28,6 +28,7 @@ from shared.idempotency.config import (
     DEFAULT_IN_FLIGHT_WAIT,
     DEFAULT_LEASE,
     DEFAULT_MAX_DELIVERY_COUNT,
+    DEFAULT_OUTBOX_SWEEP_DELAY,
     DEFAULT_TRANSIENT_WAIT,
 )
 from shared.idempotency.downstream import DEFAULT_TIMEOUT
@@ -49,6 +50,7 @@ EVENT_GRID_RETRIES = [timedelta(seconds=s) for s in (10, 30, 60, 300, 600, 1800,
 EVENT_GRID_EVERY = timedelta(hours=12)
 EVENT_GRID_RESPONSE_TIMEOUT = timedelta(seconds=30)
 SKEW = timedelta(seconds=15)  # clock skew between instances, plus the claim's own write
+SWEEP_EVERY = timedelta(minutes=5)  # dispatch_outbox's schedule (functions/_timers.py)
 HTTP_THREADS = 16  # worker threads kept for HTTP and Event Grid calls beside the Service Bus ones
 
 
@@ -285,7 +287,24 @@ def lease_check(infra: Path = INFRA, host: dict[str, Any] | None = None) -> Repo
     if survived:
         lines.append(f"a store outage of up to {min(survived)} is survived without a Service Bus dead-letter "
                      "(maxDeliveryCount x DEDUP_TRANSIENT_WAIT; no progress meanwhile, then it recovers)")  # fmt: skip
+        lines.append(outbox_window(infra, max(p.max_deliveries for p in places if p.broker == "service bus") * longest))
     return Report(lines, failures)
+
+
+def outbox_window(infra: Path, redelivered: timedelta) -> str:
+    """How late the outbox re-sends a message after its first try, against the destination's
+    duplicate-detection window (stated, not required: the subscribers' dedup holds past it)."""
+    window = _duration(parameter_values(infra).get("duplicateDetectionWindow") or "PT10M", "detection window")
+    delay = app_settings(infra)("DEDUP_OUTBOX_SWEEP_DELAY", DEFAULT_OUTBOX_SWEEP_DELAY)
+    latest = max(redelivered, _duration(delay, "DEDUP_OUTBOX_SWEEP_DELAY") + SWEEP_EVERY)
+    verdict = (
+        "drops every such re-send"
+        if window >= latest
+        else ("drops the earlier re-sends; later ones reach the subscribers, whose dedup (by orderId) holds")
+    )
+    return (f"outbox: a re-send comes up to {latest} after the first try while the destination recovers "
+            f"(redeliveries: maxDeliveryCount x a waiting delivery, {redelivered}; sweep: "
+            f"DEDUP_OUTBOX_SWEEP_DELAY + {SWEEP_EVERY}); duplicate detection ({window}) {verdict}")  # fmt: skip
 
 
 def _event_grid_delays(count: int) -> list[timedelta]:

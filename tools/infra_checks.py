@@ -91,6 +91,7 @@ SECRET_PATTERNS = re.compile(r"listKeys|listConnectionStrings|AccountKey=|Shared
 
 
 # The operator (smoke test) may reach single entities only: never a namespace or an account.
+SENDER_SCOPES = frozenset({"Microsoft.ServiceBus/namespaces/topics", "Microsoft.ServiceBus/namespaces/queues"})
 OPERATOR_SCOPES = frozenset({
     "Microsoft.ServiceBus/namespaces/queues",
     "Microsoft.EventGrid/topics",
@@ -165,6 +166,9 @@ def policy_violations(infra: Path = INFRA) -> list[str]:
                 types.get((assignment.file, str(scope))) == "Microsoft.Storage/storageAccounts/blobServices/containers"
             )
             require(container, f"{assignment.symbol}: Event Grid's identity reaches beyond its dead-letter container")
+        if "serviceBusDataSender" in _text(assignment.properties.get("roleDefinitionId")):  # the outbox, an operator
+            target = types.get((assignment.file, str(scope)))
+            require(target in SENDER_SCOPES, f"{assignment.symbol}: Service Bus Data Sender beyond one entity")
         if "operatorPrincipalId" in _text(assignment.properties.get("principalId")):  # the smoke test's entities
             target = types.get((assignment.file, str(scope)))
             require(target in OPERATOR_SCOPES, f"{assignment.symbol}: the operator's role reaches beyond one entity")

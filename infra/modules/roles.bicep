@@ -14,6 +14,7 @@ param eventDeadLetterContainer string
 param operatorPrincipalId string
 @description('The queue the smoke test sends to.')
 param ordersQueueName string
+param orderEventsTopicName string
 @description('The table (or Cosmos container) holding business records and markers.')
 param recordsName string
 
@@ -53,6 +54,11 @@ resource ordersQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existin
   name: ordersQueueName
 }
 
+resource orderEventsTopic 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' existing = {
+  parent: serviceBus
+  name: orderEventsTopicName
+}
+
 resource recordsTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' existing = {
   name: '${storageAccountName}/default/${recordsName}'
 }
@@ -64,6 +70,17 @@ resource receiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
     principalId: principalId
     principalType: 'ServicePrincipal'
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.serviceBusDataReceiver)
+  }
+}
+
+// The outbox: the app publishes OrderAccepted to the order topic, and nowhere else.
+resource outboxSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(orderEventsTopic.id, principalId, roleIds.serviceBusDataSender)
+  scope: orderEventsTopic
+  properties: {
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.serviceBusDataSender)
   }
 }
 

@@ -161,6 +161,7 @@ class IdempotentConsumer:
         self._transient_wait = config.transient_wait
         self._max_deliveries = config.max_deliveries
         self._outbox = Outbox(store, sender, sweep_delay=config.outbox_sweep_delay) if sender else None
+        self.sends = sender is not None  # its handler's outgoing messages are dispatched (the outbox)
 
     def identify(self, delivery: Delivery) -> tuple[DedupKey, str, str]:
         """Key, partition and fingerprint as processing derives them, or InvalidMessage

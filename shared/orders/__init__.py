@@ -13,7 +13,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from shared.idempotency import Context, Effects, Entity, Handler, IdempotentHttp, InvalidMessage, LatestState
+from shared.idempotency import (
+    Context,
+    Effects,
+    Entity,
+    Handler,
+    IdempotentHttp,
+    InvalidMessage,
+    LatestState,
+    Outgoing,
+)
 
 SCHEMA: dict[str, Any] = json.loads((Path(__file__).with_name("schema.json")).read_text())
 
@@ -21,10 +30,13 @@ ORDER = "order"
 CHARGE_PREFIX = "charge|"
 
 
-def order_handler(payments: IdempotentHttp | None = None, *, key_is_order_id: bool = True) -> Handler:
+def order_handler(payments: IdempotentHttp | None = None, *, key_is_order_id: bool = True,
+                  accepted_topic: str | None = None) -> Handler:  # fmt: skip
     """Without ``payments`` the handler does no I/O: one transaction commits the order,
     its ledger posting and the marker. With it, the charge goes through the payment API
-    (step ``charge``) and the posting records the payment's charge id.
+    (step ``charge``) and the posting records the payment's charge id. With
+    ``accepted_topic``, the order is published there as ``OrderAccepted`` (the outbox:
+    committed with the order, sent after it, for billing and shipping).
     ``key_is_order_id``: the queue's producer sets MessageId = orderId, so they must agree
     (an HTTP caller's Idempotency-Key is its own)."""
 
@@ -47,6 +59,7 @@ def order_handler(payments: IdempotentHttp | None = None, *, key_is_order_id: bo
                 Entity(CHARGE_PREFIX + posting_id, charge),
             ],
             result={"orderId": order["orderId"], "charged": charge["amount"], "currency": order["currency"]},
+            messages=[Outgoing(accepted_topic, order, "accepted", {"type": "OrderAccepted"})] if accepted_topic else [],
         )
 
     return handle

@@ -69,6 +69,7 @@ BREAKAGES = [
     ("modules/functionapp.bicep", "excludedPaths: ['/runtime/webhooks/eventgrid']", "excludedPaths: ['/api']",
      "Easy Auth lets unauthenticated calls through"),
     ("modules/roles.bicep", "  scope: recordsTable\n", "  scope: storage\n", "operator's role reaches beyond"),
+    ("modules/roles.bicep", "  scope: orderEventsTopic\n", "  scope: serviceBus\n", "Data Sender beyond one entity"),
     ("modules/roles.bicep", "scope: '${cosmos.id}/dbs/${cosmosDatabase}'", "scope: cosmos.id",
      "Cosmos role scoped beyond a database"),
 ]  # fmt: skip
@@ -115,6 +116,8 @@ def infra_copy(tmp_path: Path, parameters: dict[str, object] | None = None,
 def test_the_repository_passes_the_retention_and_lease_checks() -> None:
     for report in (retention_check(INFRA, HOST), lease_check(INFRA, HOST)):
         assert report.ok, report.explain()
+    [outbox] = [line for line in lease_check(INFRA, HOST).lines if line.startswith("outbox:")]
+    assert "duplicate detection (0:10:00) drops the earlier re-sends" in outbox  # PT10M < 10 x 4 min 44 s
 
 
 def test_every_queue_subscription_and_event_subscription_is_read() -> None:

@@ -14,10 +14,11 @@ each function's body one call:
 - one call per trigger: ``on_servicebus``, ``on_servicebus_batch``, ``on_eventgrid``,
   ``on_http`` (``Idempotency-Key``), ``on_cloudevents_http``; ``BODY_AS_BYTES`` for the
   Service Bus triggers, ``stored_response`` for what an HTTP handler answers;
-- the app's consumers and their store: ``consumer``, ``shared_store``, ``declared``,
-  ``reset``, ``using_store``;
-- ``timers``: the store's housekeeping (reconcile stale claims, purge expired markers), a
-  Blueprint to register once per app;
+- the app's consumers, their store and their outbox sender: ``consumer``, ``shared_store``,
+  ``shared_sender`` (a ``ServiceBusSender``), ``declared``, ``reset``, ``using_store``,
+  ``using_sender``;
+- ``timers``: the store's housekeeping (reconcile stale claims, purge expired markers, sweep
+  the outbox), a Blueprint to register once per app;
 - for a trigger of your own: the deliveries (``servicebus_delivery``, ``eventgrid_delivery``,
   ``cloudevent_delivery``, ``http_delivery``, ``http_cloudevent_delivery``) and settlements
   (``acknowledge_or_retry`` and ``RetryLater``, ``http_response``, ``cloudevent_response``,
@@ -47,7 +48,8 @@ from ._bindings import (
     servicebus_delivery,
     stored_response,
 )
-from ._registry import consumer, declared, reset, shared_store, using_store
+from ._registry import consumer, declared, reset, shared_sender, shared_store, using_sender, using_store
+from ._senders import ServiceBusSender
 from ._timers import bp as timers
 
 __all__ = [
@@ -56,6 +58,7 @@ __all__ = [
     "HTTP_WAIT",
     "REPLAYED",
     "RetryLater",
+    "ServiceBusSender",
     "acknowledge_or_retry",
     "cloudevent_delivery",
     "cloudevent_response",
@@ -73,8 +76,10 @@ __all__ = [
     "problem",
     "reset",
     "servicebus_delivery",
+    "shared_sender",
     "shared_store",
     "stored_response",
     "timers",
+    "using_sender",
     "using_store",
 ]

@@ -18,8 +18,10 @@ from contextlib import contextmanager
 from typing import Generic, TypeVar
 
 from ..consumer import IdempotentConsumer
+from ..outbox import Sender
 from ..stores._base import DedupStore
 from ..stores._registry import app_store
+from ._senders import app_sender
 
 T = TypeVar("T")
 
@@ -48,6 +50,8 @@ class Once(Generic[T]):
 _declared: list[Once[IdempotentConsumer]] = []
 _substitute: list[DedupStore] = []  # set by using_store()
 _app_store = Once(app_store)
+_sender_substitute: list[Sender] = []  # set by using_sender()
+_app_sender = Once(app_sender)
 
 
 def consumer(build: Callable[[], IdempotentConsumer]) -> Callable[[], IdempotentConsumer]:
@@ -63,6 +67,11 @@ def shared_store() -> DedupStore:
     return _substitute[-1] if _substitute else _app_store()
 
 
+def shared_sender() -> Sender:
+    """The app's outbox sender (Service Bus, on the trigger's connection): one client for all."""
+    return _sender_substitute[-1] if _sender_substitute else _app_sender()
+
+
 def declared() -> list[IdempotentConsumer]:
     """Every declared consumer, built: what operators' tools look consumers up in."""
     return [build() for build in _declared]
@@ -71,6 +80,7 @@ def declared() -> list[IdempotentConsumer]:
 def reset() -> None:
     """Forget the store and every built consumer: the next use reads the settings again."""
     _app_store.clear()
+    _app_sender.clear()
     for build in _declared:
         build.clear()
 
@@ -84,4 +94,16 @@ def using_store(store: DedupStore) -> Iterator[DedupStore]:
         yield store
     finally:
         _substitute.remove(store)
+        reset()
+
+
+@contextmanager
+def using_sender(sender: Sender) -> Iterator[Sender]:
+    """Every consumer built inside sends with ``sender`` (a local topic in tests)."""
+    reset()
+    _sender_substitute.append(sender)
+    try:
+        yield sender
+    finally:
+        _sender_substitute.remove(sender)
         reset()

@@ -1,5 +1,5 @@
 """The store's housekeeping as a Functions Blueprint: register it once per app
-(``app.register_functions(timers)``); it works on the app's shared store."""
+(``app.register_functions(timers)``); it works on the app's shared store (and sender)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from dataclasses import astuple
 
 import azure.functions as func
 
-from ..config import duration, setting
+from ..config import DedupConfig, duration, setting
 from ..messages import utcnow
+from ..outbox import Outbox
 from ..reconcile import escalate_stale_claims
-from ._registry import shared_store
+from ._registry import declared, shared_sender, shared_store
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
 
@@ -29,3 +30,16 @@ def purge_markers(timer: func.TimerRequest) -> None:
     """Table Storage has no TTL: delete expired markers, at most DEDUP_PURGE_BUDGET a run."""
     purge = shared_store().purge_expired(utcnow(), int(setting("DEDUP_PURGE_BUDGET", "20000")))
     logging.getLogger("idempotency").info("dedup purge: scanned=%d deleted=%d requests=%d", *astuple(purge))
+
+
+@bp.function_name("dispatch_outbox")
+@bp.timer_trigger(arg_name="timer", schedule="0 */5 * * * *", use_monitor=True)
+def dispatch_outbox(timer: func.TimerRequest) -> None:
+    """Sends what parked deliveries (HTTP calls, last deliveries) left unsent: reads only the
+    hours since its cursor. Nothing to do, and no sender built, while no consumer sends."""
+    if not any(c.sends for c in declared()):
+        return
+    config = DedupConfig.from_settings()
+    outbox = Outbox(shared_store(), shared_sender(), sweep_delay=config.outbox_sweep_delay)
+    swept = outbox.sweep(utcnow(), since=config.retention)
+    logging.getLogger("idempotency").info("dedup outbox sweep: parked=%d sent=%d failed=%d reads=%d", *astuple(swept))

@@ -1,0 +1,74 @@
+"""The app's outbox sender: Service Bus through the ``azure-servicebus`` SDK. The Functions
+output binding sets only a message's body (no MessageId, no application properties, no
+session id: azure-functions-python-library#281), and the outbox needs the MessageId it
+chose. One client per instance, on the trigger's own connection settings: managed identity
+with ``ServiceBusConnection__fullyQualifiedNamespace`` on Azure, a connection string in
+``ServiceBusConnection`` locally."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigurationError
+from ..messages import Outgoing
+
+if TYPE_CHECKING:
+    from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+
+def to_servicebus(message: Outgoing) -> ServiceBusMessage:
+    """What goes on the wire: the outbox's MessageId (duplicate detection, the next
+    consumer's key), the body as JSON, application properties and the session id."""
+    from azure.servicebus import ServiceBusMessage
+
+    return ServiceBusMessage(json.dumps(message.body, ensure_ascii=False, separators=(",", ":")),
+                             message_id=message.message_id, application_properties=_properties(message),
+                             session_id=message.session_id, content_type="application/json")  # fmt: skip
+
+
+class ServiceBusSender:
+    """Sends each destination's messages in one call (a queue or a topic: an entity path)."""
+
+    def __init__(self, client: ServiceBusClient) -> None:
+        self._client = client
+        self._senders: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def send(self, messages: Sequence[Outgoing]) -> None:
+        by_destination: dict[str, list[Outgoing]] = {}
+        for message in messages:
+            by_destination.setdefault(message.destination, []).append(message)
+        for destination, group in by_destination.items():
+            self._sender(destination).send_messages([to_servicebus(m) for m in group])
+
+    def _sender(self, destination: str) -> Any:
+        with self._lock:  # one AMQP link per entity, shared by the instance's calls
+            if destination not in self._senders:
+                self._senders[destination] = self._client.get_queue_sender(destination)
+            return self._senders[destination]
+
+
+def app_sender() -> ServiceBusSender:
+    """From the Service Bus trigger's connection settings (no new secret, no new setting)."""
+    from azure.servicebus import ServiceBusClient
+
+    connection = os.environ.get("ServiceBusConnection")  # noqa: SIM112 - the host's own setting name
+    if connection:
+        return ServiceBusSender(ServiceBusClient.from_connection_string(connection))
+    namespace = os.environ.get("ServiceBusConnection__fullyQualifiedNamespace")  # noqa: SIM112
+    if namespace:
+        from azure.identity import DefaultAzureCredential
+
+        client_id = os.environ.get("ServiceBusConnection__clientId")  # noqa: SIM112
+        credential = DefaultAzureCredential(managed_identity_client_id=client_id)
+        return ServiceBusSender(ServiceBusClient(namespace, credential))
+    raise ConfigurationError("the outbox sends with ServiceBusConnection (local) or "
+                             "ServiceBusConnection__fullyQualifiedNamespace (managed identity)")  # fmt: skip
+
+
+def _properties(message: Outgoing) -> dict[str | bytes, Any]:
+    return {name: value for name, value in message.properties.items()}
