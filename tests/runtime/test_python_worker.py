@@ -133,6 +133,7 @@ EXPECTED = {  # function: (trigger type, the binding fields Azure needs)
     "events_api": ("httpTrigger", {"route": "events", "methods": ["POST", "OPTIONS"], "authLevel": "FUNCTION"}),
     "reconcile_claims": ("timerTrigger", {"schedule": "0 */15 * * * *", "useMonitor": True}),
     "purge_markers": ("timerTrigger", {"schedule": "0 30 3 * * *", "useMonitor": True}),
+    "dispatch_outbox": ("timerTrigger", {"schedule": "0 */5 * * * *", "useMonitor": True}),
 }
 
 
@@ -344,7 +345,7 @@ def test_http_events_route_accepts_a_cloudevent_once_and_answers_the_handshake(
     assert (status, answer["WebHook-Allowed-Origin"], answer["Allow"]) == (200, "eventgrid.azure.net", "POST")
 
 
-@pytest.mark.parametrize("function", ["reconcile_claims", "purge_markers"])
+@pytest.mark.parametrize("function", ["reconcile_claims", "purge_markers", "dispatch_outbox"])
 def test_timers_run(worker: WorkerHost, function: str) -> None:
     for past_due in (False, True):
         assert worker.failed(worker.invoke(function, timer(worker.trigger(function), past_due=past_due))) is None
