@@ -9,7 +9,8 @@ CHAOS_FAULT_RATE (0.05), CHAOS_SEED (random when unset), CHAOS_OUTAGE (1),
 CHAOS_PAYMENTS (0; 1 = charge through a local payment API, a two-phase step), CHAOS_RUNTIME
 (process; worker = deliver through the real Functions Python worker: store faults then cannot
 be injected inside it, delivery faults and the outage still are), CHAOS_TROUBLE_MESSAGES (600;
-0 skips the outage and throttling runs).
+0 skips the outage and throttling runs), CHAOS_CHAIN_MESSAGES (2000; 0 skips the outbox run:
+orders → order-events → billing + shipping with faults at every hop, tools/chain.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from tools.azurite import Azurite
+from tools.chain import ChainConfig, ChainReport, run_chain
 from tools.harness import Report, RunConfig, run
 
 
@@ -95,7 +97,27 @@ def main(argv: list[str] | None = None) -> int:
         for name, trouble in trouble_configs(config.seed).items():
             print(f"\n{name}, 16 concurrent calls, no resubmission:")
             ok = summarise(trouble, run(trouble, azurite)) and ok
+        chain = int(os.environ.get("CHAOS_CHAIN_MESSAGES", "2000"))
+        if chain > 0:
+            ok = summarise_chain(run_chain(ChainConfig(messages=chain, seed=config.seed), azurite)) and ok
     return 0 if ok else 1
+
+
+def summarise_chain(report: ChainReport) -> bool:
+    print(
+        f"\noutbox: {report.orders} orders → order-events → billing + shipping in {report.seconds:.0f}s; "
+        f"deliveries {dict(report.deliveries)}; {sum(report.faults.values())} faults injected "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(report.faults.items()))})."
+    )
+    print(
+        f"Sent to the topic {report.sent_to_topic}; re-sends dropped by duplicate detection "
+        f"{report.dropped_by_detection}, copies past it caught by the subscribers' dedup {report.caught_by_dedup}; "
+        f"sent by the sweep {report.swept}; double {report.double}, lost {report.lost}, left unsent "
+        f"{report.left_in_outbox}, in a broker's dead-letter queue {report.broker_dead_lettered}."
+    )
+    for violation in report.violations:
+        print("VIOLATION", violation)
+    return report.ok
 
 
 def summarise(config: RunConfig, report: Report) -> bool:

@@ -92,10 +92,6 @@ class CompletedKeys:
                 self._keys.move_to_end(key)
             return fp
 
-    def discard(self, key: DedupKey) -> None:
-        with self._mutex:
-            self._keys.pop(key, None)
-
     def put(self, key: DedupKey, fp: str) -> None:
         if self._size <= 0:
             return
@@ -160,8 +156,8 @@ class IdempotentConsumer:
         self._completed = CompletedKeys(0 if replay_results else config.cache_size)  # replays need the result
         self._transient_wait = config.transient_wait
         self._max_deliveries = config.max_deliveries
-        self._outbox = Outbox(store, sender, sweep_delay=config.outbox_sweep_delay) if sender else None
-        self.sends = sender is not None  # its handler's outgoing messages are dispatched (the outbox)
+        self.sender = sender
+        self._sweep_delay = config.outbox_sweep_delay
 
     def identify(self, delivery: Delivery) -> tuple[DedupKey, str, str]:
         """Key, partition and fingerprint as processing derives them, or InvalidMessage
@@ -174,6 +170,10 @@ class IdempotentConsumer:
         payload = parse_json(delivery.body)
         key = DedupKey(self.name, self._key_source(delivery.message_id, payload) or "")
         return payload, key, _fingerprint(delivery, payload)
+
+    def outbox(self, sender: Sender) -> Outbox:
+        """Its outbox, on its store (as it is now: tools may swap the store) and ``sender``."""
+        return Outbox(self.store, sender, sweep_delay=self._sweep_delay)
 
     def partition_of(self, key: DedupKey) -> str:
         return consumer_partition(self.name, self._partition_for(key))
@@ -233,8 +233,8 @@ class IdempotentConsumer:
         results = []
         for delivery, item in zip(deliveries, decided, strict=True):
             result = next(committed) if isinstance(item, Commit) else item
-            if self._outbox is not None and isinstance(item, Commit) and result.outcome in _COMMITTED:
-                result = self._dispatch(self._outbox, delivery, item, result, retry)
+            if self.sender is not None and isinstance(item, Commit) and result.outcome in _COMMITTED:
+                result = self._dispatch(self.outbox(self.sender), delivery, item, result, retry)
             if self._record_refusals and result.outcome in _REFUSALS:
                 result = self._dead_letter(delivery, result)
             results.append(result)
@@ -259,7 +259,6 @@ class IdempotentConsumer:
             outbox.dispatch(commit.partition, prefix, [e for e in commit.effects if e.name.startswith(prefix)]
                             if fresh else None)  # fmt: skip
         except DedupError as exc:
-            self._completed.discard(commit.key)  # a duplicate must read the rows again
             if self._parks(delivery):
                 log.warning("dedup outbox: %s left for the sweep: %s", commit.key, exc)
                 return result
@@ -296,11 +295,11 @@ class IdempotentConsumer:
             check_result(effects.result, "the handler's result")
             entities = list(effects.entities)
             if effects.messages:
-                if self._outbox is None:
+                if self.sender is None:
                     raise ValueError(f"consumer {self.name!r} has no sender for the handler's outgoing messages")
                 entities += rows(key, effects.messages)
                 if self._parks(delivery):
-                    self._outbox.park(partition, key)
+                    self.outbox(self.sender).park(partition, key)
             return Commit(key, partition, fp, entities, effects.result, expires_at, owner, retry)
         except Exception as exc:  # noqa: BLE001 - mapped to exactly one outcome below
             return self._failure(exc, key, fp)
@@ -338,7 +337,8 @@ class IdempotentConsumer:
             if commit.status is CommitStatus.REFUSED:
                 results.append(Result(Outcome.INVALID, item.key, "store_refused", commit.detail))
                 continue
-            self._completed.put(item.key, item.fingerprint)
+            if self.sender is None:  # else once its outgoing messages are sent (_dispatch)
+                self._completed.put(item.key, item.fingerprint)
             if commit.status is CommitStatus.NEW:
                 results.append(Result(Outcome.PROCESSED, item.key, response=item.result, fingerprint=item.fingerprint))
             else:

@@ -10,7 +10,6 @@ import azure.functions as func
 
 from ..config import DedupConfig, duration, setting
 from ..messages import utcnow
-from ..outbox import Outbox
 from ..reconcile import escalate_stale_claims
 from ._registry import declared, shared_sender, shared_store
 
@@ -37,9 +36,8 @@ def purge_markers(timer: func.TimerRequest) -> None:
 def dispatch_outbox(timer: func.TimerRequest) -> None:
     """Sends what parked deliveries (HTTP calls, last deliveries) left unsent: reads only the
     hours since its cursor. Nothing to do, and no sender built, while no consumer sends."""
-    if not any(c.sends for c in declared()):
+    senders = [c for c in declared() if c.sender is not None]
+    if not senders:
         return
-    config = DedupConfig.from_settings()
-    outbox = Outbox(shared_store(), shared_sender(), sweep_delay=config.outbox_sweep_delay)
-    swept = outbox.sweep(utcnow(), since=config.retention)
+    swept = senders[0].outbox(shared_sender()).sweep(utcnow(), since=DedupConfig.from_settings().retention)
     logging.getLogger("idempotency").info("dedup outbox sweep: parked=%d sent=%d failed=%d reads=%d", *astuple(swept))
