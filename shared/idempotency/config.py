@@ -4,9 +4,11 @@ setting is read with (one clear ``ConfigurationError`` for a bad value)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import isodate
 
@@ -118,3 +120,18 @@ def step_policy() -> StepPolicy:
         lease=duration("DEDUP_LEASE", DEFAULT_LEASE),
         in_flight_wait=duration("DEDUP_IN_FLIGHT_WAIT", DEFAULT_IN_FLIGHT_WAIT),
     )
+
+
+def factory(name: str, value: str, choices: str) -> Any:
+    """What a ``package.module:factory`` setting names, imported (a user's own store or
+    sender); ConfigurationError naming the setting when it cannot be loaded."""
+    module, colon, attribute = value.partition(":")
+    if not colon or not module or not attribute:
+        raise ConfigurationError(f"{name}={value!r}: use {choices}, or package.module:factory for your own")
+    try:
+        found = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"{name}={value!r}: cannot load it ({exc})") from exc
+    if not callable(found):
+        raise ConfigurationError(f"{name}={value!r}: {attribute} is not callable")
+    return found

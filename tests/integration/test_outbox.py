@@ -6,6 +6,7 @@ took, re-sends dropped by duplicate detection, copies per subscription."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -219,3 +220,31 @@ def test_a_servicebus_message_carries_the_outbox_id_properties_and_session() -> 
     assert (wire.message_id, wire.session_id, wire.content_type) == ("id-1", "o-1", "application/json")
     assert wire.application_properties == {"type": "OrderAccepted"}
     assert json.loads(str(wire)) == {"orderId": "o-1", "é": 1}
+
+
+LIVE = os.environ.get("OUTBOX_TEST_SERVICEBUS_NAMESPACE"), os.environ.get("OUTBOX_TEST_TOPIC", "order-events")
+
+
+@pytest.mark.skipif(not LIVE[0], reason="sends to a real namespace: set OUTBOX_TEST_SERVICEBUS_NAMESPACE "
+                    "(<name>.servicebus.windows.net; OUTBOX_TEST_TOPIC, default order-events, with a "
+                    "'billing' subscription) and sign in with a Data Sender + Receiver role")  # fmt: skip
+def test_a_real_topic_takes_the_outbox_message_with_its_id_and_drops_the_re_send() -> None:
+    from azure.identity import DefaultAzureCredential
+    from azure.servicebus import ServiceBusClient
+
+    from shared.idempotency.functions import ServiceBusSender
+
+    namespace, topic_name = LIVE
+    assert namespace is not None
+    with ServiceBusClient(namespace, DefaultAzureCredential()) as client:
+        sender = ServiceBusSender(client)
+        message = Outgoing(topic_name, {"orderId": "live-" + os.urandom(4).hex()}, "accepted",
+                           {"type": "OrderAccepted"}, message_id=os.urandom(16).hex())  # fmt: skip
+        sender.send([message])
+        sender.send([message])  # the same MessageId: the topic's duplicate detection drops it
+        with client.get_subscription_receiver(topic_name, "billing", max_wait_time=10) as receiver:
+            got = [m for m in receiver.receive_messages(max_message_count=50, max_wait_time=10)
+                   if m.message_id == message.message_id]  # fmt: skip
+            for m in got:
+                receiver.complete_message(m)
+    assert len(got) == 1 and json.loads(str(got[0])) == message.body

@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 from azure.data.tables import TableServiceClient
 
+from shared.idempotency import DedupKey
 from shared.idempotency.keys import consumer_partition
+from shared.idempotency.outbox import ROWS, message_id
 from shared.idempotency.stores import TableStore
 from shared.ledger import message_id as posting_message_id
 from shared.orders import SHIPPED
@@ -349,6 +351,38 @@ def test_http_events_route_accepts_a_cloudevent_once_and_answers_the_handshake(
 def test_timers_run(worker: WorkerHost, function: str) -> None:
     for past_due in (False, True):
         assert worker.failed(worker.invoke(function, timer(worker.trigger(function), past_due=past_due))) is None
+
+
+# -- the outbox: a function that commits and sends -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sent(runtime: build.Runtime, store_server: Azurite, table: str) -> Iterator[tuple[WorkerHost, Path]]:
+    """The app publishing OrderAccepted (ORDER_ACCEPTED_TOPIC), its sender writing what it
+    sends to a file (DEDUP_SENDER=file): the worker's own process commits and sends."""
+    with tempfile.TemporaryDirectory(prefix="runtime-outbox-") as folder:
+        outbox = Path(folder) / "sent.jsonl"
+        settings = {**app_settings(store_server, table), "ORDER_ACCEPTED_TOPIC": "order-events",
+                    "DEDUP_SENDER": "file", "DEDUP_SENDER_FILE": str(outbox)}  # fmt: skip
+        with WorkerHost(runtime, settings) as host:
+            yield host.start_app(), outbox
+
+
+def test_an_order_is_committed_then_published_once_through_the_worker(
+    sent: tuple[WorkerHost, Path], store: TableStore
+) -> None:
+    worker, outbox = sent
+    order_id = new_id()
+    for count in (1, 2):  # the second: a redelivery after a lost completion
+        assert deliver(worker, "orders", an_order(order_id), order_id, delivery_count=count) is None
+    lines = [json.loads(line) for line in outbox.read_text().splitlines()]
+    mine = [line for line in lines if line["body"]["orderId"] == order_id]
+    expected_id = message_id(DedupKey("orders", order_id), "accepted")
+    assert [(m["destination"], m["messageId"], m["properties"]) for m in mine] == [
+        ("order-events", expected_id, {"type": "OrderAccepted"})]  # fmt: skip
+    assert effects(store, order_id).orders == 1
+    assert store.read_entities(consumer_partition("orders", order_id), ROWS, 10) == []  # sent, then deleted
+    assert worker.failed(worker.invoke("dispatch_outbox", timer(worker.trigger("dispatch_outbox")))) is None
 
 
 # -- failures the host must see ------------------------------------------------------------------

@@ -13,8 +13,10 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..config import factory, setting
 from ..errors import ConfigurationError
 from ..messages import Outgoing
+from ..outbox import Sender
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusClient, ServiceBusMessage
@@ -52,8 +54,30 @@ class ServiceBusSender:
             return self._senders[destination]
 
 
-def app_sender() -> ServiceBusSender:
-    """From the Service Bus trigger's connection settings (no new secret, no new setting)."""
+class FileSender:
+    """Appends each message as one JSON line to a file: local runs and tests, where there
+    is no Service Bus (``DEDUP_SENDER=file``, ``DEDUP_SENDER_FILE``). Never on Azure."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    def send(self, messages: Sequence[Outgoing]) -> None:
+        lines = "".join(json.dumps({"destination": m.destination, "messageId": m.message_id, "body": m.body,
+                                    "properties": dict(m.properties), "sessionId": m.session_id},
+                                   ensure_ascii=False) + "\n" for m in messages)  # fmt: skip
+        with self._lock, open(self.path, "a", encoding="utf-8") as out:
+            out.write(lines)
+
+
+def app_sender() -> Sender:
+    """DEDUP_SENDER: ``servicebus`` (default: the Service Bus trigger's own connection
+    settings, no new secret), ``file`` (DEDUP_SENDER_FILE, local), or ``package.module:factory``."""
+    name = setting("DEDUP_SENDER", "servicebus")
+    if name == "file":
+        return FileSender(setting("DEDUP_SENDER_FILE"))
+    if name != "servicebus":
+        return _imported(name)
     from azure.servicebus import ServiceBusClient
 
     connection = os.environ.get("ServiceBusConnection")  # noqa: SIM112 - the host's own setting name
@@ -68,6 +92,11 @@ def app_sender() -> ServiceBusSender:
         return ServiceBusSender(ServiceBusClient(namespace, credential))
     raise ConfigurationError("the outbox sends with ServiceBusConnection (local) or "
                              "ServiceBusConnection__fullyQualifiedNamespace (managed identity)")  # fmt: skip
+
+
+def _imported(name: str) -> Sender:
+    sender: Sender = factory("DEDUP_SENDER", name, "servicebus, file")()
+    return sender
 
 
 def _properties(message: Outgoing) -> dict[str | bytes, Any]:

@@ -5,12 +5,9 @@ letters' table (container) names and ``create``, and returns a ``DedupStore``.""
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
 from typing import Protocol
 
-from ..config import dead_letter_retention, setting
-from ..errors import ConfigurationError
+from ..config import dead_letter_retention, factory, setting
 from ._azure import TRANSPORT, cosmos_client, partition_field, store_errors, table_service, table_transactions
 from ._base import DedupStore
 
@@ -69,14 +66,5 @@ def app_store(*, create: bool = True) -> DedupStore:
 
 
 def _imported(name: str) -> StoreFactory:
-    module, colon, attribute = name.partition(":")
-    known = ", ".join(sorted(_factories))
-    if not colon or not module or not attribute:
-        raise ConfigurationError(f"DEDUP_STORE={name!r}: use {known}, or package.module:factory for your own store")
-    try:
-        factory: Callable[..., DedupStore] = getattr(importlib.import_module(module), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"DEDUP_STORE={name!r}: cannot load it ({exc})") from exc
-    if not callable(factory):
-        raise ConfigurationError(f"DEDUP_STORE={name!r}: {attribute} is not callable")
-    return factory
+    chosen: StoreFactory = factory("DEDUP_STORE", name, ", ".join(sorted(_factories)))
+    return chosen
