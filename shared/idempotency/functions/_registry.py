@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Generic, TypeVar
 
 from ..consumer import IdempotentConsumer
@@ -85,25 +85,22 @@ def reset() -> None:
         build.clear()
 
 
-@contextmanager
-def using_store(store: DedupStore) -> Iterator[DedupStore]:
+def using_store(store: DedupStore) -> AbstractContextManager[DedupStore]:
     """Every consumer built inside uses ``store`` instead of the settings' one."""
-    reset()
-    _substitute.append(store)
-    try:
-        yield store
-    finally:
-        _substitute.remove(store)
-        reset()
+    return _substituted(_substitute, store)
+
+
+def using_sender(sender: Sender) -> AbstractContextManager[Sender]:
+    """Every consumer built inside sends with ``sender`` (a local topic in tests)."""
+    return _substituted(_sender_substitute, sender)
 
 
 @contextmanager
-def using_sender(sender: Sender) -> Iterator[Sender]:
-    """Every consumer built inside sends with ``sender`` (a local topic in tests)."""
+def _substituted(substitutes: list[T], value: T) -> Iterator[T]:
     reset()
-    _sender_substitute.append(sender)
+    substitutes.append(value)
     try:
-        yield sender
+        yield value
     finally:
-        _sender_substitute.remove(sender)
+        substitutes.remove(value)
         reset()
