@@ -9,6 +9,7 @@ use it; the Functions face is ``.functions``, the stores' is ``.stores``, the co
   that a ``Sender`` sends after the commit, the ``Outbox``) or ``LatestState``;
   ``context.step`` runs an effect outside the transaction (``StepPolicy``), and
   ``IdempotentHttp`` calls a service with the step's Idempotency-Key;
+- scheduled jobs: ``run_job`` processes each item of an ``occurrence`` once (``JobRun``);
 - keys: ``DedupKey``, ``KeySource`` (``from_message_id``, ``from_body_field``),
   ``cloudevent_identity``, ``joined_identity``;
 - payloads: ``parse_json`` (strict), ``fingerprint`` (RFC 8785);
@@ -32,6 +33,7 @@ from .errors import (
     LeaseLost,
     StoreUnavailable,
 )
+from .jobs import JobRun, occurrence, run_job
 from .keys import DedupKey, KeySource, cloudevent_identity, from_body_field, from_message_id, joined_identity
 from .messages import Delivery, Effects, Entity, LatestState, Outcome, Outgoing, Result
 from .outbox import Outbox, Sender
@@ -55,6 +57,7 @@ __all__ = [
     "IdempotentHttp",
     "InFlight",
     "InvalidMessage",
+    "JobRun",
     "KeySource",
     "LatestState",
     "LeaseLost",
@@ -70,5 +73,7 @@ __all__ = [
     "from_body_field",
     "from_message_id",
     "joined_identity",
+    "occurrence",
     "parse_json",
+    "run_job",
 ]

@@ -12,7 +12,9 @@ import json
 import re
 import tempfile
 import uuid
+from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ import pytest
 from azure.data.tables import TableServiceClient
 
 from shared.idempotency import DedupKey
+from shared.idempotency.jobs import occurrence
 from shared.idempotency.keys import consumer_partition
 from shared.idempotency.outbox import ROWS, message_id
 from shared.idempotency.stores import TableStore
@@ -136,6 +139,7 @@ EXPECTED = {  # function: (trigger type, the binding fields Azure needs)
     "reconcile_claims": ("timerTrigger", {"schedule": "0 */15 * * * *", "useMonitor": True}),
     "purge_markers": ("timerTrigger", {"schedule": "0 30 3 * * *", "useMonitor": True}),
     "dispatch_outbox": ("timerTrigger", {"schedule": "0 */5 * * * *", "useMonitor": True}),
+    "daily_reminders": ("timerTrigger", {"schedule": "0 0 6 * * *", "useMonitor": True}),
 }
 
 
@@ -351,6 +355,17 @@ def test_http_events_route_accepts_a_cloudevent_once_and_answers_the_handshake(
 def test_timers_run(worker: WorkerHost, function: str) -> None:
     for past_due in (False, True):
         assert worker.failed(worker.invoke(function, timer(worker.trigger(function), past_due=past_due))) is None
+
+
+def test_a_scheduled_job_reminds_each_customer_once_per_occurrence(worker: WorkerHost, store: TableStore) -> None:
+    """The timer fires, then fires again past due (a restart): one reminder per customer."""
+    for past_due in (False, True):
+        trigger = timer(worker.trigger("daily_reminders"), past_due=past_due)
+        assert worker.failed(worker.invoke("daily_reminders", trigger)) is None
+    when = f"{occurrence(datetime.now(UTC), timedelta(days=1), timedelta(hours=6)):%Y-%m-%dT%H:%MZ}"
+    found = Counter(item.data["customerId"] for item in store.scan()
+                    if item.entity == "reminder" and item.data["occurrence"] == when)  # fmt: skip
+    assert found == Counter({f"c-{i}": 1 for i in range(5)})
 
 
 # -- the outbox: a function that commits and sends -------------------------------------------------

@@ -12,7 +12,8 @@ each function's body one call:
         on_servicebus(invoices, msg)
 
 - one call per trigger: ``on_servicebus``, ``on_servicebus_batch``, ``on_eventgrid``,
-  ``on_http`` (``Idempotency-Key``), ``on_cloudevents_http``; ``BODY_AS_BYTES`` for the
+  ``on_http`` (``Idempotency-Key``), ``on_cloudevents_http``, ``on_schedule`` (a timer's
+  occurrence, each item once); ``BODY_AS_BYTES`` for the
   Service Bus triggers, ``stored_response`` for what an HTTP handler answers;
 - the app's consumers, their store and their outbox sender: ``consumer``, ``shared_store``,
   ``shared_sender`` (a ``ServiceBusSender``), ``declared``, ``reset``, ``using_store``,
@@ -42,6 +43,7 @@ from ._bindings import (
     on_cloudevents_http,
     on_eventgrid,
     on_http,
+    on_schedule,
     on_servicebus,
     on_servicebus_batch,
     problem,
@@ -71,6 +73,7 @@ __all__ = [
     "on_cloudevents_http",
     "on_eventgrid",
     "on_http",
+    "on_schedule",
     "on_servicebus",
     "on_servicebus_batch",
     "problem",

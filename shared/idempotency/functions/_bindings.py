@@ -7,9 +7,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
@@ -18,6 +18,7 @@ from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 
 from ..consumer import Handler, IdempotentConsumer
 from ..errors import DedupError, InvalidMessage, StoreUnavailable
+from ..jobs import occurrence, run_job
 from ..keys import joined_identity
 from ..messages import Delivery, Effects, Outcome, Result
 from ..payload import parse_json
@@ -277,6 +278,18 @@ def on_servicebus_batch(consumer: Consumer, messages: list[func.ServiceBusMessag
     messages are then cheap duplicates."""
     for result in consumer().process_batch([servicebus_delivery(m) for m in messages]):
         acknowledge_or_retry(result)
+
+
+def on_schedule(consumer: Consumer, every: timedelta, at: timedelta,
+                items: Callable[[datetime], Iterable[tuple[str, Any]]]) -> None:  # fmt: skip
+    """Run a timer's occurrence: each (id, item) that ``items(occurrence)`` returns, once per
+    occurrence (``shared.idempotency.jobs``). Raises when an item is still failing, so that
+    the timer's retry policy runs the occurrence again (what was done is not done twice)."""
+    when = occurrence(datetime.now(UTC), every, at)
+    run = run_job(consumer(), when, items(when))
+    failing = [result for result in run.results if not result.acknowledge]
+    if failing:  # the first one says why; the others are logged with their outcome
+        raise RetryLater(failing[0])
 
 
 def on_eventgrid(consumer: Consumer, event: func.CloudEvent) -> None:
