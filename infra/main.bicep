@@ -57,6 +57,11 @@ param dedupStore string = 'table'
 @minValue(1)
 param dedupRetentionDays int = 30
 
+@description('How long Event Hubs keeps events (Standard: 1-7 days): a replay from a checkpoint can bring them back until then.')
+@minValue(1)
+@maxValue(7)
+param eventHubRetentionDays int = 7
+
 @description('Service Bus peek-lock duration of the orders queue (ISO 8601, at most PT5M).')
 param lockDuration string = 'PT1M'
 
@@ -124,6 +129,16 @@ module serviceBus 'modules/servicebus.bicep' = {
   }
 }
 
+module eventHubs 'modules/eventhubs.bicep' = {
+  name: 'eventhubs'
+  params: {
+    name: 'evh-${environmentName}-${suffix}'
+    location: location
+    tags: tags
+    retentionDays: eventHubRetentionDays
+  }
+}
+
 module cosmos 'modules/cosmos.bicep' = if (dedupStore == 'cosmos') {
   name: 'cosmos'
   params: {
@@ -163,6 +178,10 @@ module functionApp 'modules/functionapp.bicep' = {
       ORDER_ACCEPTED_TOPIC: serviceBus.outputs.topicName
       BILLING_SUBSCRIPTION: 'billing'
       SHIPPING_SUBSCRIPTION: 'shipping'
+      EventHubConnection__fullyQualifiedNamespace: eventHubs.outputs.fullyQualifiedNamespace
+      EventHubConnection__credential: 'managedidentity'
+      EventHubConnection__clientId: identity.outputs.clientId
+      SHIPMENT_HUB: eventHubs.outputs.hubName
       DEDUP_STORE: dedupStore
       DEDUP_STORAGE_ENDPOINT: storage.outputs.tableEndpoint
       DEDUP_RETENTION: 'P${dedupRetentionDays}D'
@@ -192,6 +211,8 @@ module roles 'modules/roles.bicep' = {
     operatorPrincipalId: principalId
     ordersQueueName: serviceBus.outputs.queueName
     orderEventsTopicName: serviceBus.outputs.topicName
+    eventHubsName: eventHubs.outputs.name
+    shipmentHubName: eventHubs.outputs.hubName
     recordsName: 'records'
   }
 }

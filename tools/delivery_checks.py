@@ -37,6 +37,7 @@ from shared.idempotency.stores._azure import TRANSPORT
 from tools.infra_checks import INFRA, ROOT, parameter_values, parse, timespan
 
 QUEUE, SUBSCRIPTION = "Microsoft.ServiceBus/namespaces/queues", "Microsoft.ServiceBus/namespaces/topics/subscriptions"
+EVENT_HUB = "Microsoft.EventHub/namespaces/eventhubs"
 EVENT_SUBSCRIPTIONS = (
     "Microsoft.EventGrid/topics/eventSubscriptions",
     "Microsoft.EventGrid/systemTopics/eventSubscriptions",
@@ -88,6 +89,9 @@ def redeliveries(infra: Path = INFRA) -> list[Redelivery]:
                 found.append(Redelivery(name, "service bus", int(value["maxDeliveryCount"]),
                                         _duration(value["defaultMessageTimeToLive"], name),
                                         _duration(value["lockDuration"], name), count))  # fmt: skip
+            elif spec["type"] == EVENT_HUB:  # a replay from a checkpoint, up to the hub's retention
+                days = _resolve(properties.get("messageRetentionInDays", 1), scope)
+                found.append(Redelivery(name, "event hubs", 1, timedelta(days=int(days))))
             elif spec["type"] in EVENT_SUBSCRIPTIONS:
                 retry = properties.get("retryPolicy", {})
                 value = {k: _resolve(retry.get(k, d), scope) for k, d in EVENT_GRID_DEFAULTS.items()}
@@ -205,7 +209,9 @@ def retention_check(infra: Path = INFRA, host: dict[str, Any] | None = None) -> 
 
     - Service Bus: a message can wait up to its TTL, and each of maxDeliveryCount deliveries
       can hold it for the lock duration or, with the host's renewal, maxAutoLockRenewalDuration;
-    - Event Grid: retries stop after eventTimeToLiveInMinutes.
+    - Event Grid: retries stop after eventTimeToLiveInMinutes;
+    - Event Hubs: a replay from a checkpoint (a restart, a rebalance) brings events back up to
+      the hub's messageRetentionInDays.
     """
     renewal = host_settings(host or _host()).lock_renewal
     values = parameter_values(infra)
@@ -259,6 +265,9 @@ def lease_check(infra: Path = INFRA, host: dict[str, Any] | None = None) -> Repo
     longest = dedup.transient_wait + dedup.in_flight_wait + dedup.call_timeout + 2 * STORE_REQUEST
     require(longest <= timing.function_timeout,
             f"a waiting delivery ({longest}: waits, a last attempt, a record) <= functionTimeout")  # fmt: skip
+    sweep_delay = _duration(app_settings(infra)("DEDUP_OUTBOX_SWEEP_DELAY", DEFAULT_OUTBOX_SWEEP_DELAY), "sweep")
+    require(sweep_delay > timing.function_timeout,
+            f"DEDUP_OUTBOX_SWEEP_DELAY {sweep_delay} > functionTimeout: the sweep never races a call")  # fmt: skip
     places = redeliveries(infra)
     queues = sum(place.count for place in places if place.broker == "service bus")
     threads = int(app_settings(infra)("PYTHON_THREADPOOL_THREAD_COUNT", "0"))
@@ -267,6 +276,8 @@ def lease_check(infra: Path = INFRA, host: dict[str, Any] | None = None) -> Repo
             f"{timing.max_concurrent_calls} + {HTTP_THREADS} (HTTP, Event Grid): waiting holds a thread")  # fmt: skip
     survived: list[timedelta] = []
     for place in places:
+        if place.broker == "event hubs":  # no lock, no delivery count: the retry policy and parking
+            continue
         later = place.max_deliveries - 1
         if place.broker == "service bus":
             require(longest <= max(place.lock, timing.lock_renewal),

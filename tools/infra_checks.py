@@ -121,6 +121,8 @@ def policy_violations(infra: Path = INFRA) -> list[str]:
         tier = ns.config.get("sku", {}).get("name")
         require(tier in ("Standard", "Premium"), f"{ns.symbol}: tier must be Standard or Premium (Basic: no detection)")
         require(ns.properties.get("disableLocalAuth") is True, f"{ns.symbol}: Service Bus local (SAS) auth enabled")
+    for ns in by_type("Microsoft.EventHub/namespaces"):
+        require(ns.properties.get("disableLocalAuth") is True, f"{ns.symbol}: Event Hubs local (SAS) auth enabled")
     queues = by_type("Microsoft.ServiceBus/namespaces/queues")
     require(bool(queues), "no Service Bus queue")
     for entity in queues + by_type("Microsoft.ServiceBus/namespaces/topics"):
@@ -166,6 +168,9 @@ def policy_violations(infra: Path = INFRA) -> list[str]:
                 types.get((assignment.file, str(scope))) == "Microsoft.Storage/storageAccounts/blobServices/containers"
             )
             require(container, f"{assignment.symbol}: Event Grid's identity reaches beyond its dead-letter container")
+        if "eventHubsDataReceiver" in _text(assignment.properties.get("roleDefinitionId")):  # the stream
+            hub = types.get((assignment.file, str(scope))) == "Microsoft.EventHub/namespaces/eventhubs"
+            require(hub, f"{assignment.symbol}: receives beyond one hub")
         if "serviceBusDataSender" in _text(assignment.properties.get("roleDefinitionId")):  # the outbox, an operator
             target = types.get((assignment.file, str(scope)))
             require(target in SENDER_SCOPES, f"{assignment.symbol}: Service Bus Data Sender beyond one entity")

@@ -15,11 +15,14 @@ param operatorPrincipalId string
 @description('The queue the smoke test sends to.')
 param ordersQueueName string
 param orderEventsTopicName string
+param eventHubsName string
+param shipmentHubName string
 @description('The table (or Cosmos container) holding business records and markers.')
 param recordsName string
 
 var roleIds = {
   serviceBusDataReceiver: '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
+  eventHubsDataReceiver: 'a638d3c7-ab3a-418d-83e6-5f17a39d4fde'
   serviceBusDataSender: '69a216fc-b8fb-44d8-bc22-1f3c2cd27a39'
   storageBlobDataOwner: 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b'
   storageBlobDataContributor: 'ba92f5b4-2d11-453d-a403-e96b0029c9fe'
@@ -59,6 +62,15 @@ resource orderEventsTopic 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' ex
   name: orderEventsTopicName
 }
 
+resource eventHubs 'Microsoft.EventHub/namespaces@2024-01-01' existing = {
+  name: eventHubsName
+}
+
+resource shipmentHub 'Microsoft.EventHub/namespaces/eventhubs@2024-01-01' existing = {
+  parent: eventHubs
+  name: shipmentHubName
+}
+
 resource recordsTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' existing = {
   name: '${storageAccountName}/default/${recordsName}'
 }
@@ -81,6 +93,17 @@ resource outboxSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
     principalId: principalId
     principalType: 'ServicePrincipal'
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.serviceBusDataSender)
+  }
+}
+
+// The shipment stream: receive from that hub only (checkpoints go to the app's own blobs).
+resource hubReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(shipmentHub.id, principalId, roleIds.eventHubsDataReceiver)
+  scope: shipmentHub
+  properties: {
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.eventHubsDataReceiver)
   }
 }
 

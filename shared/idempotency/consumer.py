@@ -9,6 +9,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -48,6 +49,7 @@ from .stores._records import Commit, CommitStatus, DeadLetter, Marker, State, St
 log = logging.getLogger("idempotency")
 
 
+PARKED = "parked"  # a dead-letter record's reason: kept for replay, the source moved on
 _COMMITTED = frozenset({Outcome.PROCESSED, Outcome.DUPLICATE})  # the marker is there: its outbox is due
 _REFUSALS = frozenset({Outcome.INVALID, Outcome.CONFLICT})  # recorded as dead letters before acknowledging
 # What clears by itself: waited for inside the delivery. A handler's own exception is not
@@ -140,8 +142,8 @@ class IdempotentConsumer:
         The cache keeps keys this instance saw completed, so that hot duplicates cost no
         store request; never an in-progress key, never trusted to decide "new"."""
         config = config or DedupConfig.from_settings()
-        if not name or "|" in name:
-            raise ValueError(f"consumer name {name!r}: non-empty, without '|'")
+        if not name or "|" in name or name.startswith("~"):
+            raise ValueError(f"consumer name {name!r}: non-empty, without '|', not starting with '~' (the library's)")
         self.name = name
         self.store = store
         self._handler = handler
@@ -214,8 +216,11 @@ class IdempotentConsumer:
                     results[i] = result
             finished: list[Result] = []
             for delivery, result, span in zip(deliveries, results, spans, strict=True):
-                if self._record_refusals and result.outcome in RETRY_OUTCOMES and self._last(delivery):
-                    self._dead_letter(delivery, result)  # the broker dead-letters it next: say why
+                if result.outcome in RETRY_OUTCOMES and self._last(delivery):
+                    if self._record_refusals:
+                        self._dead_letter(delivery, result)  # the broker dead-letters it next: say why
+                    if self.sender is not None and result.key is not None:  # rows an earlier delivery left
+                        self._park(self.outbox(self.sender), self.partition_of(result.key), result.key)
                 telemetry.record(self.name, delivery, result, (time.perf_counter() - started) * 1000, span)
                 finished.append(result)
         finally:
@@ -252,20 +257,31 @@ class IdempotentConsumer:
     def _dispatch(self, outbox: Outbox, delivery: Delivery, commit: Commit, result: Result, retry: bool) -> Result:
         """Send what the commit holds: the rows just committed, or (a duplicate, a retry)
         those the store still has. A failed send waits and retries as any transient failure;
-        a parked delivery is acknowledged anyway: its messages are committed, the sweep sends."""
+        a delivery nobody redelivers is parked (again: this run's handler may not have sent)
+        and acknowledged: its messages are committed, the sweep sends them."""
         prefix = rows_prefix(commit.key)
         fresh = result.outcome is Outcome.PROCESSED and not retry
         try:
             outbox.dispatch(commit.partition, prefix, [e for e in commit.effects if e.name.startswith(prefix)]
                             if fresh else None)  # fmt: skip
         except DedupError as exc:
-            if self._parks(delivery):
+            if self._parks(delivery) and self._park(outbox, commit.partition, commit.key):
                 log.warning("dedup outbox: %s left for the sweep: %s", commit.key, exc)
                 return result
-            return Result(
-                Outcome.TRANSIENT, commit.key, "dispatch_failed", str(exc)[:500], fingerprint=commit.fingerprint
-            )
+            return Result(Outcome.TRANSIENT, commit.key, "dispatch_failed", str(exc)[:500],
+                          fingerprint=commit.fingerprint)  # fmt: skip
+        # Only now may a duplicate skip the store: the cache must never outlive a send that
+        # did not finish (a crash in a test, an exception a sender should not raise).
+        self._completed.put(commit.key, commit.fingerprint)
         return result
+
+    @staticmethod
+    def _park(outbox: Outbox, partition: str, key: DedupKey) -> bool:
+        try:
+            outbox.park(partition, key)
+        except DedupError:
+            return False  # not parked: the message is not acknowledged either
+        return True
 
     def _decide(self, delivery: Delivery, owner: str, retry: bool) -> Result | Commit:
         """Everything up to the commit: parse, key, validate, fingerprint, the cache of
@@ -384,6 +400,15 @@ class IdempotentConsumer:
         if error is not None:
             where = "/".join(str(part) for part in error.absolute_path) or "(root)"
             raise InvalidMessage("schema_violation", f"{where}: {error.message[:400]}")
+
+    def park(self, delivery: Delivery, result: Result) -> Result:
+        """Keep a message the source will not deliver again (an Event Hubs checkpoint moved
+        past it) as a dead-letter record with reason ``parked`` and why, for an operator to
+        replay (``python -m shared.idempotency.replay``). TRANSIENT ``dead_letter_failed``
+        when it could not even be recorded."""
+        why = f"{result.reason or result.outcome.value}: {result.detail or ''}"[:500]
+        parked = replace(result, outcome=Outcome.PARKED, reason=PARKED, detail=why)
+        return self._dead_letter(delivery, parked)
 
     def _dead_letter(self, delivery: Delivery, result: Result) -> Result:
         """Record the refused message durably before it is acknowledged; if that fails,

@@ -53,6 +53,7 @@ class Outcome(StrEnum):
     INVALID = "invalid"  # can never be processed as sent: dead-lettered with reason
     TRANSIENT = "transient"  # nothing committed: let the broker redeliver
     STALE = "stale"  # an older version of state already superseded: acknowledge
+    PARKED = "parked"  # still failing when its source moved on (Event Hubs): recorded for replay
 
 
 RETRY_OUTCOMES = frozenset({Outcome.IN_FLIGHT, Outcome.TRANSIENT})

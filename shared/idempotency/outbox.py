@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -36,6 +37,7 @@ ROWS = "~outbox|"  # the outgoing messages' entity names, beside the business da
 DUE = "~outbox-due|"  # the sweep's index: one partition per hour, and its cursor
 CURSOR = Entity("cursor", {})
 MAX_MESSAGES = 25  # per incoming message: they commit in its transaction (100 operations)
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # stored as is in a RowKey: a range read finds it
 _HOUR = "%Y%m%d%H"
 _DUE = "%Y%m%d%H%M%S"
 
@@ -71,8 +73,9 @@ def rows(key: DedupKey, messages: Sequence[Outgoing]) -> list[Entity]:
     if len(messages) > MAX_MESSAGES:
         raise InvalidMessage("too_many_messages", f"{len(messages)} outgoing messages; at most {MAX_MESSAGES}")
     names = [m.name or str(i) for i, m in enumerate(messages)]
-    if len(set(names)) < len(names) or any(len(n) > 100 for n in names):
-        raise InvalidMessage("outgoing_names", "outgoing messages need distinct names of at most 100 characters")
+    if len(set(names)) < len(names) or not all(_NAME.fullmatch(n) for n in names):
+        raise InvalidMessage("outgoing_names", "outgoing messages need distinct names of 1-64 letters, digits, "
+                             "'_', '.' or '-'")  # fmt: skip
     prefix = rows_prefix(key)
     found = []
     for name, message in zip(names, messages, strict=True):
@@ -133,6 +136,18 @@ class Outbox:
         self.store.delete_entities(partition, [row.name for row in found])
         return len(found)
 
+    def _later(self, index: Entity, hour: datetime, now: datetime) -> bool:
+        """Move a key whose send failed to the hour it is due again, so that one destination
+        that stays down holds neither the cursor nor the reads; False if it could not move."""
+        due = now + self.sweep_delay
+        moved = Entity(f"{due:{_DUE}}|{index.name.partition('|')[2]}", index.data)
+        try:
+            self.store.put_entity(DUE + f"{due:{_HOUR}}", moved)
+            self.store.delete_entities(DUE + f"{hour:{_HOUR}}", [index.name])
+        except DedupError:
+            return False
+        return True
+
     def sweep(self, now: datetime, *, since: timedelta, budget: int = 1000) -> Sweep:
         """Send what parked deliveries left, hour by hour from the cursor (first run: ``since``
         ago) to ``now``; the cursor moves past every hour left empty."""
@@ -155,8 +170,9 @@ class Outbox:
                     sent += self.dispatch(str(index.data["partition"]), index.name.partition("|")[2])
                     self.store.delete_entities(DUE + f"{hour:{_HOUR}}", [index.name])
                 except DedupError as exc:
-                    failed, left = failed + 1, True
+                    failed += 1
                     log.warning("outbox sweep: %s", exc)
+                    left = left or not self._later(index, hour, now)
             moving = moving and not left and hour + timedelta(hours=1) <= now
             if moving:
                 cursor = hour + timedelta(hours=1)

@@ -18,7 +18,6 @@ file, the store, an unknown consumer) is one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
-import importlib
 import io
 import json
 import logging
@@ -31,7 +30,7 @@ from azure.core.exceptions import AzureError, ResourceNotFoundError
 
 from .config import setting
 from .errors import ConfigurationError, DedupError, InvalidMessage
-from .functions import declared, using_store
+from .functions import declared_consumer, using_store
 from .keys import DedupKey, consumer_partition
 from .messages import Delivery
 from .payload import parse_json
@@ -150,14 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             return _error(f"cannot read --bodies {args.bodies}: {exc.strerror or exc}")
     try:
-        importlib.import_module(args.consumers)  # declares them (@consumer), built from the app settings
         # Never create tables: a typo in DEDUP_TABLE must fail here, not report every message new.
         with using_store(app_store(create=False)):
-            consumers = declared()
-            found = next((c for c in consumers if c.name == args.consumer), None)
-            if found is None:
-                known = ", ".join(sorted({c.name for c in consumers}))
-                return _error(f"no consumer named '{args.consumer}' in {args.consumers}; known: {known}")
+            found = declared_consumer(args.consumer, args.consumers)
             # One read of an empty partition: a missing table or container fails here, before any verdict.
             next(found.store.scan(consumer_partition(found.name, "")), None)
             lines = check_ids(found, args.ids) if args.ids else check_bodies(found, bodies, args.message_id_field)

@@ -32,7 +32,7 @@ _NO_PARENT = Context()  # a new trace, not the ambient one: what extract() retur
 _requests = _meter.create_counter("dedup.store.requests", description="HTTP requests sent by the store clients")
 
 # Outcomes an operator must look at are logged as errors: they are the alerts.
-_LEVELS = {"conflict": logging.ERROR, "invalid": logging.WARNING, "transient": logging.WARNING}
+_LEVELS = {"conflict": logging.ERROR, "parked": logging.ERROR, "invalid": logging.WARNING, "transient": logging.WARNING}
 
 
 def count_store_request(request: Any) -> None:
@@ -80,5 +80,5 @@ def record(consumer: str, delivery: Delivery, result: Result, duration_ms: float
     current.set_attribute("dedup.outcome", outcome)
     if result.key is not None:
         current.set_attribute("dedup.key", result.key.id)
-    if outcome in ("conflict", "transient", "invalid"):
+    if outcome in ("conflict", "transient", "invalid", "parked"):
         current.set_status(trace.StatusCode.ERROR, result.reason or outcome)

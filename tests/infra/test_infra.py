@@ -70,6 +70,8 @@ BREAKAGES = [
      "Easy Auth lets unauthenticated calls through"),
     ("modules/roles.bicep", "  scope: recordsTable\n", "  scope: storage\n", "operator's role reaches beyond"),
     ("modules/roles.bicep", "  scope: orderEventsTopic\n", "  scope: serviceBus\n", "Data Sender beyond one entity"),
+    ("modules/roles.bicep", "  scope: shipmentHub\n", "  scope: eventHubs\n", "receives beyond one hub"),
+    ("modules/eventhubs.bicep", "disableLocalAuth: true", "disableLocalAuth: false", "Event Hubs local (SAS) auth"),
     ("modules/roles.bicep", "scope: '${cosmos.id}/dbs/${cosmosDatabase}'", "scope: cosmos.id",
      "Cosmos role scoped beyond a database"),
 ]  # fmt: skip
@@ -171,6 +173,7 @@ def app_setting(line: str) -> tuple[str, str, str]:
         ({}, (("main.bicep", "'${maxDeliveryCount}'", "'7'"),), "== DEDUP_MAX_DELIVERY_COUNT"),  # out of step
         ({}, (app_setting("DEDUP_IN_FLIGHT_WAIT: 'PT25S'"),), "Event Grid within"),  # Event Grid stops listening
         ({}, (app_setting("DEDUP_LEASE: 'PT15S'"),), "call timeout"),  # a live call may outlive the lease
+        ({}, (app_setting("DEDUP_OUTBOX_SWEEP_DELAY: 'PT4M'"),), "never races a call"),  # the sweep could send first
     ],
 )
 def test_a_lease_that_outlives_the_redeliveries_fails(

@@ -248,3 +248,59 @@ def test_a_real_topic_takes_the_outbox_message_with_its_id_and_drops_the_re_send
             for m in got:
                 receiver.complete_message(m)
     assert len(got) == 1 and json.loads(str(got[0])) == message.body
+
+
+# -- what a review found -------------------------------------------------------------------------
+
+
+def test_an_outgoing_name_a_range_read_could_not_find_is_refused() -> None:
+    from shared.idempotency import DedupKey, InvalidMessage
+    from shared.idempotency.outbox import rows
+
+    with pytest.raises(InvalidMessage) as caught:
+        rows(DedupKey("orders", "o-1"), [Outgoing("t", {}, "é" * 60)])  # encoded, it would be hashed
+    assert caught.value.reason == "outgoing_names"
+
+
+def test_a_last_delivery_parks_rows_an_earlier_one_left_whatever_its_handler_returns(
+    store: TableStore, topic: Topic
+) -> None:
+    topic.fail_before = 1
+    assert consumer(store, topic).process(delivery("o-11")).reason == "dispatch_failed"  # committed, unsent
+
+    def silent(payload: Any, context: Context) -> Effects:  # this run sends nothing itself
+        return Effects([Entity("order", {"id": payload["orderId"]})])
+
+    topic.fail_before = 1
+    last = IdempotentConsumer("orders", store, silent, config=NO_WAIT, sender=topic).process(delivery("o-11", 10))
+    assert (last.outcome, last.acknowledge, topic.sent) == (Outcome.DUPLICATE, True, 0)
+    swept = Outbox(store, topic).sweep(utcnow() + timedelta(minutes=11), since=timedelta(hours=2))
+    assert (swept.sent, topic.sent) == (1, 1)
+
+
+def test_a_sending_consumer_answers_hot_duplicates_from_its_cache_once_sent(store: TableStore, topic: Topic) -> None:
+    calls = []
+
+    def counted(payload: Any, context: Context) -> Effects:
+        calls.append(payload["orderId"])
+        return accept(payload, context)
+
+    c = IdempotentConsumer("orders", store, counted, config=DedupConfig(transient_wait=timedelta(0), cache_size=10),
+                           sender=topic)  # fmt: skip
+    assert [c.process(delivery("o-12", n)).outcome for n in (1, 2, 3)] == [Outcome.PROCESSED, *[Outcome.DUPLICATE] * 2]
+    assert (calls, topic.sent) == (["o-12"], 1)
+
+
+def test_a_destination_that_stays_down_holds_neither_the_cursor_nor_the_reads(store: TableStore, topic: Topic) -> None:
+    topic.fail_before = 1
+    with pytest.raises(Crash):
+        consumer(store, CrashingSender(topic)).process(delivery("o-13", count=None))  # parked
+    outbox, now = Outbox(store, topic), utcnow()
+    topic.fail_before = 1000  # down for good
+    # An hourly sweep for two days (the timer runs every 5 min): each reads the cursor and the
+    # hours since it, as the failing key moves along instead of pinning the cursor.
+    reads = [outbox.sweep(now + timedelta(hours=h), since=timedelta(hours=1)).reads for h in range(1, 49)]
+    assert max(reads) <= 3, reads
+    topic.fail_before = 0
+    swept = outbox.sweep(now + timedelta(hours=49), since=timedelta(hours=1))
+    assert (swept.sent, topic.sent) == (1, 1)

@@ -35,8 +35,10 @@ from tools.runtime import build
 from tools.runtime.host import WorkerHost
 from tools.runtime.triggers import (
     Http,
+    HubEvent,
     ServiceBusMessage,
     cloudevent,
+    eventhub_batch,
     http,
     http_result,
     servicebus,
@@ -140,11 +142,21 @@ EXPECTED = {  # function: (trigger type, the binding fields Azure needs)
     "purge_markers": ("timerTrigger", {"schedule": "0 30 3 * * *", "useMonitor": True}),
     "dispatch_outbox": ("timerTrigger", {"schedule": "0 */5 * * * *", "useMonitor": True}),
     "daily_reminders": ("timerTrigger", {"schedule": "0 0 6 * * *", "useMonitor": True}),
+    "shipment_tracking": (
+        "eventHubTrigger",
+        {"eventHubName": "%SHIPMENT_HUB%", "cardinality": "MANY", "dataType": "BINARY"},
+    ),
 }
 
 
 def test_the_worker_indexes_and_loads_every_function(worker: WorkerHost) -> None:
-    assert set(worker.functions) == set(EXPECTED)
+    """Every function the app declares (read from function_app in this process, not a list
+    kept here: a new consumer is checked too) is indexed by the worker; the example's
+    triggers carry the fields Azure needs."""
+    from tools.host import indexed
+
+    assert set(worker.functions) == {f.get_function_name() for f in indexed()}
+    assert set(EXPECTED) <= set(worker.functions)
     for name, (trigger_type, fields) in EXPECTED.items():
         trigger = worker.trigger(name)
         assert trigger["type"] == trigger_type and trigger["direction"] == "IN", name
@@ -161,16 +173,18 @@ def test_every_setting_a_binding_names_is_documented_and_deployed(worker: Worker
     and from the app settings that infra/main.bicep deploys."""
     bicep = (ROOT / "infra" / "main.bicep").read_text() + (ROOT / "infra/modules/functionapp.bicep").read_text()
     named: set[str] = set()
-    for function in worker.functions.values():
+    connections: set[str] = set()
+    for function in worker.functions.values():  # every function the app declares, whatever they are
         for binding in function.bindings:
             named |= {m for value in binding.values() if isinstance(value, str) for m in re.findall(r"%(\w+)%", value)}
-    assert named == {"ORDERS_QUEUE", "ORDER_STATUS_QUEUE", "LEDGER_QUEUE", "ORDER_TOPIC", "BILLING_SUBSCRIPTION",
-                     "SHIPPING_SUBSCRIPTION"}  # fmt: skip
+            connections |= {binding["connection"]} if binding.get("connection") else set()
+    assert {"ORDERS_QUEUE", "SHIPMENT_HUB"} <= named and {"ServiceBusConnection", "EventHubConnection"} <= connections
     for name in named:
         assert name in DOCUMENTED, name
         assert re.search(rf"^\s*{name}:", bicep, re.MULTILINE), f"{name} is not an app setting in infra"
-    assert "ServiceBusConnection" in DOCUMENTED
-    assert "ServiceBusConnection__fullyQualifiedNamespace:" in bicep  # managed identity, no key
+    for connection in connections:
+        assert connection in DOCUMENTED, connection
+        assert f"{connection}__fullyQualifiedNamespace:" in bicep, connection  # managed identity, no key
 
 
 def test_without_dependency_isolation_the_workers_own_azure_functions_fails_indexing(
@@ -366,6 +380,30 @@ def test_a_scheduled_job_reminds_each_customer_once_per_occurrence(worker: Worke
     found = Counter(item.data["customerId"] for item in store.scan()
                     if item.entity == "reminder" and item.data["occurrence"] == when)  # fmt: skip
     assert found == Counter({f"c-{i}": 1 for i in range(5)})
+
+
+def tracking(store: TableStore) -> Counter[str]:
+    return Counter(str(item.data["eventKey"]) for item in store.scan() if item.entity == "tracking")
+
+
+def test_an_event_hubs_batch_applies_each_event_once_across_replays(worker: WorkerHost, store: TableStore) -> None:
+    """Keys: the producer's id (a retry of it, a new event with a new sequence number, is a
+    duplicate), else hub/partition/sequence number (a replay from the checkpoint is); an
+    invalid event is dead-lettered and never stops the partition."""
+    shipment = new_id()
+    first = {"shipmentId": shipment, "orderId": "o-1", "status": "picked"}
+    second = {"shipmentId": shipment, "orderId": "o-1", "status": "shipped"}
+    batch = [HubEvent(json.dumps(first).encode(), 10, {"message_id": f"{shipment}-1"}),
+             HubEvent(json.dumps(first).encode(), 11, {"message_id": f"{shipment}-1"}),  # the producer's retry
+             HubEvent(json.dumps(second).encode(), 12),  # no producer id: hub/partition/sequence
+             HubEvent(b"not json", 13)]  # fmt: skip
+    trigger = worker.trigger("shipment_tracking")
+    for _ in range(2):  # the second time: a replay from the last checkpoint (a restart, a rebalance)
+        response = worker.invoke("shipment_tracking", eventhub_batch(trigger, batch), retry=(0, 5))
+        assert worker.failed(response) is None
+    found = {key: n for key, n in tracking(store).items() if key in (f"{shipment}-1", "shipments/0/12")}
+    assert found == {f"{shipment}-1": 1, "shipments/0/12": 1}
+    assert dead_letter_reasons(store, "shipments", "shipments/0/13") == ["invalid_json"]
 
 
 # -- the outbox: a function that commits and sends -------------------------------------------------

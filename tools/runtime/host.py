@@ -282,11 +282,11 @@ class WorkerHost:
                 raise RuntimeError(f"loading {name} failed: {self.exception(loaded)}")
         return self
 
-    def invoke(self, name: str, invocation: Invocation) -> Any:
+    def invoke(self, name: str, invocation: Invocation, *, retry: tuple[int, int] | None = None) -> Any:
         """InvocationRequest as host src/WebJobs.Script.Grpc/Extensions/
         ScriptInvocationContextExtensions.cs ToRpcInvocationRequest builds it: one
         ParameterBinding per input, the binding data as trigger_metadata, the Activity's trace
-        context; no retry_context (the app declares no retry policy)."""
+        context; a RetryContext (retry count, max retry count) for a function with a retry policy."""
         invocation_id = str(uuid.uuid4())
         request = self.pb.InvocationRequest(
             invocation_id=invocation_id,
@@ -298,6 +298,8 @@ class WorkerHost:
             trigger_metadata={key: typed(self.pb, value) for key, value in invocation.metadata.items()},
             trace_context=self.pb.RpcTraceContext(trace_parent=f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"),
         )
+        if retry is not None:
+            request.retry_context.CopyFrom(self.pb.RetryContext(retry_count=retry[0], max_retry_count=retry[1]))
         return self._request(invocation_id, invocation_request=request)
 
     def trigger(self, name: str) -> dict[str, Any]:

@@ -284,3 +284,38 @@ def http_result(pb: Any, response: Any) -> tuple[int, dict[str, str], bytes]:
     kind = body.WhichOneof("data")
     raw = body.bytes if kind == "bytes" else (getattr(body, kind).encode() if kind else b"")
     return int(rpc.status_code), dict(rpc.headers), raw
+
+
+@dataclass(frozen=True)
+class HubEvent:
+    body: bytes
+    sequence_number: int
+    properties: dict[str, Any] = field(default_factory=dict)
+    partition_key: str | None = None
+
+
+def eventhub_batch(binding: Mapping[str, Any], events: list[HubEvent], *, hub: str = "shipments",
+                   partition: str = "0") -> Invocation:  # fmt: skip
+    """cardinality many, dataType binary: byte[][] bodies (collection_bytes), and the binding
+    data of azure-sdk-for-net sdk/eventhub/Microsoft.Azure.WebJobs.Extensions.EventHubs
+    src/Triggers/EventHubTriggerBindingStrategy.cs GetBindingData for EventData[]: the
+    PartitionContext, then one array per property (PartitionKey, Offset, SequenceNumber,
+    EnqueuedTimeUtc, Properties, SystemProperties)."""
+    enqueued = DotNetDate(datetime.now(UTC))
+    system = [{"SequenceNumber": e.sequence_number, "Offset": str(e.sequence_number * 100),
+               "PartitionKey": e.partition_key, "EnqueuedTimeUtc": enqueued} for e in events]  # fmt: skip
+    metadata: dict[str, Any] = {
+        "PartitionContext": {
+            "ConsumerGroup": "$Default",
+            "EventHubName": hub,
+            "PartitionId": partition,
+            "FullyQualifiedNamespace": "evh.servicebus.windows.net",
+        },
+        "PartitionKeyArray": Strings(e.partition_key or "" for e in events),
+        "OffsetArray": Strings(str(e.sequence_number * 100) for e in events),
+        "SequenceNumberArray": Longs(e.sequence_number for e in events),
+        "EnqueuedTimeUtcArray": [enqueued for _ in events],
+        "PropertiesArray": [e.properties for e in events],
+        "SystemPropertiesArray": system,
+    }
+    return Invocation({binding["name"]: ByteArrays(e.body for e in events)}, metadata)

@@ -12,15 +12,17 @@ each function's body one call:
         on_servicebus(invoices, msg)
 
 - one call per trigger: ``on_servicebus``, ``on_servicebus_batch``, ``on_eventgrid``,
-  ``on_http`` (``Idempotency-Key``), ``on_cloudevents_http``, ``on_schedule`` (a timer's
+  ``on_http`` (``Idempotency-Key``), ``on_cloudevents_http``, ``on_eventhub_batch`` (park
+  on the last try), ``on_schedule`` (a timer's
   occurrence, each item once); ``BODY_AS_BYTES`` for the
   Service Bus triggers, ``stored_response`` for what an HTTP handler answers;
 - the app's consumers, their store and their outbox sender: ``consumer``, ``shared_store``,
-  ``shared_sender`` (a ``ServiceBusSender``), ``declared``, ``reset``, ``using_store``,
-  ``using_sender``;
+  ``shared_sender`` (a ``ServiceBusSender``), ``declared``, ``declared_consumer`` (for
+  operators' tools), ``reset``, ``using_store``, ``using_sender``;
 - ``timers``: the store's housekeeping (reconcile stale claims, purge expired markers, sweep
   the outbox), a Blueprint to register once per app;
 - for a trigger of your own: the deliveries (``servicebus_delivery``, ``eventgrid_delivery``,
+  ``eventhub_deliveries``,
   ``cloudevent_delivery``, ``http_delivery``, ``http_cloudevent_delivery``) and settlements
   (``acknowledge_or_retry`` and ``RetryLater``, ``http_response``, ``cloudevent_response``,
   ``problem``, ``REPLAYED``); how long an Event Grid delivery and an HTTP request wait for a
@@ -37,11 +39,13 @@ from ._bindings import (
     cloudevent_delivery,
     cloudevent_response,
     eventgrid_delivery,
+    eventhub_deliveries,
     http_cloudevent_delivery,
     http_delivery,
     http_response,
     on_cloudevents_http,
     on_eventgrid,
+    on_eventhub_batch,
     on_http,
     on_schedule,
     on_servicebus,
@@ -50,7 +54,16 @@ from ._bindings import (
     servicebus_delivery,
     stored_response,
 )
-from ._registry import consumer, declared, reset, shared_sender, shared_store, using_sender, using_store
+from ._registry import (
+    consumer,
+    declared,
+    declared_consumer,
+    reset,
+    shared_sender,
+    shared_store,
+    using_sender,
+    using_store,
+)
 from ._senders import ServiceBusSender
 from ._timers import bp as timers
 
@@ -66,12 +79,15 @@ __all__ = [
     "cloudevent_response",
     "consumer",
     "declared",
+    "declared_consumer",
     "eventgrid_delivery",
+    "eventhub_deliveries",
     "http_cloudevent_delivery",
     "http_delivery",
     "http_response",
     "on_cloudevents_http",
     "on_eventgrid",
+    "on_eventhub_batch",
     "on_http",
     "on_schedule",
     "on_servicebus",

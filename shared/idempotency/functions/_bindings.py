@@ -81,6 +81,53 @@ def servicebus_delivery(msg: func.ServiceBusMessage) -> Delivery:
     )
 
 
+# -- Event Hubs (batch trigger) -----------------------------------------------------------------
+
+# Where a producer's own id for an event may be, among its application properties: an AMQP
+# message-id as the SDKs set it, then CloudEvents over AMQP (binary mode: source + id).
+PRODUCER_IDS = ("message_id", "messageId", "MessageId")
+
+
+def eventhub_deliveries(events: list[func.EventHubEvent]) -> list[Delivery]:
+    """A batch's events, in partition order. The key: the producer's id when the event
+    carries one (it also catches a producer's retry, a new event with a new sequence
+    number), else (event hub, partition, sequence number), which catches replays from a
+    checkpoint only. The host shares one metadata for the batch (``events[0].metadata``)."""
+    metadata = (events[0].metadata or {}) if events else {}
+    context = metadata.get("PartitionContext") or {}
+    properties = metadata.get("PropertiesArray") or [{} for _ in events]
+    where = f"{context.get('EventHubName', '')}/{context.get('PartitionId', '')}"
+    deliveries = []
+    for event, props in zip(events, properties, strict=True):
+        props = dict(props or {})
+        own = next((str(props[name]) for name in PRODUCER_IDS if props.get(name)), None)
+        if own is None and props.get("cloudEvents:id") and props.get("cloudEvents:source"):
+            own = joined_identity(str(props["cloudEvents:source"]), str(props["cloudEvents:id"]))
+        traceparent = props.get("traceparent") or props.get("Diagnostic-Id")
+        deliveries.append(Delivery(event.get_body(), message_id=own or f"{where}/{event.sequence_number}",
+                                   traceparent=str(traceparent) if traceparent else None,
+                                   properties=props))  # fmt: skip
+    return deliveries
+
+
+def on_eventhub_batch(consumer: Consumer, events: list[func.EventHubEvent], context: func.Context) -> None:
+    """Process a batch (``cardinality="many"``). Event Hubs checkpoints the batch whether or
+    not the function succeeded: raising only helps while the function's retry policy has
+    retries left (it delays the checkpoint). On the last try, what still fails is parked —
+    recorded with its reason for ``python -m shared.idempotency.replay`` — and the batch
+    returns: a poison event never stops its partition (an invalid one is dead-lettered)."""
+    built = consumer()
+    deliveries = eventhub_deliveries(events)
+    failing = [(d, r) for d, r in zip(deliveries, built.process_batch(deliveries), strict=True) if not r.acknowledge]
+    if not failing:
+        return
+    retry = getattr(context, "retry_context", None)
+    if retry is not None and retry.retry_count < retry.max_retry_count:
+        raise RetryLater(failing[0][1])  # the retry policy runs the batch again, checkpoint held
+    for delivery, result in failing:
+        acknowledge_or_retry(built.park(delivery, result))  # not even recorded: fail loudly
+
+
 # -- CloudEvents (Event Grid trigger, or plain HTTP) ---------------------------------------
 
 

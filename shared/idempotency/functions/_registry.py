@@ -12,12 +12,14 @@ every consumer on a store of your choice (an in-memory one in unit tests).
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Generic, TypeVar
 
 from ..consumer import IdempotentConsumer
+from ..errors import ConfigurationError
 from ..outbox import Sender
 from ..stores._base import DedupStore
 from ..stores._registry import app_store
@@ -75,6 +77,19 @@ def shared_sender() -> Sender:
 def declared() -> list[IdempotentConsumer]:
     """Every declared consumer, built: what operators' tools look consumers up in."""
     return [build() for build in _declared]
+
+
+def declared_consumer(name: str, module: str = "consumers") -> IdempotentConsumer:
+    """The consumer ``name`` that ``module`` declares (importing it declares them), built:
+    what operators' tools use, never the function app itself. ConfigurationError naming the
+    known ones when there is none; ImportError when the module cannot be imported."""
+    importlib.import_module(module)
+    consumers = declared()
+    found = next((c for c in consumers if c.name == name), None)
+    if found is None:
+        known = ", ".join(sorted({c.name for c in consumers}))
+        raise ConfigurationError(f"no consumer named '{name}' in {module}; known: {known}")
+    return found
 
 
 def reset() -> None:

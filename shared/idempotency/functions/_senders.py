@@ -33,11 +33,13 @@ def to_servicebus(message: Outgoing) -> ServiceBusMessage:
 
 
 class ServiceBusSender:
-    """Sends each destination's messages in one call (a queue or a topic: an entity path)."""
+    """Sends each destination's messages in as few calls as its batches allow (a queue or a
+    topic: an entity path). The SDK's senders are not thread-safe: one per destination, used
+    by one call at a time."""
 
     def __init__(self, client: ServiceBusClient) -> None:
         self._client = client
-        self._senders: dict[str, Any] = {}
+        self._senders: dict[str, tuple[Any, threading.Lock]] = {}
         self._lock = threading.Lock()
 
     def send(self, messages: Sequence[Outgoing]) -> None:
@@ -45,12 +47,22 @@ class ServiceBusSender:
         for message in messages:
             by_destination.setdefault(message.destination, []).append(message)
         for destination, group in by_destination.items():
-            self._sender(destination).send_messages([to_servicebus(m) for m in group])
+            sender, lock = self._sender(destination)
+            with lock:
+                batch = sender.create_message_batch()
+                for wire in map(to_servicebus, group):
+                    try:
+                        batch.add_message(wire)
+                    except ValueError:  # MessageSizeExceededError: this batch is full
+                        sender.send_messages(batch)
+                        batch = sender.create_message_batch()
+                        batch.add_message(wire)  # one message too large for any batch raises here
+                sender.send_messages(batch)
 
-    def _sender(self, destination: str) -> Any:
-        with self._lock:  # one AMQP link per entity, shared by the instance's calls
+    def _sender(self, destination: str) -> tuple[Any, threading.Lock]:
+        with self._lock:  # one AMQP link per entity, created once
             if destination not in self._senders:
-                self._senders[destination] = self._client.get_queue_sender(destination)
+                self._senders[destination] = (self._client.get_queue_sender(destination), threading.Lock())
             return self._senders[destination]
 
 

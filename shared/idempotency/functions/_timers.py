@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import astuple
+from datetime import timedelta
 
 import azure.functions as func
 
-from ..config import DedupConfig, duration, setting
+from ..config import duration, setting
 from ..messages import utcnow
 from ..reconcile import escalate_stale_claims
 from ._registry import declared, shared_sender, shared_store
@@ -31,6 +32,9 @@ def purge_markers(timer: func.TimerRequest) -> None:
     logging.getLogger("idempotency").info("dedup purge: scanned=%d deleted=%d requests=%d", *astuple(purge))
 
 
+FIRST_SWEEP = timedelta(days=2)  # how far back a sweep without a cursor reads: 48 hourly reads, once
+
+
 @bp.function_name("dispatch_outbox")
 @bp.timer_trigger(arg_name="timer", schedule="0 */5 * * * *", use_monitor=True)
 def dispatch_outbox(timer: func.TimerRequest) -> None:
@@ -39,5 +43,5 @@ def dispatch_outbox(timer: func.TimerRequest) -> None:
     senders = [c for c in declared() if c.sender is not None]
     if not senders:
         return
-    swept = senders[0].outbox(shared_sender()).sweep(utcnow(), since=DedupConfig.from_settings().retention)
+    swept = senders[0].outbox(shared_sender()).sweep(utcnow(), since=FIRST_SWEEP)
     logging.getLogger("idempotency").info("dedup outbox sweep: parked=%d sent=%d failed=%d reads=%d", *astuple(swept))

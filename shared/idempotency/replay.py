@@ -1,0 +1,54 @@
+"""Replay parked messages: those a source will not deliver again (an Event Hubs checkpoint
+moved past them while they still failed), kept as dead-letter records with reason
+``parked``. Each goes through its consumer again, as a new delivery: what was applied in
+the meantime is a duplicate, the rest is processed.
+
+    python -m shared.idempotency.replay --consumer shipments [--consumers consumers]
+
+One line per record (message id, outcome, reason), then a JSON summary; exit 1 when some
+still fail (run it again later), 2 when it cannot run (settings, store, unknown consumer).
+Records stay until DEDUP_DEAD_LETTER_RETENTION: a second replay is only duplicates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+
+from azure.core.exceptions import AzureError
+
+from .consumer import PARKED
+from .errors import ConfigurationError, DedupError
+from .functions import declared_consumer
+from .messages import Delivery
+from .resubmit import printable
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--consumer", required=True, help="the consumer's name (its marker scope)")
+    parser.add_argument("--consumers", default="consumers", help="the module that declares the app's consumers")
+    args = parser.parse_args(argv)
+    try:
+        consumer = declared_consumer(args.consumer, args.consumers)
+        parked = [r for r in consumer.store.dead_letters(consumer.name) if r.reason == PARKED]
+        outcomes: Counter[str] = Counter()
+        for record in parked:
+            result = consumer.process(Delivery(record.body, message_id=record.message_id,
+                                               correlation_id=record.correlation_id))  # fmt: skip
+            outcomes[result.outcome.value] += 1
+            print(f"{printable(record.message_id or '')}\t{result.outcome.value}\t{printable(result.reason or '')}")
+    except (ConfigurationError, ImportError) as exc:
+        print(f"replay: error: {printable(str(exc))}", file=sys.stderr)
+        return 2
+    except (DedupError, AzureError) as exc:
+        print(f"replay: error: cannot read the store: {printable(str(exc).splitlines()[0])}", file=sys.stderr)
+        return 2
+    print(json.dumps({"parked": len(parked), **outcomes}))
+    return 1 if outcomes["transient"] or outcomes["in_flight"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

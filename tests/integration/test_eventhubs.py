@@ -1,0 +1,78 @@
+"""Event Hubs in process, on Azurite: the trigger checkpoints a batch whether or not the
+function succeeded, so a transient failure is raised only while the retry policy has retries
+left; on the last try the event is parked with its reason, the batch returns, and the replay
+tool applies it once the failure cleared — nothing lost, nothing twice."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import azure.functions as func
+import pytest
+from azure.functions import meta
+
+from shared.idempotency import Context, DownstreamUnavailable, Effects
+from shared.idempotency.functions import RetryLater, on_eventhub_batch
+from shared.idempotency.replay import main as replay
+from shared.orders.tracking import tracking_handler
+from tests.functions import fresh_app
+from tools.azurite import Azurite
+
+
+def batch(*events: tuple[dict[str, Any], int, str | None]) -> list[func.EventHubEvent]:
+    """As the Python library decodes the host's batch: one metadata shared by the events."""
+    metadata = {
+        "PartitionContext": meta.Datum(json.dumps({"EventHubName": "shipments", "PartitionId": "3"}), "json"),
+        "PropertiesArray": meta.Datum(json.dumps([{"message_id": own} if own else {} for _, _, own in events]), "json"),
+    }
+    return [func.EventHubEvent(body=json.dumps(body).encode(), trigger_metadata=metadata, sequence_number=seq)
+            for body, seq, _ in events]  # fmt: skip
+
+
+def retry(count: int, most: int = 5) -> Any:
+    return SimpleNamespace(retry_context=SimpleNamespace(retry_count=count, max_retry_count=most))
+
+
+def tracked(store: Any) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for item in store.scan():
+        if item.entity == "tracking":
+            found[item.data["eventKey"]] = found.get(item.data["eventKey"], 0) + 1
+    return found
+
+
+def test_a_failing_event_is_retried_then_parked_then_replayed_once(
+    azurite: Azurite, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import consumers.shipments as shipments
+
+    down = {"s-2"}
+
+    def flaky(event: dict[str, Any], context: Context) -> Effects:
+        if event["shipmentId"] in down:
+            raise DownstreamUnavailable("the carrier's API is down")
+        return tracking_handler(event, context)
+
+    monkeypatch.setattr(shipments, "tracking_handler", flaky)
+    events = batch(({"shipmentId": "s-1", "orderId": "o", "status": "picked"}, 40, "e-1"),
+                   ({"shipmentId": "s-2", "orderId": "o", "status": "picked"}, 41, None),
+                   ({"shipmentId": "s-3", "orderId": "o", "status": "picked"}, 42, "e-3"))  # fmt: skip
+    with fresh_app(azurite):
+        consumer = shipments.tracking_consumer()
+        with pytest.raises(RetryLater):  # retries left: the checkpoint waits
+            on_eventhub_batch(shipments.tracking_consumer, events, retry(0))
+        on_eventhub_batch(shipments.tracking_consumer, events, retry(5))  # the last try: parked, returns
+        assert tracked(consumer.store) == {"e-1": 1, "e-3": 1}
+        [record] = [d for d in consumer.store.dead_letters("shipments")]
+        assert (record.reason, record.message_id) == ("parked", "shipments/3/41")
+        assert record.detail.startswith("downstream_unavailable")
+        assert replay(["--consumer", "shipments", "--consumers", "consumers.shipments"]) == 1  # still down
+        down.clear()
+        assert replay(["--consumer", "shipments", "--consumers", "consumers.shipments"]) == 0
+        assert replay(["--consumer", "shipments", "--consumers", "consumers.shipments"]) == 0  # again: a duplicate
+        assert tracked(consumer.store) == {"e-1": 1, "shipments/3/41": 1, "e-3": 1}
+    out = capsys.readouterr().out.splitlines()
+    assert [json.loads(line) for line in out if line.startswith("{")] == [
+        {"parked": 1, "transient": 1}, {"parked": 1, "processed": 1}, {"parked": 1, "duplicate": 1}]  # fmt: skip
