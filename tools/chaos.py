@@ -10,7 +10,9 @@ CHAOS_PAYMENTS (0; 1 = charge through a local payment API, a two-phase step), CH
 (process; worker = deliver through the real Functions Python worker: store faults then cannot
 be injected inside it, delivery faults and the outage still are), CHAOS_TROUBLE_MESSAGES (600;
 0 skips the outage and throttling runs), CHAOS_CHAIN_MESSAGES (2000; 0 skips the outbox run:
-orders → order-events → billing + shipping with faults at every hop, tools/chain.py).
+orders → order-events → billing + shipping with faults at every hop, tools/chain.py),
+CHAOS_STREAM_EVENTS (3000; 0 skips the Event Hubs run: checkpoints after every batch,
+crashes, rebalances, producer retries, parking and replay, tools/eventhub.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from tools.azurite import Azurite
 from tools.chain import ChainConfig, ChainReport, run_chain
+from tools.eventhub import StreamConfig, StreamReport, run_stream
 from tools.harness import Report, RunConfig, run
 
 
@@ -100,7 +103,25 @@ def main(argv: list[str] | None = None) -> int:
         chain = int(os.environ.get("CHAOS_CHAIN_MESSAGES", "2000"))
         if chain > 0:
             ok = summarise_chain(run_chain(ChainConfig(messages=chain, seed=config.seed), azurite)) and ok
+        stream = int(os.environ.get("CHAOS_STREAM_EVENTS", "3000"))
+        if stream > 0:
+            ok = summarise_stream(run_stream(StreamConfig(events=stream, seed=config.seed), azurite)) and ok
     return 0 if ok else 1
+
+
+def summarise_stream(report: StreamReport) -> bool:
+    print(
+        f"\nEvent Hubs: {report.logical} events ({report.sent} sent, producer retries included) in "
+        f"{report.seconds:.0f}s; {report.invocations} invocations, {report.replays} batches replayed after "
+        f"crashes, {report.rebalances} rebalances; {sum(report.faults.values())} store faults."
+    )
+    print(
+        f"Parked {report.parked}, applied by the operator's replay {report.replayed_by_operator}; "
+        f"double {report.double}, lost {report.lost}."
+    )
+    for violation in report.violations:
+        print("VIOLATION", violation)
+    return report.ok
 
 
 def summarise_chain(report: ChainReport) -> bool:
