@@ -1,5 +1,8 @@
-"""Event-carried state: each message holds an order's whole status and its version; the
-store keeps the newest (a versioned upsert), so no marker is needed."""
+"""Event-carried state, in order: each message holds an order's whole status and its version;
+the store keeps the newest (a versioned upsert: a redelivery is ``duplicate``, an older
+version ``stale``), so no marker is needed. The queue is session-enabled, a session per
+order (producers set SessionId = orderId): one receiver per order at a time, in order, so
+no version is skipped as stale on its way (docs/triggers.md)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,6 @@ def status_consumer() -> IdempotentConsumer:
 
 @bp.function_name("order_status")
 @bp.service_bus_queue_trigger(arg_name="msg", queue_name="%ORDER_STATUS_QUEUE%", connection="ServiceBusConnection",
-                              data_type=BODY_AS_BYTES)  # fmt: skip
+                              data_type=BODY_AS_BYTES, is_sessions_enabled=True)  # fmt: skip
 def order_status(msg: func.ServiceBusMessage) -> None:
     on_servicebus(status_consumer, msg)

@@ -12,7 +12,8 @@ be injected inside it, delivery faults and the outage still are), CHAOS_TROUBLE_
 0 skips the outage and throttling runs), CHAOS_CHAIN_MESSAGES (2000; 0 skips the outbox run:
 orders → order-events → billing + shipping with faults at every hop, tools/chain.py),
 CHAOS_STREAM_EVENTS (3000; 0 skips the Event Hubs run: checkpoints after every batch,
-crashes, rebalances, producer retries, parking and replay, tools/eventhub.py).
+crashes, rebalances, producer retries, parking and replay, tools/eventhub.py),
+CHAOS_SESSION_ORDERS (500; 0 skips the Service Bus sessions run, tools/sessions.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tools.azurite import Azurite
 from tools.chain import ChainConfig, ChainReport, run_chain
 from tools.eventhub import StreamConfig, StreamReport, run_stream
 from tools.harness import Report, RunConfig, run
+from tools.sessions import SessionConfig, SessionReport, run_sessions
 
 
 def config_from_env() -> RunConfig:
@@ -106,7 +108,22 @@ def main(argv: list[str] | None = None) -> int:
         stream = int(os.environ.get("CHAOS_STREAM_EVENTS", "3000"))
         if stream > 0:
             ok = summarise_stream(run_stream(StreamConfig(events=stream, seed=config.seed), azurite)) and ok
+        orders = int(os.environ.get("CHAOS_SESSION_ORDERS", "500"))
+        if orders > 0:
+            ok = summarise_sessions(run_sessions(SessionConfig(orders=orders, seed=config.seed), azurite)) and ok
     return 0 if ok else 1
+
+
+def summarise_sessions(report: SessionReport) -> bool:
+    print(
+        f"\nService Bus sessions: {report.messages} status changes ({report.deliveries} deliveries, "
+        f"{report.session_releases} sessions released by abandons and lost locks, "
+        f"{sum(report.faults.values())} store faults) in {report.seconds:.0f}s; outcomes "
+        f"{dict(sorted(report.outcomes.items()))}; not at their last status {report.wrong_final}."
+    )
+    for violation in report.violations:
+        print("VIOLATION", violation)
+    return report.ok
 
 
 def summarise_stream(report: StreamReport) -> bool:

@@ -33,8 +33,24 @@ resource orders 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = {
   }
 }
 
-// order-status: event-carried state (versioned upserts); ledger: the batch trigger.
-resource moreQueues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = [for name in ['order-status', 'ledger']: {
+// order-status: event-carried state (versioned upserts), in order per order: a session per
+// orderId (producers set SessionId), one receiver per session at a time, under a session lock.
+resource orderStatus 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = {
+  parent: namespace
+  name: 'order-status'
+  properties: {
+    requiresSession: true
+    requiresDuplicateDetection: true
+    duplicateDetectionHistoryTimeWindow: duplicateDetectionWindow
+    lockDuration: lockDuration
+    maxDeliveryCount: maxDeliveryCount
+    defaultMessageTimeToLive: messageTimeToLive
+    deadLetteringOnMessageExpiration: true
+  }
+}
+
+// ledger: the batch trigger.
+resource moreQueues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = [for name in ['ledger']: {
   parent: namespace
   name: name
   properties: {
@@ -73,6 +89,6 @@ resource subscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptions@202
 output name string = namespace.name
 output fullyQualifiedNamespace string = '${namespace.name}.servicebus.windows.net'
 output queueName string = orders.name
-output statusQueueName string = moreQueues[0].name
-output ledgerQueueName string = moreQueues[1].name
+output statusQueueName string = orderStatus.name
+output ledgerQueueName string = moreQueues[0].name
 output topicName string = orderEvents.name

@@ -124,10 +124,12 @@ def test_the_repository_passes_the_retention_and_lease_checks() -> None:
 
 def test_every_queue_subscription_and_event_subscription_is_read() -> None:
     places = {place.name.split(":")[1]: place for place in redeliveries(INFRA)}
-    assert set(places) == {"orders", "moreQueues", "subscriptions", "subscription"}
+    assert set(places) == {"orders", "orderStatus", "moreQueues", "subscriptions", "subscription", "shipments"}
     assert places["orders"] == Redelivery("modules/servicebus.bicep:orders", "service bus", 10, timedelta(days=14),
                                           timedelta(minutes=1))  # fmt: skip
+    assert places["orderStatus"].lock == timedelta(minutes=1)  # a session queue: the session lock
     assert places["subscription"].max_deliveries == 30 and places["subscription"].broker == "event grid"
+    assert places["shipments"] == Redelivery("modules/eventhubs.bicep:shipments", "event hubs", 1, timedelta(days=7))
 
 
 @pytest.mark.parametrize(
@@ -138,6 +140,7 @@ def test_every_queue_subscription_and_event_subscription_is_read() -> None:
         {"deadLetterResubmitDays": 30},  # operators resubmit after the markers are gone
         {"messageTimeToLive": "P20D", "maxDeliveryCount": 2000},  # 2000 deliveries x 5 min of lock
         {"eventTimeToLiveInMinutes": 60 * 24 * 30},  # Event Grid retries for 30 days
+        {"dedupRetentionDays": 7, "deadLetterResubmitDays": 1},  # a replay from the hub's 7 days outlives them
     ],
 )
 def test_markers_expiring_before_the_broker_stops_redelivering_fail(tmp_path: Path, change: dict[str, object]) -> None:

@@ -125,7 +125,10 @@ def dead_letter_reasons(store: TableStore, scope: str, message_id: str) -> list[
 
 EXPECTED = {  # function: (trigger type, the binding fields Azure needs)
     "orders": ("serviceBusTrigger", {"queueName": "%ORDERS_QUEUE%", "dataType": "BINARY"}),
-    "order_status": ("serviceBusTrigger", {"queueName": "%ORDER_STATUS_QUEUE%", "dataType": "BINARY"}),
+    "order_status": (
+        "serviceBusTrigger",
+        {"queueName": "%ORDER_STATUS_QUEUE%", "dataType": "BINARY", "isSessionsEnabled": True},
+    ),
     "billing": (
         "serviceBusTrigger",
         {"topicName": "%ORDER_TOPIC%", "subscriptionName": "%BILLING_SUBSCRIPTION%", "dataType": "BINARY"},
@@ -404,6 +407,21 @@ def test_an_event_hubs_batch_applies_each_event_once_across_replays(worker: Work
     found = {key: n for key, n in tracking(store).items() if key in (f"{shipment}-1", "shipments/0/12")}
     assert found == {f"{shipment}-1": 1, "shipments/0/12": 1}
     assert dead_letter_reasons(store, "shipments", "shipments/0/13") == ["invalid_json"]
+
+
+def test_a_session_message_applies_its_order_status_in_version_order(worker: WorkerHost, store: TableStore) -> None:
+    """order_status on a session queue (SessionId = orderId, the host's binding data): each
+    version applied once, a redelivery a duplicate, an older version after a newer stale."""
+    order_id = new_id()
+
+    def change(version: int, status: str, count: int = 1) -> str | None:
+        body = json.dumps({"orderId": order_id, "status": status, "version": version}).encode()
+        message = ServiceBusMessage(body, f"{order_id}:{version}", delivery_count=count, session_id=order_id)
+        return worker.failed(worker.invoke("order_status", servicebus(worker.trigger("order_status"), message)))
+
+    assert [change(1, "placed"), change(2, "paid"), change(2, "paid", count=2), change(1, "placed", 2)] == [None] * 4
+    [status] = [i.data for i in store.scan(consumer_partition("order-status", order_id)) if i.entity == "status"]
+    assert (status["status"], getattr(status["StateVersion"], "value", status["StateVersion"])) == ("paid", 2)
 
 
 # -- the outbox: a function that commits and sends -------------------------------------------------

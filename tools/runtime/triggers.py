@@ -148,6 +148,7 @@ class ServiceBusMessage:
     lock_token: str = field(default_factory=lambda: str(uuid.uuid4()))
     enqueued: datetime = field(default_factory=lambda: datetime.now(UTC))
     subject: str | None = None
+    session_id: str | None = None  # a session-enabled entity's messages carry one
 
 
 def _message_properties(message: ServiceBusMessage) -> dict[str, Any]:
@@ -170,6 +171,7 @@ def _message_properties(message: ServiceBusMessage) -> dict[str, Any]:
         "Label": message.subject,
         "ApplicationProperties": message.application_properties,
         "UserProperties": message.application_properties,
+        "SessionId": message.session_id,
     }
     return {key: value for key, value in values.items() if value is not None}
 
