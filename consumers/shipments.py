@@ -11,14 +11,14 @@ import azure.functions as func
 
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.functions import BODY_AS_BYTES, consumer, on_eventhub_batch, shared_store
-from shared.orders.tracking import SCHEMA, tracking_handler
+from shared.orders.tracking import SCHEMA, bucket, tracking_handler
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
 
 
 @consumer
 def tracking_consumer() -> IdempotentConsumer:
-    return IdempotentConsumer("shipments", shared_store(), tracking_handler, schema=SCHEMA)
+    return IdempotentConsumer("shipments", shared_store(), tracking_handler, schema=SCHEMA, partition_for=bucket)
 
 
 @bp.function_name("shipment_tracking")

@@ -170,7 +170,7 @@ def run_stream(config: StreamConfig, azurite: Azurite) -> StreamReport:
 
 
 def _applied(store: TableStore) -> Counter[str]:
-    return Counter(str(item.data["eventKey"]) for item in store.scan() if item.entity == "tracking")
+    return Counter(str(item.data["eventKey"]) for item in store.scan() if str(item.entity).startswith("tracking|"))
 
 
 def _instance(number: int, config: StreamConfig, partitions: list[_Partition], report: StreamReport,
