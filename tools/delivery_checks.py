@@ -345,6 +345,9 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 0 if "--help" in argv else 2
     infra = Path(argv[2]) if len(argv) > 2 else INFRA
+    if not (infra / "main.bicep").is_file():
+        print(f"delivery_checks: error: no main.bicep in {infra}", file=sys.stderr)
+        return 2
     report = retention_check(infra) if command == "retention" else lease_check(infra)
     print(report.explain())
     if not report.ok:

@@ -230,7 +230,16 @@ def _app_settings(main: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    infra = Path(argv[2]) if len(argv) > 2 else INFRA
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tools.infra_checks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["policies"])
+    parser.add_argument("infra", nargs="?", type=Path, default=INFRA, help="the infra folder (default: infra/)")
+    args = parser.parse_args(argv[1:])
+    infra = args.infra
+    if not (infra / "main.bicep").is_file():
+        print(f"infra_checks: error: no main.bicep in {infra}", file=sys.stderr)
+        return 2
     violations = policy_violations(infra)
     for violation in violations:
         print("POLICY", violation)

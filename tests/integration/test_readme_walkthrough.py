@@ -96,3 +96,12 @@ def test_the_readme_walkthrough_adds_a_working_consumer(copy: Path) -> None:
     for check in ("leases", "retention"):
         assert run(copy, "-m", "tools.delivery_checks", check).startswith("OK")
     assert "1 passed" in run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_invoices.py")
+    # What make lint and make typecheck run over the app, now with the new consumer in it.
+    run(copy, "-m", "ruff", "check", "consumers", "tests/test_invoices.py")
+    run(copy, "-m", "mypy", "consumers", "function_app.py")
+    if os.environ.get("FUNCTIONS_PYTHON_WORKER"):  # .ci/run sets it: the real worker indexes the new function
+        if (ROOT / ".runtime").exists():  # the built worker and packages, reused (content-addressed)
+            (copy / ".runtime").symlink_to(ROOT / ".runtime")
+        worker = run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/runtime/test_python_worker.py",
+                     "-k", "indexes_and_loads or documented_and_deployed")  # fmt: skip
+        assert "4 passed" in worker, worker

@@ -15,12 +15,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("module", ["tools.demo", "tools.chaos", "bench", "tools.purge_cost", "client.smoke",
-                                    "tools.delivery_checks", "shared.idempotency.resubmit"])  # fmt: skip
+                                    "tools.delivery_checks", "shared.idempotency.resubmit", "tools.runtime.build",
+                                    "tools.infra_checks", "tools.outbox_cost",
+                                    "shared.idempotency.replay"])  # fmt: skip
 def test_help_describes_the_command_and_starts_nothing(module: str) -> None:
     done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)  # fmt: skip
     assert done.returncode == 0 and len(done.stdout) > 80, done.stderr[-500:]
     assert "Azurite" not in done.stderr  # no emulator was started
+
+
+@pytest.mark.parametrize("module", ["tools.delivery_checks retention", "tools.delivery_checks leases",
+                                    "tools.infra_checks policies"])  # fmt: skip
+def test_a_check_given_a_folder_without_infra_says_so_in_one_line(module: str, tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", *module.split(), str(tmp_path / "nowhere")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "no main.bicep" in done.stderr, done.stderr
 
 
 def test_the_smoke_test_without_settings_fails_with_one_clear_line() -> None:

@@ -262,5 +262,19 @@ def download() -> Path:
     return DOWNLOADED
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    """``make worker``: download the pinned release (network) and build; ``--help`` only says so."""
+    import argparse
+
+    argparse.ArgumentParser(
+        prog="python -m tools.runtime.build",
+        description=f"Download the Azure Functions Python worker {RELEASE} (needs the network) and lay it out "
+        f"with this app in .runtime/ for the real-worker tests. Offline: set {SOURCE_SETTING} to the release "
+        "archive instead (.ci/run does).",
+    ).parse_args(argv)
     print(download())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
