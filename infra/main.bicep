@@ -220,6 +220,8 @@ module roles 'modules/roles.bicep' = {
 module eventSubscription 'modules/eventgrid-subscription.bicep' = if (deployEventSubscription) {
   name: 'eventgrid-subscription'
   params: {
+    name: 'order-events'
+    eventTypes: ['com.example.order.shipped']
     topicName: eventGrid.outputs.name
     functionAppName: functionApp.outputs.name
     functionName: 'order_events'

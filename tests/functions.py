@@ -11,9 +11,9 @@ from typing import Any
 from shared.idempotency import IdempotentConsumer, StoreUnavailable
 from shared.idempotency.functions import reset
 from tools.azurite import Azurite
-from tools.host import servicebus_message, user_function
+from tools.host import cloudevent, servicebus_message, user_function
 
-__all__ = ["app_settings", "fresh_app", "servicebus_message", "store_down", "user_function"]
+__all__ = ["app_settings", "cloudevent", "fresh_app", "servicebus_message", "store_down", "user_function"]
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -71,7 +72,8 @@ def redeliveries(infra: Path = INFRA) -> list[Redelivery]:
     main = parse(infra / "main.bicep")
     values = parameter_values(infra)
     found: list[Redelivery] = []
-    for module in main.get("modules", {}).values():
+    paths = Counter(m["detail"]["path"] for m in main.get("modules", {}).values() if m.get("type") == "local")
+    for call, module in main.get("modules", {}).items():
         if module.get("type") != "local":
             continue
         tree = parse(infra / module["detail"]["path"])
@@ -81,7 +83,8 @@ def redeliveries(infra: Path = INFRA) -> list[Redelivery]:
             if spec.get("existing"):  # declared elsewhere (e.g. a role's scope): read there
                 continue
             properties = _body(spec).get("properties", {})
-            name = f"{module['detail']['path']}:{symbol}"
+            path = module["detail"]["path"]  # a module called twice (two subscribers) is named by its call
+            name = f"{path}:{symbol}" if paths[path] == 1 else f"{path}[{call}]:{symbol}"
             loop = ((spec.get("config") or {}).get("loop_type") or {}).get("detail") or {}
             count = len(loop["array_name"]) if isinstance(loop.get("array_name"), list) else 1
             if spec["type"] in (QUEUE, SUBSCRIPTION):

@@ -1,5 +1,8 @@
-// Delivers the topic's CloudEvents to the order_events function, with retries and
-// dead-lettering to blob. Deployed once the function exists (azd postdeploy hook).
+// Delivers the topic's CloudEvents of `eventTypes` to one function, with retries and
+// dead-lettering to blob: one module call per subscriber. Deployed once the function exists
+// (azd postdeploy hook).
+param name string
+param eventTypes array
 param topicName string
 param functionAppName string
 param functionName string
@@ -22,7 +25,7 @@ resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
 
 resource subscription 'Microsoft.EventGrid/topics/eventSubscriptions@2022-06-15' = {
   parent: topic
-  name: 'order-events'
+  name: name
   properties: {
     eventDeliverySchema: 'CloudEventSchemaV1_0'
     destination: {
@@ -32,7 +35,7 @@ resource subscription 'Microsoft.EventGrid/topics/eventSubscriptions@2022-06-15'
         maxEventsPerBatch: 1
       }
     }
-    filter: { includedEventTypes: ['com.example.order.shipped'] }
+    filter: { includedEventTypes: eventTypes }
     retryPolicy: {
       maxDeliveryAttempts: maxDeliveryAttempts
       eventTimeToLiveInMinutes: eventTimeToLiveInMinutes

@@ -10,7 +10,8 @@ use it; the Functions face is ``.functions``, the stores' is ``.stores``, the co
   ``context.step`` runs an effect outside the transaction (``StepPolicy``), and
   ``IdempotentHttp`` calls a service with the step's Idempotency-Key;
 - scheduled jobs: ``run_job`` processes each item of an ``occurrence`` once (``JobRun``);
-- keys: ``DedupKey``, ``KeySource`` (``from_message_id``, ``from_body_field``),
+- keys: ``DedupKey``, ``KeySource`` (``from_message_id``, ``from_body_field``,
+  ``from_data_field`` for a CloudEvent's data),
   ``cloudevent_identity``, ``joined_identity``;
 - payloads: ``parse_json`` (strict), ``fingerprint`` (RFC 8785);
 - configuration: ``DedupConfig`` (from the app settings by default);
@@ -34,7 +35,15 @@ from .errors import (
     StoreUnavailable,
 )
 from .jobs import JobRun, occurrence, run_job
-from .keys import DedupKey, KeySource, cloudevent_identity, from_body_field, from_message_id, joined_identity
+from .keys import (
+    DedupKey,
+    KeySource,
+    cloudevent_identity,
+    from_body_field,
+    from_data_field,
+    from_message_id,
+    joined_identity,
+)
 from .messages import Delivery, Effects, Entity, LatestState, Outcome, Outgoing, Result
 from .outbox import Outbox, Sender
 from .payload import fingerprint, parse_json
@@ -71,6 +80,7 @@ __all__ = [
     "cloudevent_identity",
     "fingerprint",
     "from_body_field",
+    "from_data_field",
     "from_message_id",
     "joined_identity",
     "occurrence",

@@ -106,6 +106,17 @@ def from_body_field(field: str) -> KeySource:
     return extract
 
 
+def from_data_field(field: str) -> KeySource:
+    """A business key in a CloudEvent's ``data`` (a CloudEvents consumer's payload is the
+    envelope ``{type, subject, data}``, see docs/triggers.md), e.g. ``refundId``."""
+    in_body = from_body_field(field)
+
+    def extract(message_id: str | None, payload: Any) -> str | None:
+        return in_body(message_id, payload.get("data") if isinstance(payload, dict) else None)
+
+    return extract
+
+
 def consumer_partition(scope: str, partition: str) -> str:
     """Every consumer's records live in partitions of its own (``<consumer>|<partition>``):
     no message of one consumer can land in, or block, another consumer's partition.

@@ -23,11 +23,11 @@ INDEXED = ("import json, function_app; print(json.dumps([json.loads(f.get_raw_bi
 BLOCK = re.compile(r"^```(\w+) (\S+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
 
-def walkthrough() -> list[tuple[str, str, str]]:
+def walkthrough(title: str = SECTION) -> list[tuple[str, str, str]]:
     """(language, file, text) of every fenced block that names a file, in order."""
     readme = README.read_text()
-    assert SECTION in readme, "the README has no walkthrough section"
-    section = readme.split(SECTION, 1)[1].split("\n## ", 1)[0]
+    assert title in readme, f"the README has no section {title!r}"
+    section = readme.split(title, 1)[1].split("\n## ", 1)[0]
     return BLOCK.findall(section)
 
 
@@ -105,3 +105,33 @@ def test_the_readme_walkthrough_adds_a_working_consumer(copy: Path) -> None:
         worker = run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/runtime/test_python_worker.py",
                      "-k", "indexes_and_loads or documented_and_deployed")  # fmt: skip
         assert "4 passed" in worker, worker
+
+
+def test_the_readme_event_grid_walkthrough_adds_a_working_consumer(copy: Path) -> None:
+    """The second walkthrough, from the docs alone: a CloudEvents consumer keyed by a field of
+    the event's data, its test, and one more call of the subscription module."""
+    blocks = walkthrough("## Add an Event Grid consumer")
+    assert [(language, path) for language, path, _ in blocks] == [
+        ("python", "consumers/refunds.py"),
+        ("python", "tests/test_refunds.py"),
+        ("diff", "infra/main.bicep"),
+    ]
+    for block in blocks:
+        apply(copy, *block)
+    indexed = INDEXED.replace("'invoices'", "'refunds'")
+    [trigger] = json.loads(run(copy, "-c", indexed).splitlines()[-1])
+    assert trigger["type"] == "eventGridTrigger"
+    for check in ("leases", "retention"):
+        report = run(copy, "-m", "tools.delivery_checks", check)
+        assert report.startswith("OK") and "[refundSubscription]" in report and "[eventSubscription]" in report
+    assert "1 passed" in run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_refunds.py")
+    run(copy, "-m", "ruff", "check", "consumers", "tests/test_refunds.py")
+    run(copy, "-m", "mypy", "consumers", "function_app.py")
+    if os.environ.get("FUNCTIONS_PYTHON_WORKER"):
+        if (ROOT / ".runtime").exists():
+            (copy / ".runtime").symlink_to(ROOT / ".runtime")
+        worker = run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/runtime/test_python_worker.py",
+                     "-k", "indexes_and_loads or documented_and_deployed")  # fmt: skip
+        assert "4 passed" in worker, worker
+    policies = run(copy, "-m", "tools.infra_checks", "policies")
+    assert "0 policy violations" in policies, policies
