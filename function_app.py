@@ -10,7 +10,7 @@ import os
 import azure.functions as func
 
 import consumers
-from shared.idempotency.functions import timers
+from shared.idempotency.functions import check_app_settings, timers
 
 # The worker logs at INFO: keep the SDKs' per-request HTTP logging out of the app's logs.
 logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
@@ -39,6 +39,8 @@ def ensure_telemetry() -> None:
 
 
 ensure_telemetry()
+if os.environ.get("FUNCTIONS_WORKER_RUNTIME"):  # in a Functions host: bad settings fail the start, not each message
+    check_app_settings()
 app = func.FunctionApp()
 for blueprint in [*consumers.blueprints(), timers]:
     app.register_functions(blueprint)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -101,10 +102,18 @@ class DedupConfig:
     def from_settings(cls) -> DedupConfig:
         """DEDUP_RETENTION, DEDUP_LEASE, DEDUP_IN_FLIGHT_WAIT, DEDUP_CACHE_SIZE,
         DEDUP_TRANSIENT_WAIT, DEDUP_MAX_DELIVERY_COUNT, DEDUP_OUTBOX_SWEEP_DELAY (README, Configuration)."""
-        return cls(retention(), step_policy(), whole("DEDUP_CACHE_SIZE", "10000"),
-                   duration("DEDUP_TRANSIENT_WAIT", DEFAULT_TRANSIENT_WAIT),
-                   max(1, whole("DEDUP_MAX_DELIVERY_COUNT", DEFAULT_MAX_DELIVERY_COUNT)),
-                   duration("DEDUP_OUTBOX_SWEEP_DELAY", DEFAULT_OUTBOX_SWEEP_DELAY))  # fmt: skip
+        return cls(*(read() for read in SETTINGS))
+
+
+def problems() -> list[str]:
+    """Every setting DedupConfig reads that it cannot use, each named (none: an empty list)."""
+    found = []
+    for read in SETTINGS:
+        try:
+            read()
+        except ConfigurationError as exc:
+            found.append(str(exc))
+    return found
 
 
 def whole(name: str, default: str) -> int:
@@ -135,3 +144,14 @@ def factory(name: str, value: str, choices: str) -> Any:
     if not callable(found):
         raise ConfigurationError(f"{name}={value!r}: {attribute} is not callable")
     return found
+
+
+# DedupConfig's fields, in order, each read from its app setting.
+SETTINGS: tuple[Callable[[], Any], ...] = (
+    retention,
+    step_policy,
+    lambda: whole("DEDUP_CACHE_SIZE", "10000"),
+    lambda: duration("DEDUP_TRANSIENT_WAIT", DEFAULT_TRANSIENT_WAIT),
+    lambda: max(1, whole("DEDUP_MAX_DELIVERY_COUNT", DEFAULT_MAX_DELIVERY_COUNT)),
+    lambda: duration("DEDUP_OUTBOX_SWEEP_DELAY", DEFAULT_OUTBOX_SWEEP_DELAY),
+)

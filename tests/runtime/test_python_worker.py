@@ -203,6 +203,20 @@ def test_without_dependency_isolation_the_workers_own_azure_functions_fails_inde
     assert "CloudEvent" in indexed.result.exception.message
 
 
+def test_bad_settings_fail_the_start_with_every_problem_named(
+    runtime: build.Runtime, store_server: Azurite, table: str
+) -> None:
+    """A DEDUP_RETENTION that is no duration and an unknown store: indexing fails with both in
+    the host's log, so the host shows the functions in error instead of burning messages."""
+    settings = {**app_settings(store_server, table), "DEDUP_RETENTION": "30 days", "DEDUP_STORE": "bogus"}
+    with WorkerHost(runtime, settings) as host:
+        assert host.init().result.status == host.pb.StatusResult.Success
+        indexed = host.index()
+    assert indexed.result.status == host.pb.StatusResult.Failure
+    message = indexed.result.exception.message
+    assert "the app settings are not usable" in message and "DEDUP_RETENTION" in message and "bogus" in message
+
+
 @pytest.mark.parametrize("start", ["placeholder", "direct"])
 def test_the_deployed_telemetry_settings_configure_azure_monitor_exactly_once(
     runtime: build.Runtime, store_server: Azurite, table: str, start: str

@@ -18,7 +18,8 @@ each function's body one call:
   Service Bus triggers, ``stored_response`` for what an HTTP handler answers;
 - the app's consumers, their store and their outbox sender: ``consumer``, ``shared_store``,
   ``shared_sender`` (a ``ServiceBusSender``), ``declared``, ``declared_consumer`` (for
-  operators' tools), ``reset``, ``using_store``, ``using_sender``;
+  operators' tools), ``reset``, ``using_store``, ``using_sender``; ``check_app_settings``
+  (every setting, checked when the app starts);
 - ``timers``: the store's housekeeping (reconcile stale claims, purge expired markers, sweep
   the outbox), a Blueprint to register once per app;
 - for a trigger of your own: the deliveries (``servicebus_delivery``, ``eventgrid_delivery``,
@@ -55,6 +56,7 @@ from ._bindings import (
     stored_response,
 )
 from ._registry import (
+    check_app_settings,
     consumer,
     declared,
     declared_consumer,
@@ -75,6 +77,7 @@ __all__ = [
     "RetryLater",
     "ServiceBusSender",
     "acknowledge_or_retry",
+    "check_app_settings",
     "cloudevent_delivery",
     "cloudevent_response",
     "consumer",

@@ -18,12 +18,13 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Generic, TypeVar
 
+from ..config import dead_letter_retention, problems
 from ..consumer import IdempotentConsumer
 from ..errors import ConfigurationError
 from ..outbox import Sender
 from ..stores._base import DedupStore
-from ..stores._registry import app_store
-from ._senders import app_sender
+from ..stores._registry import app_store, check_store_settings
+from ._senders import app_sender, check_sender_settings
 
 T = TypeVar("T")
 
@@ -90,6 +91,21 @@ def declared_consumer(name: str, module: str = "consumers") -> IdempotentConsume
         known = ", ".join(sorted({c.name for c in consumers}))
         raise ConfigurationError(f"no consumer named '{name}' in {module}; known: {known}")
     return found
+
+
+def check_app_settings() -> None:
+    """Every setting the app reads, checked without a request: the consumers' options, the
+    store's name and what it needs, the outbox sender. One ConfigurationError naming every
+    problem, raised when the app starts in a Functions host (function_app.py): indexing fails
+    with it in the host log, instead of a healthy-looking app that fails every message."""
+    found = problems()
+    for check in (dead_letter_retention, check_store_settings, check_sender_settings):
+        try:
+            check()
+        except ConfigurationError as exc:
+            found.append(str(exc))
+    if found:
+        raise ConfigurationError("the app settings are not usable: " + "; ".join(found))
 
 
 def reset() -> None:

@@ -106,6 +106,16 @@ def app_sender() -> Sender:
                              "ServiceBusConnection__fullyQualifiedNamespace (managed identity)")  # fmt: skip
 
 
+def check_sender_settings() -> None:
+    """DEDUP_SENDER names a sender, and ``file`` has its DEDUP_SENDER_FILE (the Service Bus
+    connection is the triggers' own, which the host checks)."""
+    name = setting("DEDUP_SENDER", "servicebus")
+    if name == "file":
+        setting("DEDUP_SENDER_FILE")
+    elif name != "servicebus":
+        factory("DEDUP_SENDER", name, "servicebus, file")
+
+
 def _imported(name: str) -> Sender:
     sender: Sender = factory("DEDUP_SENDER", name, "servicebus, file")()
     return sender

@@ -100,15 +100,20 @@ def table_service() -> TableServiceClient:
 
     timeouts = {name: TRANSPORT[name] for name in ("connection_timeout", "read_timeout")}
     options = {**TRANSPORT, "transport": pooled_transport(**timeouts)}  # more connections than concurrent calls
-    connection = os.environ.get("DEDUP_STORAGE_CONNECTION")
+    connection, endpoint = table_account()
     if connection:
         return TableServiceClient.from_connection_string(connection, **options)
-    endpoint = os.environ.get("DEDUP_STORAGE_ENDPOINT")
-    if endpoint:
-        from azure.identity import DefaultAzureCredential
+    from azure.identity import DefaultAzureCredential
 
-        return TableServiceClient(endpoint, credential=DefaultAzureCredential(), **options)
-    raise ConfigurationError("set DEDUP_STORAGE_CONNECTION (local) or DEDUP_STORAGE_ENDPOINT (managed identity)")
+    return TableServiceClient(endpoint, credential=DefaultAzureCredential(), **options)
+
+
+def table_account() -> tuple[str, str]:
+    """(DEDUP_STORAGE_CONNECTION, DEDUP_STORAGE_ENDPOINT), one of them set; else ConfigurationError."""
+    connection, endpoint = os.environ.get("DEDUP_STORAGE_CONNECTION", ""), os.environ.get("DEDUP_STORAGE_ENDPOINT", "")
+    if not connection and not endpoint:
+        raise ConfigurationError("set DEDUP_STORAGE_CONNECTION (local) or DEDUP_STORAGE_ENDPOINT (managed identity)")
+    return connection, endpoint
 
 
 def table_transactions() -> str:

@@ -8,7 +8,15 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..config import dead_letter_retention, factory, setting
-from ._azure import TRANSPORT, cosmos_client, partition_field, store_errors, table_service, table_transactions
+from ._azure import (
+    TRANSPORT,
+    cosmos_client,
+    partition_field,
+    store_errors,
+    table_account,
+    table_service,
+    table_transactions,
+)
 from ._base import DedupStore
 
 
@@ -57,6 +65,19 @@ def open_store(table: str, dead_letter_table: str, *, create: bool = True) -> De
     name = setting("DEDUP_STORE", "table")
     factory = _factories.get(name.lower()) or _imported(name)
     return factory(table, dead_letter_table, create=create)
+
+
+def check_store_settings() -> None:
+    """What opening the store would read, read without a request: DEDUP_STORE names a store,
+    and the shipped ones have their endpoint (ConfigurationError otherwise)."""
+    name = setting("DEDUP_STORE", "table").lower()
+    if name == "table":
+        table_transactions()
+        table_account()
+    elif name == "cosmos":
+        setting("COSMOS_ENDPOINT")
+    elif name not in _factories:
+        _imported(setting("DEDUP_STORE", "table"))
 
 
 def app_store(*, create: bool = True) -> DedupStore:
