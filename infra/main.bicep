@@ -57,6 +57,9 @@ param dedupStore string = 'table'
 @minValue(1)
 param dedupRetentionDays int = 30
 
+@description('E-mail address the alerts are sent to (empty: they show in the portal only).')
+param alertEmail string = ''
+
 @description('How long Event Hubs keeps events (Standard: 1-7 days): a replay from a checkpoint can bring them back until then.')
 @minValue(1)
 @maxValue(7)
@@ -104,6 +107,18 @@ var tags = { 'azd-env-name': environmentName }
 module monitoring 'modules/monitoring.bicep' = {
   name: 'monitoring'
   params: { name: 'mon-${environmentName}-${suffix}', location: location, tags: tags }
+}
+
+module alerts 'modules/alerts.bicep' = {
+  name: 'alerts'
+  params: {
+    location: location
+    tags: tags
+    appInsightsName: monitoring.outputs.appInsightsName
+    serviceBusName: serviceBus.outputs.name
+    eventGridTopicName: eventGrid.outputs.name
+    alertEmail: alertEmail
+  }
 }
 
 module identity 'modules/identity.bicep' = {

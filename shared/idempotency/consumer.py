@@ -408,7 +408,13 @@ class IdempotentConsumer:
         when it could not even be recorded."""
         why = f"{result.reason or result.outcome.value}: {result.detail or ''}"[:500]
         parked = replace(result, outcome=Outcome.PARKED, reason=PARKED, detail=why)
-        return self._dead_letter(delivery, parked)
+        span = telemetry.span(self.name, delivery)
+        try:  # counted again as its final outcome: the delivery was transient, its event is parked
+            recorded = self._dead_letter(delivery, parked)
+            telemetry.record(self.name, delivery, recorded, 0.0, span)
+        finally:
+            span.end()
+        return recorded
 
     def _dead_letter(self, delivery: Delivery, result: Result) -> Result:
         """Record the refused message durably before it is acknowledged; if that fails,

@@ -26,12 +26,17 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+from opentelemetry import metrics
+
 from .errors import DedupError, DownstreamUnavailable, InvalidMessage
 from .keys import DedupKey
 from .messages import Entity, Outgoing, utcnow
 from .stores._base import DedupStore
 
 log = logging.getLogger("idempotency")
+_swept = metrics.get_meter("idempotency").create_counter(
+    "dedup.outbox.swept", description="Parked keys the outbox sweep handled, by result (sent, failed)"
+)
 
 ROWS = "~outbox|"  # the outgoing messages' entity names, beside the business data
 DUE = "~outbox-due|"  # the sweep's index: one partition per hour, and its cursor
@@ -179,6 +184,8 @@ class Outbox:
             hour += timedelta(hours=1)
         if cursor != start or not stored:
             self.store.put_entity(DUE + "cursor", replace(CURSOR, data={"hour": f"{cursor:{_HOUR}}"}))
+        _swept.add(parked - failed, {"result": "sent"})
+        _swept.add(failed, {"result": "failed"})  # a backlog: the alert "outbox backlog" watches it
         return Sweep(parked, sent, failed, reads)
 
 

@@ -4,7 +4,10 @@
 - one structured log line per outcome, with the dedup key and the correlation id;
 - metrics: ``dedup.outcomes`` (consumer, outcome), ``dedup.duplicates``,
   ``dedup.duration`` and ``dedup.claim.duration`` histograms (ms),
-  ``dedup.store.requests`` (every HTTP request a store client sends);
+  ``dedup.store.requests`` (every HTTP request a store client sends); elsewhere
+  ``dedup.escalations`` (reconcile.py), ``dedup.outbox.swept`` (result: sent, failed;
+  outbox.py) and ``dedup.purge.runs`` (budget_spent; the purge timer) — what the alerts in
+  infra/modules/alerts.bicep watch;
 - a span per message, continuing the producer's trace (``traceparent``).
 """
 

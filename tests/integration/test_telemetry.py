@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +17,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from shared.idempotency import Context, Delivery, Effects, Entity, IdempotentConsumer, Outcome
+from shared.idempotency import Context, DedupKey, Delivery, Effects, Entity, IdempotentConsumer, Outcome
 from shared.idempotency.config import DedupConfig
 from shared.idempotency.functions import shared_store
 from shared.idempotency.stores import MemoryStore
@@ -132,3 +135,79 @@ def test_each_message_span_is_current_while_its_own_handler_runs() -> None:
         for i in ids:
             [work] = [s for s in finished if s.name == f"work {i}"]
             assert work.parent is not None and work.parent.span_id == message_spans[i].context.span_id
+
+
+# -- what the alerts and the workbook read (infra/modules/alerts.bicep, workbook.json) -------------
+
+INFRA = Path(__file__).resolve().parents[2] / "infra" / "modules"
+NAMES = re.compile(r'name (?:==|in) \(?("[\w.]+"(?:, "[\w.]+")*)\)?')
+DIMENSIONS = re.compile(r'customDimensions\.(\w+)\) (?:==|in) \(?("[\w.]+"(?:, "[\w.]+")*)\)?')
+GROUPED = re.compile(r"customDimensions\.(\w+)\)")
+
+
+def queries() -> list[str]:
+    alerts = re.findall(r"query: '([^']+)'", (INFRA / "alerts.bicep").read_text())
+    workbook = json.loads((INFRA / "workbook.json").read_text())
+    return alerts + [item["content"]["query"] for item in workbook["items"] if "query" in item["content"]]
+
+
+def test_every_alert_and_chart_reads_telemetry_the_code_emits(azurite: Azurite) -> None:
+    """Each situation an alert watches is made to happen; then every metric name and
+    dimension value the queries filter on, and every dimension they group by, is found
+    among what the code recorded."""
+    emit_every_alerted_situation(azurite)
+    emitted = points()
+    names = {name for name, _ in emitted}
+    pairs = {(name, key, str(value)) for name, attributes in emitted for key, value in attributes}
+    found = queries()
+    assert len(found) == 7 + 4
+    for query in found:
+        wanted = {n.strip('"') for group in NAMES.findall(query) for n in group.split(", ")}
+        assert wanted and wanted <= names, (query, wanted - names)
+        for key, values in DIMENSIONS.findall(query):
+            for value in (v.strip('"') for v in values.split(", ")):
+                assert any((name, key, value) in pairs for name in wanted), (query, key, value)
+        for key in GROUPED.findall(query):
+            assert any(k == key for name, k, _ in pairs if name in wanted), (query, key)
+
+
+def emit_every_alerted_situation(azurite: Azurite) -> None:
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from shared.idempotency.functions import using_store
+    from shared.idempotency.messages import utcnow
+    from shared.idempotency.outbox import Outbox
+    from shared.idempotency.reconcile import escalate_stale_claims
+    from shared.idempotency.stores import Marker, State
+
+    store = MemoryStore()
+
+    def handler(payload: Any, context: Context) -> Effects:
+        return Effects([Entity("e", {"v": payload["v"]})])
+
+    c = IdempotentConsumer("alerts", store, handler, config=DedupConfig(transient_wait=timedelta(0)))
+    for body in (b'{"v": 1}', b'{"v": 1}', b'{"v": 2}', b"not json"):  # processed, duplicate, conflict, invalid
+        c.process(Delivery(body, message_id="k", delivery_count=1))
+    store.available = False
+    transient = c.process(Delivery(b'{"v": 3}', message_id="k2", delivery_count=1))  # transient
+    store.available = True
+    c.park(Delivery(b'{"v": 3}', message_id="k2"), transient)  # parked
+    key = DedupKey("alerts", "stuck")
+    long_ago = utcnow() - timedelta(days=1)
+    store.insert(Marker(key, "p", State.IN_PROGRESS, "fp", long_ago, utcnow() + timedelta(days=1),
+                        lease_until=long_ago, owner="o"))  # fmt: skip
+    escalate_stale_claims(store, timedelta(minutes=1))  # an escalation
+
+    class Down:
+        def send(self, messages: Any) -> None:
+            raise RuntimeError("down")
+
+    outbox = Outbox(store, Down())
+    outbox.park("p", DedupKey("alerts", "o-1"), utcnow() - timedelta(hours=1))
+    store.put_entity("p", Entity("~outbox|x", {"destination": "t", "messageId": "m", "body": "{}"}))
+    outbox.sweep(utcnow(), since=timedelta(hours=3))  # a failed send: backlog
+    store.commit(DedupKey("alerts", "old"), "p", "fp", [], None, utcnow() - timedelta(days=1))  # expired
+    with using_store(store), pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DEDUP_PURGE_BUDGET", "1")
+        user_function("purge_markers")(SimpleNamespace(past_due=False))  # spends its budget: a backlog

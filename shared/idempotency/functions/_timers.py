@@ -8,12 +8,16 @@ from dataclasses import astuple
 from datetime import timedelta
 
 import azure.functions as func
+from opentelemetry import metrics
 
 from ..config import duration, setting
 from ..messages import utcnow
 from ..reconcile import escalate_stale_claims
 from ._registry import declared, shared_sender, shared_store
 
+_purges = metrics.get_meter("idempotency").create_counter(
+    "dedup.purge.runs", description="Purge runs, by whether they spent their whole budget (a backlog)"
+)
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
 
 
@@ -28,8 +32,10 @@ def reconcile_claims(timer: func.TimerRequest) -> None:
 @bp.timer_trigger(arg_name="timer", schedule="0 30 3 * * *", use_monitor=True)
 def purge_markers(timer: func.TimerRequest) -> None:
     """Table Storage has no TTL: delete expired markers, at most DEDUP_PURGE_BUDGET a run."""
-    purge = shared_store().purge_expired(utcnow(), int(setting("DEDUP_PURGE_BUDGET", "20000")))
+    budget = int(setting("DEDUP_PURGE_BUDGET", "20000"))
+    purge = shared_store().purge_expired(utcnow(), budget)
     logging.getLogger("idempotency").info("dedup purge: scanned=%d deleted=%d requests=%d", *astuple(purge))
+    _purges.add(1, {"budget_spent": str(purge.deleted >= budget).lower()})  # true: a backlog (alert)
 
 
 FIRST_SWEEP = timedelta(days=2)  # how far back a sweep without a cursor reads: 48 hourly reads, once
