@@ -101,12 +101,15 @@ param easyAuthClientId string = ''
 @description('Optional operator (azd passes the deploying user, AZURE_PRINCIPAL_ID) for the smoke test: may send to and peek the orders queue, publish events and read the records table or container. Empty: no operator role.')
 param principalId string = ''
 
+// Resource name prefixes, as Microsoft's azd templates name them (infra/abbreviations.json).
+var abbrs = loadJsonContent('abbreviations.json')
+
 var suffix = uniqueString(resourceGroup().id, environmentName)
 var tags = { 'azd-env-name': environmentName }
 
 module monitoring 'modules/monitoring.bicep' = {
   name: 'monitoring'
-  params: { name: 'mon-${environmentName}-${suffix}', location: location, tags: tags }
+  params: { name: '${abbrs.monitoring}${environmentName}-${suffix}', location: location, tags: tags }
 }
 
 module alerts 'modules/alerts.bicep' = {
@@ -123,18 +126,18 @@ module alerts 'modules/alerts.bicep' = {
 
 module identity 'modules/identity.bicep' = {
   name: 'identity'
-  params: { name: 'id-${environmentName}-${suffix}', location: location, tags: tags }
+  params: { name: '${abbrs.managedIdentityUserAssignedIdentities}${environmentName}-${suffix}', location: location, tags: tags }
 }
 
 module storage 'modules/storage.bicep' = {
   name: 'storage'
-  params: { name: 'st${take(suffix, 20)}', location: location, tags: tags }
+  params: { name: '${abbrs.storageStorageAccounts}${take(suffix, 20)}', location: location, tags: tags }
 }
 
 module serviceBus 'modules/servicebus.bicep' = {
   name: 'servicebus'
   params: {
-    name: 'sb-${environmentName}-${suffix}'
+    name: '${abbrs.serviceBusNamespaces}${environmentName}-${suffix}'
     location: location
     tags: tags
     lockDuration: lockDuration
@@ -147,7 +150,7 @@ module serviceBus 'modules/servicebus.bicep' = {
 module eventHubs 'modules/eventhubs.bicep' = {
   name: 'eventhubs'
   params: {
-    name: 'evh-${environmentName}-${suffix}'
+    name: '${abbrs.eventHubNamespaces}${environmentName}-${suffix}'
     location: location
     tags: tags
     retentionDays: eventHubRetentionDays
@@ -157,7 +160,7 @@ module eventHubs 'modules/eventhubs.bicep' = {
 module cosmos 'modules/cosmos.bicep' = if (dedupStore == 'cosmos') {
   name: 'cosmos'
   params: {
-    name: 'cosmos-${environmentName}-${suffix}'
+    name: '${abbrs.cosmosDBAccounts}${environmentName}-${suffix}'
     location: location
     tags: tags
     defaultTtlSeconds: dedupRetentionDays * 86400
@@ -166,13 +169,13 @@ module cosmos 'modules/cosmos.bicep' = if (dedupStore == 'cosmos') {
 
 module eventGrid 'modules/eventgrid.bicep' = {
   name: 'eventgrid'
-  params: { name: 'egt-${environmentName}-${suffix}', location: location, tags: tags }
+  params: { name: '${abbrs.eventGridDomainsTopics}${environmentName}-${suffix}', location: location, tags: tags }
 }
 
 module functionApp 'modules/functionapp.bicep' = {
   name: 'functionapp'
   params: {
-    name: 'func-${environmentName}-${suffix}'
+    name: '${abbrs.webSitesFunctions}${environmentName}-${suffix}'
     location: location
     tags: tags
     identityId: identity.outputs.id
