@@ -57,6 +57,9 @@ param dedupStore string = 'table'
 @minValue(1)
 param dedupRetentionDays int = 30
 
+@description('Private networking: VNet integration of the app, private endpoints for storage, Service Bus (then Premium), Event Hubs and Cosmos DB, public access to them off. Off by default (cost: Premium Service Bus).')
+param vnetEnabled bool = false
+
 @description('E-mail address the alerts are sent to (empty: they show in the portal only).')
 param alertEmail string = ''
 
@@ -131,7 +134,7 @@ module identity 'modules/identity.bicep' = {
 
 module storage 'modules/storage.bicep' = {
   name: 'storage'
-  params: { name: '${abbrs.storageStorageAccounts}${take(suffix, 20)}', location: location, tags: tags }
+  params: { name: '${abbrs.storageStorageAccounts}${take(suffix, 20)}', location: location, tags: tags, privateOnly: vnetEnabled }
 }
 
 module serviceBus 'modules/servicebus.bicep' = {
@@ -144,6 +147,7 @@ module serviceBus 'modules/servicebus.bicep' = {
     maxDeliveryCount: maxDeliveryCount
     messageTimeToLive: messageTimeToLive
     duplicateDetectionWindow: duplicateDetectionWindow
+    privateOnly: vnetEnabled
   }
 }
 
@@ -154,6 +158,7 @@ module eventHubs 'modules/eventhubs.bicep' = {
     location: location
     tags: tags
     retentionDays: eventHubRetentionDays
+    privateOnly: vnetEnabled
   }
 }
 
@@ -164,12 +169,26 @@ module cosmos 'modules/cosmos.bicep' = if (dedupStore == 'cosmos') {
     location: location
     tags: tags
     defaultTtlSeconds: dedupRetentionDays * 86400
+    privateOnly: vnetEnabled
   }
 }
 
 module eventGrid 'modules/eventgrid.bicep' = {
   name: 'eventgrid'
   params: { name: '${abbrs.eventGridDomainsTopics}${environmentName}-${suffix}', location: location, tags: tags }
+}
+
+module network 'modules/network.bicep' = if (vnetEnabled) {
+  name: 'network'
+  params: {
+    name: '${environmentName}-${suffix}'
+    location: location
+    tags: tags
+    storageAccountId: storage.outputs.id
+    serviceBusId: serviceBus.outputs.id
+    eventHubsId: eventHubs.outputs.id
+    cosmosAccountId: dedupStore == 'cosmos' ? cosmos.outputs.id : ''
+  }
 }
 
 module functionApp 'modules/functionapp.bicep' = {
@@ -184,6 +203,7 @@ module functionApp 'modules/functionapp.bicep' = {
     deploymentContainerUrl: storage.outputs.deploymentContainerUrl
     appInsightsConnectionString: monitoring.outputs.appInsightsConnectionString
     easyAuthClientId: easyAuthClientId
+    subnetId: vnetEnabled ? network.outputs.appSubnetId : ''
     appSettings: {
       ServiceBusConnection__fullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
       ServiceBusConnection__credential: 'managedidentity'

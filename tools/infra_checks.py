@@ -118,9 +118,15 @@ def policy_violations(infra: Path = INFRA) -> list[str]:
     namespaces = by_type("Microsoft.ServiceBus/namespaces")
     require(bool(namespaces), "no Service Bus namespace")
     for ns in namespaces:
-        tier = ns.config.get("sku", {}).get("name")
-        require(tier in ("Standard", "Premium"), f"{ns.symbol}: tier must be Standard or Premium (Basic: no detection)")
+        tiers = set(re.findall(r'"name": "(\w+)"', _text(ns.config.get("sku"))))  # vnetEnabled: a choice
+        require(bool(tiers) and tiers <= {"Standard", "Premium"},
+                f"{ns.symbol}: tier must be Standard or Premium (Basic: no detection)")  # fmt: skip
         require(ns.properties.get("disableLocalAuth") is True, f"{ns.symbol}: Service Bus local (SAS) auth enabled")
+    private = ("Microsoft.Storage/storageAccounts", "Microsoft.ServiceBus/namespaces", "Microsoft.EventHub/namespaces",
+               "Microsoft.DocumentDB/databaseAccounts")  # fmt: skip
+    for plane in (r for kind in private for r in by_type(kind)):  # vnetEnabled turns public access off
+        require("privateOnly" in _text(plane.properties.get("publicNetworkAccess")),
+                f"{plane.symbol}: public network access not tied to vnetEnabled")  # fmt: skip
     for ns in by_type("Microsoft.EventHub/namespaces"):
         require(ns.properties.get("disableLocalAuth") is True, f"{ns.symbol}: Event Hubs local (SAS) auth enabled")
     queues = by_type("Microsoft.ServiceBus/namespaces/queues")

@@ -7,10 +7,11 @@ param name string
 param location string
 param tags object
 param defaultTtlSeconds int
+param privateOnly bool = false
 
 resource account 'Microsoft.DocumentDB/databaseAccounts@2024-11-15' = {
-  // checkov:skip=CKV_AZURE_101: public endpoint by default, identity-only auth, keys off; private endpoints: docs/operations.md, Network
-  // checkov:skip=CKV_AZURE_99: public endpoint by default, identity-only auth, keys off; private endpoints: docs/operations.md, Network
+  // checkov:skip=CKV_AZURE_101: public endpoint by default, identity-only auth, keys off; vnetEnabled turns it off
+  // checkov:skip=CKV_AZURE_99: public endpoint by default, identity-only auth, keys off; vnetEnabled turns it off
   name: name
   location: location
   tags: tags
@@ -18,6 +19,7 @@ resource account 'Microsoft.DocumentDB/databaseAccounts@2024-11-15' = {
   properties: {
     databaseAccountOfferType: 'Standard'
     disableLocalAuth: true
+    publicNetworkAccess: privateOnly ? 'Disabled' : 'Enabled'
     disableKeyBasedMetadataWriteAccess: true // containers change through ARM (this template), never the data plane
     minimalTlsVersion: 'Tls12'
     backupPolicy: { type: 'Continuous', continuousModeProperties: { tier: 'Continuous7Days' } }
@@ -58,4 +60,5 @@ resource deadLetters 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/contain
 }
 
 output name string = account.name
+output id string = account.id
 output endpoint string = account.properties.documentEndpoint

@@ -6,6 +6,7 @@ param name string
 param location string
 param tags object
 param retentionDays int
+param privateOnly bool = false
 
 resource namespace 'Microsoft.EventHub/namespaces@2024-01-01' = {
   name: name
@@ -15,6 +16,7 @@ resource namespace 'Microsoft.EventHub/namespaces@2024-01-01' = {
   properties: {
     disableLocalAuth: true
     minimumTlsVersion: '1.2'
+    publicNetworkAccess: privateOnly ? 'Disabled' : 'Enabled'
   }
 }
 
@@ -28,5 +30,6 @@ resource shipments 'Microsoft.EventHub/namespaces/eventhubs@2024-01-01' = {
 }
 
 output name string = namespace.name
+output id string = namespace.id
 output fullyQualifiedNamespace string = '${namespace.name}.servicebus.windows.net'
 output hubName string = shipments.name

@@ -12,6 +12,8 @@ param appInsightsConnectionString string
 param appSettings object
 @description('Optional client id of an Entra ID app registration: Easy Auth then requires its token on every HTTP route (401 without), and the caller scope of Idempotency-Keys is the token\'s principal, so a function-key rotation never turns a retry into a new request.')
 param easyAuthClientId string = ''
+@description('vnetEnabled: the app\'s outbound traffic through this subnet (delegated to Microsoft.App/environments).')
+param subnetId string = ''
 
 var baseSettings = {
   AzureWebJobsStorage__accountName: storageAccountName
@@ -40,7 +42,7 @@ resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
 }
 
 resource app 'Microsoft.Web/sites@2024-04-01' = {
-  // checkov:skip=CKV_AZURE_222: public endpoint by default, identity-only auth, keys off; private endpoints: docs/operations.md, Network
+  // checkov:skip=CKV_AZURE_222: inbound HTTP stays public (keys or Easy Auth) so that Event Grid delivers; vnetEnabled routes outbound
   // checkov:skip=CKV_AZURE_17: callers authenticate with function keys or Entra ID tokens (Easy Auth), not client certificates
   // checkov:skip=CKV_AZURE_212: Flex Consumption scales instances on demand; always-ready instances are a cost choice
   // checkov:skip=CKV_AZURE_213: no App Service health check on Flex Consumption: the platform watches the Functions host
@@ -55,6 +57,7 @@ resource app 'Microsoft.Web/sites@2024-04-01' = {
   properties: {
     serverFarmId: plan.id
     httpsOnly: true
+    virtualNetworkSubnetId: empty(subnetId) ? null : subnetId
     siteConfig: {
       minTlsVersion: '1.2'
       ftpsState: 'Disabled'

@@ -8,15 +8,18 @@ param lockDuration string
 param maxDeliveryCount int
 param messageTimeToLive string
 param duplicateDetectionWindow string
+@description('Premium and private endpoints only (vnetEnabled): only Premium namespaces take private endpoints.')
+param privateOnly bool = false
 
 resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
   name: name
   location: location
   tags: tags
-  sku: { name: 'Standard', tier: 'Standard' }
+  sku: privateOnly ? { name: 'Premium', tier: 'Premium', capacity: 1 } : { name: 'Standard', tier: 'Standard' }
   properties: {
     disableLocalAuth: true
     minimumTlsVersion: '1.2'
+    publicNetworkAccess: privateOnly ? 'Disabled' : 'Enabled'
   }
 }
 
@@ -87,6 +90,7 @@ resource subscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptions@202
 }]
 
 output name string = namespace.name
+output id string = namespace.id
 output fullyQualifiedNamespace string = '${namespace.name}.servicebus.windows.net'
 output queueName string = orders.name
 output statusQueueName string = orderStatus.name

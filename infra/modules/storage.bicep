@@ -3,12 +3,14 @@
 param name string
 param location string
 param tags object
+@description('Refuse public network access (vnetEnabled: private endpoints only).')
+param privateOnly bool = false
 
 var deploymentContainer = 'app-package'
 var eventDeadLetterContainer = 'eventgrid-deadletters'
 
 resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {
-  // checkov:skip=CKV_AZURE_35: public endpoint by default, identity-only auth, keys off; private endpoints: docs/operations.md, Network
+  // checkov:skip=CKV_AZURE_35: public endpoint by default, identity-only auth, keys off; vnetEnabled denies it (private endpoints)
   // checkov:skip=CKV_AZURE_206: LRS because ZRS is not offered in every Flex Consumption region allowed; choose ZRS where it is
   name: name
   location: location
@@ -21,6 +23,8 @@ resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {
     minimumTlsVersion: 'TLS1_2'
     supportsHttpsTrafficOnly: true
     defaultToOAuthAuthentication: true
+    publicNetworkAccess: privateOnly ? 'Disabled' : 'Enabled'
+    networkAcls: { defaultAction: privateOnly ? 'Deny' : 'Allow', bypass: 'AzureServices' }
   }
 }
 
@@ -57,6 +61,7 @@ resource deadLetterTable 'Microsoft.Storage/storageAccounts/tableServices/tables
 }
 
 output name string = account.name
+output id string = account.id
 output tableEndpoint string = account.properties.primaryEndpoints.table
 output deploymentContainerUrl string = '${account.properties.primaryEndpoints.blob}${deploymentContainer}'
 output eventDeadLetterContainer string = eventDeadLetterContainer

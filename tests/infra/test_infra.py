@@ -71,6 +71,8 @@ BREAKAGES = [
     ("modules/roles.bicep", "  scope: recordsTable\n", "  scope: storage\n", "operator's role reaches beyond"),
     ("modules/roles.bicep", "  scope: orderEventsTopic\n", "  scope: serviceBus\n", "Data Sender beyond one entity"),
     ("modules/roles.bicep", "  scope: shipmentHub\n", "  scope: eventHubs\n", "receives beyond one hub"),
+    ("modules/servicebus.bicep", "    publicNetworkAccess: privateOnly ? 'Disabled' : 'Enabled'\n", "",
+     "public network access not tied to vnetEnabled"),
     ("modules/eventhubs.bicep", "disableLocalAuth: true", "disableLocalAuth: false", "Event Hubs local (SAS) auth"),
     ("modules/roles.bicep", "scope: '${cosmos.id}/dbs/${cosmosDatabase}'", "scope: cosmos.id",
      "Cosmos role scoped beyond a database"),
