@@ -181,7 +181,7 @@ module eventGrid 'modules/eventgrid.bicep' = {
 module network 'modules/network.bicep' = if (vnetEnabled) {
   name: 'network'
   params: {
-    name: '${environmentName}-${suffix}'
+    name: '${abbrs.networkVirtualNetworks}${environmentName}-${suffix}'
     location: location
     tags: tags
     storageAccountId: storage.outputs.id

@@ -28,7 +28,7 @@ var zones = concat([
 ], empty(cosmosAccountId) ? [] : ['privatelink.documents.azure.com'])
 
 resource vnet 'Microsoft.Network/virtualNetworks@2024-01-01' = {
-  name: 'vnet-${name}'
+  name: name
   location: location
   tags: tags
   properties: {
