@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("module", ["tools.demo", "tools.chaos", "bench", "tools.purge_cost", "client.smoke",
                                     "tools.delivery_checks", "shared.idempotency.resubmit", "tools.runtime.build",
                                     "tools.infra_checks", "tools.outbox_cost",
-                                    "shared.idempotency.replay"])  # fmt: skip
+                                    "shared.idempotency.replay", "tools.soak", "tools.workbook_picture"])  # fmt: skip
 def test_help_describes_the_command_and_starts_nothing(module: str) -> None:
     done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)  # fmt: skip
