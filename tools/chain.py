@@ -33,6 +33,7 @@ from tools import runtimes, workload
 from tools.azurite import Azurite
 from tools.broker import Lock, PeekLockQueue
 from tools.faults import Crash, FaultPlan
+from tools.findings import Findings
 from tools.harness import RunConfig, Timing, _attach_store, _configure, _counting_outcomes, _run_workers
 from tools.topic import SendFailed, Topic
 
@@ -53,11 +54,9 @@ class ChainConfig:
 
 
 @dataclass
-class ChainReport:
+class ChainReport(Findings):
     orders: int = 0
     deliveries: Counter[str] = field(default_factory=Counter)
-    faults: Counter[str] = field(default_factory=Counter)
-    outcomes: Counter[str] = field(default_factory=Counter)
     sent_to_topic: int = 0
     dropped_by_detection: int = 0
     caught_by_dedup: int = 0  # copies past detection, beyond one per order and subscription
@@ -66,12 +65,6 @@ class ChainReport:
     lost: int = 0
     left_in_outbox: int = 0
     broker_dead_lettered: int = 0
-    seconds: float = 0.0
-    violations: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
 
 
 class FaultySender:

@@ -121,9 +121,7 @@ def summarise_sessions(report: SessionReport) -> bool:
         f"{sum(report.faults.values())} store faults) in {report.seconds:.0f}s; outcomes "
         f"{dict(sorted(report.outcomes.items()))}; not at their last status {report.wrong_final}."
     )
-    for violation in report.violations:
-        print("VIOLATION", violation)
-    return report.ok
+    return report.shown()
 
 
 def summarise_stream(report: StreamReport) -> bool:
@@ -136,9 +134,7 @@ def summarise_stream(report: StreamReport) -> bool:
         f"Parked {report.parked}, applied by the operator's replay {report.replayed_by_operator}; "
         f"double {report.double}, lost {report.lost}."
     )
-    for violation in report.violations:
-        print("VIOLATION", violation)
-    return report.ok
+    return report.shown()
 
 
 def summarise_chain(report: ChainReport) -> bool:
@@ -153,9 +149,7 @@ def summarise_chain(report: ChainReport) -> bool:
         f"sent by the sweep {report.swept}; double {report.double}, lost {report.lost}, left unsent "
         f"{report.left_in_outbox}, in a broker's dead-letter queue {report.broker_dead_lettered}."
     )
-    for violation in report.violations:
-        print("VIOLATION", violation)
-    return report.ok
+    return report.shown()
 
 
 def summarise(config: RunConfig, report: Report) -> bool:

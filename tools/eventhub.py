@@ -26,7 +26,7 @@ import time
 import uuid
 from collections import Counter
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -40,6 +40,7 @@ from shared.idempotency.stores import TableStore
 from shared.orders.tracking import tracking_handler
 from tools.azurite import Azurite
 from tools.faults import Crash, FaultPlan
+from tools.findings import Findings
 from tools.harness import _attach_store, _counting_outcomes
 
 HUB = "shipments"
@@ -63,24 +64,16 @@ class StreamConfig:
 
 
 @dataclass
-class StreamReport:
+class StreamReport(Findings):
     logical: int = 0
     sent: int = 0
     invocations: int = 0
     replays: int = 0  # batches read again from a checkpoint after a crash
     rebalances: int = 0  # partitions handed to another instance mid-stream
-    faults: Counter[str] = field(default_factory=Counter)
-    outcomes: Counter[str] = field(default_factory=Counter)
     parked: int = 0
     replayed_by_operator: int = 0
     lost: int = 0
     double: int = 0
-    seconds: float = 0.0
-    violations: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
 
 
 @dataclass

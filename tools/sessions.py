@@ -20,9 +20,9 @@ import random
 import threading
 import time
 import uuid
-from collections import Counter, deque
+from collections import deque
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from consumers.order_status import status_consumer
 from shared.idempotency import Delivery, IdempotentConsumer
@@ -30,6 +30,7 @@ from shared.idempotency.functions import reset
 from shared.idempotency.stores import TableStore
 from tools.azurite import Azurite
 from tools.faults import Crash, FaultPlan
+from tools.findings import Findings
 from tools.harness import _attach_store, _counting_outcomes
 
 STATUSES = ("placed", "paid", "packed", "shipped", "delivered")
@@ -46,20 +47,12 @@ class SessionConfig:
 
 
 @dataclass
-class SessionReport:
+class SessionReport(Findings):
     messages: int = 0
     deliveries: int = 0
     session_releases: int = 0  # a crash or a lost session lock: another receiver takes over
-    faults: Counter[str] = field(default_factory=Counter)
-    outcomes: Counter[str] = field(default_factory=Counter)
     wrong_final: int = 0
     dead_lettered: int = 0
-    seconds: float = 0.0
-    violations: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
 
 
 @dataclass
