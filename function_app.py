@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 import azure.functions as func
 
@@ -39,7 +40,7 @@ def ensure_telemetry() -> None:
 
 
 ensure_telemetry()
-if os.environ.get("FUNCTIONS_WORKER_RUNTIME"):  # in a Functions host: bad settings fail the start, not each message
+if "azure_functions_worker" in sys.modules:  # loaded by the Functions worker: bad settings fail the start
     check_app_settings()
 app = func.FunctionApp()
 for blueprint in [*consumers.blueprints(), timers]:

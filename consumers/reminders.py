@@ -24,5 +24,5 @@ def reminders_consumer() -> IdempotentConsumer:
 @bp.function_name("daily_reminders")
 @bp.timer_trigger(arg_name="timer", schedule="0 0 6 * * *", use_monitor=True)
 @bp.retry(strategy="fixed_delay", max_retry_count="3", delay_interval="00:01:00")
-def daily_reminders(timer: func.TimerRequest) -> None:
-    on_schedule(reminders_consumer, EVERY, AT, due)
+def daily_reminders(timer: func.TimerRequest, context: func.Context) -> None:
+    on_schedule(reminders_consumer, EVERY, AT, due, context)

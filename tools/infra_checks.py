@@ -125,8 +125,8 @@ def policy_violations(infra: Path = INFRA) -> list[str]:
     private = ("Microsoft.Storage/storageAccounts", "Microsoft.ServiceBus/namespaces", "Microsoft.EventHub/namespaces",
                "Microsoft.DocumentDB/databaseAccounts")  # fmt: skip
     for plane in (r for kind in private for r in by_type(kind)):  # vnetEnabled turns public access off
-        require("privateOnly" in _text(plane.properties.get("publicNetworkAccess")),
-                f"{plane.symbol}: public network access not tied to vnetEnabled")  # fmt: skip
+        access = plane.properties.get("networkAcls" if "Storage" in plane.type else "publicNetworkAccess")
+        require("privateOnly" in _text(access), f"{plane.symbol}: public network access not tied to vnetEnabled")
     for ns in by_type("Microsoft.EventHub/namespaces"):
         require(ns.properties.get("disableLocalAuth") is True, f"{ns.symbol}: Event Hubs local (SAS) auth enabled")
     queues = by_type("Microsoft.ServiceBus/namespaces/queues")

@@ -23,7 +23,9 @@ resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {
     minimumTlsVersion: 'TLS1_2'
     supportsHttpsTrafficOnly: true
     defaultToOAuthAuthentication: true
-    publicNetworkAccess: privateOnly ? 'Disabled' : 'Enabled'
+    // vnetEnabled: deny by default, private endpoints for the app; public access stays 'Enabled' so
+    // that the trusted-services bypass still lets Event Grid write its dead letters (identity).
+    publicNetworkAccess: 'Enabled'
     networkAcls: { defaultAction: privateOnly ? 'Deny' : 'Allow', bypass: 'AzureServices' }
   }
 }

@@ -2,7 +2,8 @@
 but a restart re-runs a past-due occurrence and a run can be cut off mid-way; two instances
 may even start the same occurrence. Each item of a run is a message whose key is
 (occurrence, item id): a re-run, or a second instance, meets the markers of what was done
-and does the rest — nothing twice, nothing skipped.
+and does the rest — nothing twice; an item still failing when the retries run out is parked
+with its reason for the replay tool, never silently skipped.
 
 The occurrence is derived from the schedule and the clock (the latest scheduled time at or
 before now, with a little skew), never from the invocation: every run of it agrees.
@@ -19,12 +20,14 @@ from .consumer import IdempotentConsumer
 from .messages import JSON, Delivery, Outcome, Result
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-SKEW = timedelta(minutes=1)  # a timer that fires a little early still runs its own occurrence
+SKEW = timedelta(seconds=5)  # a timer that fires a little early still runs its own occurrence
 
 
 def occurrence(now: datetime, every: timedelta, at: timedelta = timedelta(0)) -> datetime:
     """The scheduled time a run at ``now`` is for: the latest ``at + k * every`` (UTC, from
-    1970-01-01) at or before ``now + SKEW``. A daily job at 06:00: ``every=1 day, at=6 h``."""
+    1970-01-01) at or before ``now + SKEW``. A daily job at 06:00: ``every=1 day, at=6 h``.
+    ``every`` and ``at`` must describe the trigger's own (UTC) schedule, and a run or a retry
+    must end before the next occurrence: a retry after it counts for the next one."""
     periods = (now + SKEW - EPOCH - at) // every
     return EPOCH + at + periods * every
 
@@ -32,6 +35,7 @@ def occurrence(now: datetime, every: timedelta, at: timedelta = timedelta(0)) ->
 @dataclass(frozen=True)
 class JobRun:
     occurrence: datetime
+    deliveries: list[Delivery]
     results: list[Result]
 
     @property
@@ -49,7 +53,7 @@ def run_job(consumer: IdempotentConsumer, when: datetime, items: Iterable[tuple[
     ``<occurrence>/<item id>``. Items wait out transient failures as any delivery does; one
     that still fails is left for the next run of the occurrence (``JobRun.done`` is False:
     fail the invocation, so that the timer's retry policy runs it again)."""
-    stamp = f"{when:%Y-%m-%dT%H:%MZ}"
+    stamp = f"{when:%Y-%m-%dT%H:%M:%SZ}"
     # No delivery count: nobody is sure to run it again (its outgoing messages are parked).
     deliveries = [
         Delivery(json.dumps(item, ensure_ascii=False).encode(), message_id=f"{stamp}/{item_id}")
@@ -58,4 +62,4 @@ def run_job(consumer: IdempotentConsumer, when: datetime, items: Iterable[tuple[
     results: list[Result] = []
     for start in range(0, len(deliveries), batch):
         results += consumer.process_batch(deliveries[start : start + batch])
-    return JobRun(when, results)
+    return JobRun(when, deliveries, results)

@@ -100,3 +100,45 @@ def test_a_batch_of_100_events_commits_in_about_4_requests(azurite: Azurite) -> 
     sent.clear()
     assert {r.outcome.value for r in consumer.process_batch(events)} == {"processed"}
     assert len(sent) <= 5 and len(tracked(store)) == 100
+
+
+def test_a_producer_id_is_read_where_the_sdks_and_cloudevents_put_it() -> None:
+    """EventData.message_id arrives among the system properties as message-id; CloudEvents
+    over AMQP with the cloudEvents_ prefix the binding prefers, or cloudEvents:."""
+    from shared.idempotency.functions import eventhub_deliveries
+
+    metadata = {
+        "PartitionContext": meta.Datum(json.dumps({"EventHubName": "shipments", "PartitionId": "1"}), "json"),
+        "PropertiesArray": meta.Datum(json.dumps([{}, {"cloudEvents_id": "e-9", "cloudEvents_source": "/s"},
+                                                  {"cloudEvents:id": "e-9", "cloudEvents:source": "/s"}, {}]), "json"),
+        "SystemPropertiesArray": meta.Datum(json.dumps([{"message-id": "sdk-1"}, {}, {}, {}]), "json"),
+    }  # fmt: skip
+    events = [func.EventHubEvent(body=b"{}", trigger_metadata=metadata, sequence_number=n) for n in range(4)]
+    keys = [d.message_id for d in eventhub_deliveries(events)]
+    assert keys[0] == "sdk-1" and keys[1] == keys[2] != "shipments/1/1" and keys[3] == "shipments/1/3"
+
+
+def test_every_failing_event_is_parked_on_the_last_try_even_when_one_cannot_be(
+    azurite: Azurite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import consumers.shipments as shipments
+
+    def failing(event: dict[str, Any], context: Context) -> Effects:
+        raise DownstreamUnavailable("down")
+
+    monkeypatch.setattr(shipments, "tracking_handler", failing)
+    events = batch(({"shipmentId": "s-1", "orderId": "o", "status": "x"}, 1, "e-1"),
+                   ({"shipmentId": "s-2", "orderId": "o", "status": "x"}, 2, "e-2"))  # fmt: skip
+    with fresh_app(azurite):
+        consumer = shipments.tracking_consumer()
+        record = consumer.store.dead_letter
+
+        def first_fails(letter: Any) -> None:
+            if letter.message_id == "e-1":
+                raise RuntimeError("the store refused this one")
+            record(letter)
+
+        monkeypatch.setattr(consumer.store, "dead_letter", first_fails)
+        with pytest.raises(RetryLater):  # one could not be recorded: the invocation fails loudly
+            on_eventhub_batch(shipments.tracking_consumer, events, retry(5))
+        assert [d.message_id for d in consumer.store.dead_letters("shipments")] == ["e-2"]  # the other one is

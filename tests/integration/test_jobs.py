@@ -26,7 +26,8 @@ def at(text: str) -> datetime:
     ("now", "expected"),
     [
         ("2026-12-01T06:00:30", "2026-12-01T06:00"),  # on time
-        ("2026-12-01T05:59:40", "2026-12-01T06:00"),  # a timer a little early: its own occurrence
+        ("2026-12-01T05:59:57", "2026-12-01T06:00"),  # a timer a few seconds early: its own occurrence
+        ("2026-12-01T05:59:30", "2026-11-30T06:00"),  # a late retry of yesterday's: still yesterday's
         ("2026-12-01T05:00:00", "2026-11-30T06:00"),  # yesterday's, past due after a restart
         ("2026-12-01T23:59:59", "2026-12-01T06:00"),  # a retry late in the day
     ],
@@ -61,7 +62,7 @@ def test_a_run_cut_off_mid_way_is_run_again_and_does_each_item_once(table_store:
     assert len(reminders(table_store)) == 3  # c-0, c-1, c-2 done before the crash
     again = run_job(consumer(table_store), day, due(day))  # past due after the restart: the same occurrence
     assert (again.done, again.count(Outcome.DUPLICATE), again.count(Outcome.PROCESSED)) == (True, 3, 2)
-    assert reminders(table_store) == Counter({("2026-12-01T06:00Z", f"c-{i}"): 1 for i in range(5)})
+    assert reminders(table_store) == Counter({("2026-12-01T06:00:00Z", f"c-{i}"): 1 for i in range(5)})
 
 
 def test_two_instances_on_the_same_occurrence_do_each_item_once(table_store: TableStore) -> None:

@@ -393,7 +393,7 @@ def test_a_scheduled_job_reminds_each_customer_once_per_occurrence(worker: Worke
     for past_due in (False, True):
         trigger = timer(worker.trigger("daily_reminders"), past_due=past_due)
         assert worker.failed(worker.invoke("daily_reminders", trigger)) is None
-    when = f"{occurrence(datetime.now(UTC), timedelta(days=1), timedelta(hours=6)):%Y-%m-%dT%H:%MZ}"
+    when = f"{occurrence(datetime.now(UTC), timedelta(days=1), timedelta(hours=6)):%Y-%m-%dT%H:%M:%SZ}"
     found = Counter(item.data["customerId"] for item in store.scan()
                     if item.entity == "reminder" and item.data["occurrence"] == when)  # fmt: skip
     assert found == Counter({f"c-{i}": 1 for i in range(5)})

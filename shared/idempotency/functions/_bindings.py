@@ -83,9 +83,11 @@ def servicebus_delivery(msg: func.ServiceBusMessage) -> Delivery:
 
 # -- Event Hubs (batch trigger) -----------------------------------------------------------------
 
-# Where a producer's own id for an event may be, among its application properties: an AMQP
-# message-id as the SDKs set it, then CloudEvents over AMQP (binary mode: source + id).
-PRODUCER_IDS = ("message_id", "messageId", "MessageId")
+# Where a producer's own id for an event may be: the AMQP message-id (EventData.message_id,
+# among the system properties), an application property, or CloudEvents over AMQP (binary
+# mode: source + id, with the "cloudEvents_" prefix the binding prefers or "cloudEvents:").
+PRODUCER_IDS = ("message-id", "message_id", "messageId", "MessageId")
+CLOUDEVENT_PREFIXES = ("cloudEvents_", "cloudEvents:")
 
 
 def eventhub_deliveries(events: list[func.EventHubEvent]) -> list[Delivery]:
@@ -96,13 +98,16 @@ def eventhub_deliveries(events: list[func.EventHubEvent]) -> list[Delivery]:
     metadata = (events[0].metadata or {}) if events else {}
     context = metadata.get("PartitionContext") or {}
     properties = metadata.get("PropertiesArray") or [{} for _ in events]
+    system = metadata.get("SystemPropertiesArray") or [{} for _ in events]
     where = f"{context.get('EventHubName', '')}/{context.get('PartitionId', '')}"
     deliveries = []
-    for event, props in zip(events, properties, strict=True):
+    for event, props, sys_props in zip(events, properties, system, strict=True):
         props = dict(props or {})
-        own = next((str(props[name]) for name in PRODUCER_IDS if props.get(name)), None)
-        if own is None and props.get("cloudEvents:id") and props.get("cloudEvents:source"):
-            own = joined_identity(str(props["cloudEvents:source"]), str(props["cloudEvents:id"]))
+        found = {**props, **dict(sys_props or {})}
+        own = next((str(found[name]) for name in PRODUCER_IDS if found.get(name)), None)
+        for prefix in CLOUDEVENT_PREFIXES:
+            if own is None and props.get(prefix + "id") and props.get(prefix + "source"):
+                own = joined_identity(str(props[prefix + "source"]), str(props[prefix + "id"]))
         traceparent = props.get("traceparent") or props.get("Diagnostic-Id")
         deliveries.append(Delivery(event.get_body(), message_id=own or f"{where}/{event.sequence_number}",
                                    traceparent=str(traceparent) if traceparent else None,
@@ -119,13 +124,22 @@ def on_eventhub_batch(consumer: Consumer, events: list[func.EventHubEvent], cont
     built = consumer()
     deliveries = eventhub_deliveries(events)
     failing = [(d, r) for d, r in zip(deliveries, built.process_batch(deliveries), strict=True) if not r.acknowledge]
+    settle_or_park(built, failing, context)
+
+
+def settle_or_park(consumer: IdempotentConsumer, failing: list[tuple[Delivery, Result]], context: Any) -> None:
+    """For a source that moves on whatever the function answers (an Event Hubs checkpoint, a
+    timer's occurrence): raise while the function's retry policy has tries left (the host
+    runs it again); on the last try park every failing message — all of them tried, even
+    after one could not be recorded — then raise if one could not."""
     if not failing:
         return
     retry = getattr(context, "retry_context", None)
-    if retry is not None and retry.retry_count < retry.max_retry_count:
-        raise RetryLater(failing[0][1])  # the retry policy runs the batch again, checkpoint held
-    for delivery, result in failing:
-        acknowledge_or_retry(built.park(delivery, result))  # not even recorded: fail loudly
+    if retry is not None and (retry.max_retry_count < 0 or retry.retry_count < retry.max_retry_count):
+        raise RetryLater(failing[0][1])  # -1: retries without end
+    unrecorded = [r for r in (consumer.park(d, r) for d, r in failing) if not r.acknowledge]
+    if unrecorded:  # the store is down too: nothing more can be done here (docs/triggers.md)
+        raise RetryLater(unrecorded[0])
 
 
 # -- CloudEvents (Event Grid trigger, or plain HTTP) ---------------------------------------
@@ -328,15 +342,16 @@ def on_servicebus_batch(consumer: Consumer, messages: list[func.ServiceBusMessag
 
 
 def on_schedule(consumer: Consumer, every: timedelta, at: timedelta,
-                items: Callable[[datetime], Iterable[tuple[str, Any]]]) -> None:  # fmt: skip
+                items: Callable[[datetime], Iterable[tuple[str, Any]]], context: Any = None) -> None:  # fmt: skip
     """Run a timer's occurrence: each (id, item) that ``items(occurrence)`` returns, once per
-    occurrence (``shared.idempotency.jobs``). Raises when an item is still failing, so that
-    the timer's retry policy runs the occurrence again (what was done is not done twice)."""
+    occurrence (``shared.idempotency.jobs``). An item still failing raises while the timer's
+    retry policy has tries left (the occurrence runs again; what was done is not done
+    twice); on the last try it is parked for ``python -m shared.idempotency.replay``."""
     when = occurrence(datetime.now(UTC), every, at)
-    run = run_job(consumer(), when, items(when))
-    failing = [result for result in run.results if not result.acknowledge]
-    if failing:  # the first one says why; the others are logged with their outcome
-        raise RetryLater(failing[0])
+    built = consumer()
+    run = run_job(built, when, items(when))
+    settle_or_park(built, [(d, r) for d, r in zip(run.deliveries, run.results, strict=True) if not r.acknowledge],
+                   context)  # fmt: skip
 
 
 def on_eventgrid(consumer: Consumer, event: func.CloudEvent) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Generic, TypeVar
 
-from ..config import dead_letter_retention, problems
+from ..config import dead_letter_retention, duration, problems, whole
 from ..consumer import IdempotentConsumer
 from ..errors import ConfigurationError
 from ..outbox import Sender
@@ -99,7 +99,8 @@ def check_app_settings() -> None:
     problem, raised when the app starts in a Functions host (function_app.py): indexing fails
     with it in the host log, instead of a healthy-looking app that fails every message."""
     found = problems()
-    for check in (dead_letter_retention, check_store_settings, check_sender_settings):
+    timers = (lambda: duration("DEDUP_STALE_AFTER", "PT1H"), lambda: whole("DEDUP_PURGE_BUDGET", "20000"))
+    for check in (dead_letter_retention, check_store_settings, check_sender_settings, *timers):
         try:
             check()
         except ConfigurationError as exc:

@@ -10,7 +10,7 @@ from datetime import timedelta
 import azure.functions as func
 from opentelemetry import metrics
 
-from ..config import duration, setting
+from ..config import duration, whole
 from ..messages import utcnow
 from ..reconcile import escalate_stale_claims
 from ._registry import declared, shared_sender, shared_store
@@ -32,7 +32,7 @@ def reconcile_claims(timer: func.TimerRequest) -> None:
 @bp.timer_trigger(arg_name="timer", schedule="0 30 3 * * *", use_monitor=True)
 def purge_markers(timer: func.TimerRequest) -> None:
     """Table Storage has no TTL: delete expired markers, at most DEDUP_PURGE_BUDGET a run."""
-    budget = int(setting("DEDUP_PURGE_BUDGET", "20000"))
+    budget = whole("DEDUP_PURGE_BUDGET", "20000")
     purge = shared_store().purge_expired(utcnow(), budget)
     logging.getLogger("idempotency").info("dedup purge: scanned=%d deleted=%d requests=%d", *astuple(purge))
     _purges.add(1, {"budget_spent": str(purge.deleted >= budget).lower()})  # true: a backlog (alert)
