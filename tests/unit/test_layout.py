@@ -108,3 +108,15 @@ def test_a_store_author_meets_no_azure_sdk(module: str) -> None:
 def test_the_library_never_imports_the_app() -> None:
     app = ("function_app", "consumers", "shared.orders", "shared.ledger")
     assert not {(m, i) for m in MODULES for i in _imports(m) if i.startswith(app)}
+
+
+@pytest.mark.parametrize("face", ["shared.idempotency", "shared.idempotency.stores", "shared.idempotency.functions",
+                                  "shared.idempotency.testing"])  # fmt: skip
+def test_each_face_docstring_names_every_public_name(face: str) -> None:
+    """Where does X live: its face's docstring says, for every name the face exports."""
+    import importlib
+    import re
+
+    module = importlib.import_module(face)
+    missing = [name for name in module.__all__ if not re.search(rf"``{re.escape(name)}``", module.__doc__ or "")]
+    assert not missing, missing
