@@ -10,6 +10,7 @@ var deploymentContainer = 'app-package'
 var eventDeadLetterContainer = 'eventgrid-deadletters'
 
 resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {
+  // checkov:skip=CKV_AZURE_59: public network access stays Enabled for the trusted-services bypass (Event Grid dead letters); vnetEnabled denies by networkAcls
   // checkov:skip=CKV_AZURE_35: public endpoint by default, identity-only auth, keys off; vnetEnabled denies it (private endpoints)
   // checkov:skip=CKV_AZURE_206: LRS because ZRS is not offered in every Flex Consumption region allowed; choose ZRS where it is
   name: name
