@@ -13,7 +13,7 @@ import azure.functions as func
 import pytest
 from azure.functions import meta
 
-from shared.idempotency import Context, DownstreamUnavailable, Effects
+from shared.idempotency import ConfigurationError, Context, DownstreamUnavailable, Effects
 from shared.idempotency.functions import RetryLater, on_eventhub_batch
 from shared.idempotency.replay import main as replay
 from shared.orders.tracking import tracking_handler
@@ -142,3 +142,19 @@ def test_every_failing_event_is_parked_on_the_last_try_even_when_one_cannot_be(
         with pytest.raises(RetryLater):  # one could not be recorded: the invocation fails loudly
             on_eventhub_batch(shipments.tracking_consumer, events, retry(5))
         assert [d.message_id for d in consumer.store.dead_letters("shipments")] == ["e-2"]  # the other one is
+
+
+def test_the_replay_tool_finds_its_consumer_when_another_cannot_be_built(
+    azurite: Azurite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """orders needs a sender once ORDER_ACCEPTED_TOPIC is set; without a Service Bus setting it
+    cannot be built here — the tool for shipments must not care (found by make chaos)."""
+    import consumers.orders  # noqa: F401 - declares the orders consumers, which now cannot be built
+    from shared.idempotency.functions import declared_consumer
+
+    with fresh_app(azurite, ORDER_ACCEPTED_TOPIC="order-events"):
+        for name in ("ServiceBusConnection", "ServiceBusConnection__fullyQualifiedNamespace", "DEDUP_SENDER"):
+            monkeypatch.delenv(name, raising=False)
+        assert declared_consumer("shipments", "consumers.shipments").name == "shipments"
+        with pytest.raises(ConfigurationError, match="could not be built"):
+            declared_consumer("nobody", "consumers.shipments")

@@ -82,15 +82,23 @@ def declared() -> list[IdempotentConsumer]:
 
 def declared_consumer(name: str, module: str = "consumers") -> IdempotentConsumer:
     """The consumer ``name`` that ``module`` declares (importing it declares them), built:
-    what operators' tools use, never the function app itself. ConfigurationError naming the
-    known ones when there is none; ImportError when the module cannot be imported."""
+    what operators' tools use, never the function app itself. Consumers are built in turn
+    until the one named: another that cannot be built here (a setting only it reads) does
+    not stop the tool. ConfigurationError naming the known ones, and what failed, when none
+    is; ImportError when the module cannot be imported."""
     importlib.import_module(module)
-    consumers = declared()
-    found = next((c for c in consumers if c.name == name), None)
-    if found is None:
-        known = ", ".join(sorted({c.name for c in consumers}))
-        raise ConfigurationError(f"no consumer named '{name}' in {module}; known: {known}")
-    return found
+    known, failed = [], []
+    for build in _declared:
+        try:
+            built = build()
+        except ConfigurationError as exc:
+            failed.append(str(exc))
+            continue
+        if built.name == name:
+            return built
+        known.append(built.name)
+    why = f" ({len(failed)} could not be built: {failed[0]})" if failed else ""
+    raise ConfigurationError(f"no consumer named '{name}' in {module}; known: {', '.join(sorted(set(known)))}{why}")
 
 
 def check_app_settings() -> None:
