@@ -24,7 +24,6 @@ import random
 import threading
 import time
 import uuid
-from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -37,6 +36,7 @@ from consumers import shipments
 from shared.idempotency.consumer import PARKED
 from shared.idempotency.functions import reset
 from shared.idempotency.stores import TableStore
+from shared.orders.checks import tracking_by_event
 from shared.orders.tracking import tracking_handler
 from tools.azurite import Azurite
 from tools.faults import Crash, FaultPlan
@@ -137,7 +137,7 @@ def run_stream(config: StreamConfig, azurite: Azurite) -> StreamReport:
             thread.start()
         for thread in threads:
             thread.join()
-        applied = _applied(store)
+        applied = tracking_by_event(store)
         report.parked = sum(1 for d in store.dead_letters("shipments") if d.reason == PARKED)
         from shared.idempotency.replay import main as replay
 
@@ -147,7 +147,7 @@ def run_stream(config: StreamConfig, azurite: Azurite) -> StreamReport:
             with contextlib.redirect_stdout(io.StringIO()):  # its line per record: the counts below say it
                 replay(["--consumer", "shipments", "--consumers", "consumers.shipments"])
             report.replayed_by_operator = report.parked
-            applied = _applied(store)
+            applied = tracking_by_event(store)
     report.faults = plan.injected
     for key in logical:
         times = applied.get(key, 0)
@@ -160,10 +160,6 @@ def run_stream(config: StreamConfig, azurite: Azurite) -> StreamReport:
     del report.violations[50:]
     report.seconds = time.monotonic() - started
     return report
-
-
-def _applied(store: TableStore) -> Counter[str]:
-    return Counter(str(item.data["eventKey"]) for item in store.scan() if str(item.entity).startswith("tracking|"))
 
 
 def _instance(number: int, config: StreamConfig, partitions: list[_Partition], report: StreamReport,

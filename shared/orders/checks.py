@@ -3,11 +3,13 @@ chaos harness and smoke test."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from shared.idempotency.keys import consumer_partition
 from shared.idempotency.stores import DedupStore
 from shared.orders import ORDER
+from shared.orders.tracking import TRACKING
 
 
 @dataclass
@@ -31,3 +33,9 @@ def effects_by_order(
         else:
             effects.charges += 1
     return found
+
+
+def tracking_by_event(store: DedupStore) -> Counter[str]:
+    """How many tracking records each event key has (the Event Hubs example's ground truth)."""
+    return Counter(str(item.data["eventKey"]) for item in store.scan()
+                   if str(item.entity).startswith(TRACKING + "|"))  # fmt: skip

@@ -17,7 +17,7 @@ def test_every_order_is_billed_and_shipped_once_whatever_fails(azurite: Azurite)
     assert (report.lost, report.double, report.left_in_outbox, report.broker_dead_lettered) == (0, 0, 0, 0)
     assert all(report.faults[kind] > 0 for kind in (*SEND_FAULTS, "crash_after_commit", "lost_ack")), report.faults
     assert report.dropped_by_detection > 0  # re-sends with the same MessageId, dropped by the topic
-    assert report.caught_by_dedup >= 0 and report.sent_to_topic >= report.orders == 300
+    assert report.sent_to_topic >= report.orders == 300
 
 
 def test_the_checker_sees_a_consumer_that_never_re_sends(azurite: Azurite, monkeypatch: pytest.MonkeyPatch) -> None:

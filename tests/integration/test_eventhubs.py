@@ -16,6 +16,7 @@ from azure.functions import meta
 from shared.idempotency import ConfigurationError, Context, DownstreamUnavailable, Effects
 from shared.idempotency.functions import RetryLater, on_eventhub_batch
 from shared.idempotency.replay import main as replay
+from shared.orders.checks import tracking_by_event
 from shared.orders.tracking import tracking_handler
 from tests.functions import fresh_app
 from tools.azurite import Azurite
@@ -33,14 +34,6 @@ def batch(*events: tuple[dict[str, Any], int, str | None]) -> list[func.EventHub
 
 def retry(count: int, most: int = 5) -> Any:
     return SimpleNamespace(retry_context=SimpleNamespace(retry_count=count, max_retry_count=most))
-
-
-def tracked(store: Any) -> dict[str, int]:
-    found: dict[str, int] = {}
-    for item in store.scan():
-        if str(item.entity).startswith("tracking|"):
-            found[item.data["eventKey"]] = found.get(item.data["eventKey"], 0) + 1
-    return found
 
 
 def test_a_failing_event_is_retried_then_parked_then_replayed_once(
@@ -64,7 +57,7 @@ def test_a_failing_event_is_retried_then_parked_then_replayed_once(
         with pytest.raises(RetryLater):  # retries left: the checkpoint waits
             on_eventhub_batch(shipments.tracking_consumer, events, retry(0))
         on_eventhub_batch(shipments.tracking_consumer, events, retry(5))  # the last try: parked, returns
-        assert tracked(consumer.store) == {"e-1": 1, "e-3": 1}
+        assert tracking_by_event(consumer.store) == {"e-1": 1, "e-3": 1}
         [record] = [d for d in consumer.store.dead_letters("shipments")]
         assert (record.reason, record.message_id) == ("parked", "shipments/3/41")
         assert record.detail.startswith("downstream_unavailable")
@@ -72,7 +65,7 @@ def test_a_failing_event_is_retried_then_parked_then_replayed_once(
         down.clear()
         assert replay(["--consumer", "shipments", "--consumers", "consumers.shipments"]) == 0
         assert replay(["--consumer", "shipments", "--consumers", "consumers.shipments"]) == 0  # again: a duplicate
-        assert tracked(consumer.store) == {"e-1": 1, "shipments/3/41": 1, "e-3": 1}
+        assert tracking_by_event(consumer.store) == {"e-1": 1, "shipments/3/41": 1, "e-3": 1}
     out = capsys.readouterr().out.splitlines()
     assert [json.loads(line) for line in out if line.startswith("{")] == [
         {"parked": 1, "transient": 1}, {"parked": 1, "processed": 1}, {"parked": 1, "duplicate": 1}]  # fmt: skip
@@ -99,7 +92,7 @@ def test_a_batch_of_100_events_commits_in_about_4_requests(azurite: Azurite) -> 
                        message_id=f"ev-{i}") for i in range(100)]  # fmt: skip
     sent.clear()
     assert {r.outcome.value for r in consumer.process_batch(events)} == {"processed"}
-    assert len(sent) <= 5 and len(tracked(store)) == 100
+    assert len(sent) <= 5 and len(tracking_by_event(store)) == 100
 
 
 def test_a_producer_id_is_read_where_the_sdks_and_cloudevents_put_it() -> None:

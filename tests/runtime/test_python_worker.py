@@ -28,7 +28,7 @@ from shared.idempotency.outbox import ROWS, message_id
 from shared.idempotency.stores import TableStore
 from shared.ledger import message_id as posting_message_id
 from shared.orders import SHIPPED
-from shared.orders.checks import OrderEffects, effects_by_order
+from shared.orders.checks import OrderEffects, effects_by_order, tracking_by_event
 from tools.azurite import Azurite
 from tools.harness import RunConfig, run
 from tools.runtime import build
@@ -399,10 +399,6 @@ def test_a_scheduled_job_reminds_each_customer_once_per_occurrence(worker: Worke
     assert found == Counter({f"c-{i}": 1 for i in range(5)})
 
 
-def tracking(store: TableStore) -> Counter[str]:
-    return Counter(str(item.data["eventKey"]) for item in store.scan() if str(item.entity).startswith("tracking|"))
-
-
 def test_an_event_hubs_batch_applies_each_event_once_across_replays(worker: WorkerHost, store: TableStore) -> None:
     """Keys: the producer's id (a retry of it, a new event with a new sequence number, is a
     duplicate), else hub/partition/sequence number (a replay from the checkpoint is); an
@@ -418,7 +414,7 @@ def test_an_event_hubs_batch_applies_each_event_once_across_replays(worker: Work
     for _ in range(2):  # the second time: a replay from the last checkpoint (a restart, a rebalance)
         response = worker.invoke("shipment_tracking", eventhub_batch(trigger, batch), retry=(0, 5))
         assert worker.failed(response) is None
-    found = {key: n for key, n in tracking(store).items() if key in (f"{shipment}-1", "shipments/0/12")}
+    found = {key: n for key, n in tracking_by_event(store).items() if key in (f"{shipment}-1", "shipments/0/12")}
     assert found == {f"{shipment}-1": 1, "shipments/0/12": 1}
     assert dead_letter_reasons(store, "shipments", "shipments/0/13") == ["invalid_json"]
 
