@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from azure.cosmos import CosmosClient, PartitionKey
@@ -35,11 +36,13 @@ def azurite() -> Iterator[Azurite]:
         yield emulator
 
 
-def new_table_store(azurite: Azurite, *, lean: bool = False) -> TableStore:
-    """``lean``: commits through table_batch.TableTransactions, else the SDK's."""
+def new_table_store(azurite: Azurite, *, lean: bool = False, hook: Callable[[Any], None] | None = None) -> TableStore:
+    """``lean``: commits through table_batch.TableTransactions, else the SDK's; ``hook``: sees
+    every request of both paths (to count them)."""
     name = "t" + uuid.uuid4().hex[:16]
-    service = TableServiceClient.from_connection_string(azurite.connection_string, **TRANSPORT)
-    transactions = TableTransactions.of(service, name, **TRANSPORT) if lean else None
+    options = {**TRANSPORT, **({"raw_request_hook": hook} if hook else {})}
+    service = TableServiceClient.from_connection_string(azurite.connection_string, **options)
+    transactions = TableTransactions.of(service, name, **options) if lean else None
     store = TableStore(service, table=name, dead_letter_table=name + "dl", transactions=transactions)
     store.create_tables()
     return store
@@ -89,5 +92,5 @@ def store(request: pytest.FixtureRequest, azurite: Azurite) -> DedupStore:
     return new_table_store(azurite) if request.param == "table" else new_cosmos_store(request)
 
 
-NO_ATOMIC_BATCHES = ("the local Cosmos emulator's transactional batch is not atomic: set COSMOS_CONTRACT_ENDPOINT "
-                     "and COSMOS_CONTRACT_KEY to run this against Cosmos DB")  # fmt: skip
+NO_ATOMIC_BATCHES = ("the local Cosmos emulator's transactional batch is not atomic and has no replace: set "
+                     "COSMOS_CONTRACT_ENDPOINT and COSMOS_CONTRACT_KEY to run this against Cosmos DB")  # fmt: skip

@@ -92,10 +92,10 @@ var logAlerts = [
   }
   {
     name: 'dedup-purge-backlog'
-    description: 'A purge run spent its whole DEDUP_PURGE_BUDGET: expired markers pile up faster than they are deleted.'
+    description: 'Every purge run of the last hour (one per 5 min) stopped with work left: expired markers pile up faster than they are deleted.'
     severity: 3
-    window: 'P1D'
-    threshold: 0
+    window: 'PT1H'
+    threshold: 11
     query: 'customMetrics | where name == "dedup.purge.runs" and tostring(customDimensions.budget_spent) == "true" | summarize value = sum(valueSum)'
   }
 ]

@@ -42,7 +42,7 @@ from .messages import (
 )
 from .outbox import Outbox, Sender, rows, rows_prefix
 from .payload import fingerprint, parse_json
-from .steps import Context
+from .steps import Context, settle
 from .stores._base import DedupStore
 from .stores._records import Commit, CommitStatus, DeadLetter, Marker, State, StateStatus
 
@@ -288,6 +288,7 @@ class IdempotentConsumer:
         completed keys, then the handler (and its two-phase steps)."""
         key: DedupKey | None = None
         fp: str | None = None
+        context: Context | None = None
         try:
             payload, key, fp = self._read(delivery)
             self._validate(payload)
@@ -299,15 +300,17 @@ class IdempotentConsumer:
             context = Context(key, partition, fp, self.store, self._steps, expires_at, owner)
             effects = self._handler(payload, context)
             if isinstance(effects, LatestState):
+                context.settle()
                 status = self.store.upsert_if_newer(partition, effects.entity, effects.version)
                 return Result(_STATE_OUTCOMES[status], key, response=effects.result, fingerprint=fp)
             if not isinstance(effects, Effects):
                 raise InvalidMessage("handler_result", f"the handler returned {type(effects).__name__}, "
                                      "not Effects or LatestState")  # fmt: skip
-            if len(effects.entities) + len(effects.messages) > self.store.max_effects:
-                raise InvalidMessage("too_many_effects", f"{len(effects.entities)} entities and "
-                                     f"{len(effects.messages)} outgoing messages; one commit holds "
-                                     f"{self.store.max_effects}")  # fmt: skip
+            steps = context.completions
+            if len(effects.entities) + len(effects.messages) + len(steps) > self.store.max_effects:
+                raise InvalidMessage("too_many_effects", f"{len(effects.entities)} entities, "
+                                     f"{len(effects.messages)} outgoing messages and {len(steps)} steps; "
+                                     f"one commit holds {self.store.max_effects}")  # fmt: skip
             check_result(effects.result, "the handler's result")
             entities = list(effects.entities)
             if effects.messages:
@@ -316,8 +319,10 @@ class IdempotentConsumer:
                 entities += rows(key, effects.messages)
                 if self._parks(delivery):
                     self.outbox(self.sender).park(partition, key)
-            return Commit(key, partition, fp, entities, effects.result, expires_at, owner, retry)
+            return Commit(key, partition, fp, entities, effects.result, expires_at, owner, retry, steps)
         except Exception as exc:  # noqa: BLE001 - mapped to exactly one outcome below
+            if context is not None:
+                context.settle()  # the steps it called stay completed
             return self._failure(exc, key, fp)
 
     def _bind(self, request_key: str, fp: str, expires_at: datetime) -> None:
@@ -340,13 +345,22 @@ class IdempotentConsumer:
         try:
             commits = self.store.commit_many(pending)
         except DedupError as exc:  # not about one message's data (that is CommitStatus.REFUSED): all wait
+            for item in pending:
+                settle(self.store, item.completions)
             return [Result(Outcome.TRANSIENT, p.key, "store_unavailable", str(exc)[:500]) for p in pending]
         except Exception as exc:  # noqa: BLE001 - a bug: all retry
+            for item in pending:
+                settle(self.store, item.completions)
             return [self._failure(exc, p.key, p.fingerprint) for p in pending]
         per_message = (time.perf_counter() - claiming) * 1000 / len(pending)
         results = []
         for item, commit in zip(pending, commits, strict=True):
             telemetry.claim_duration(self.name, per_message)
+            if commit.status is CommitStatus.LEASE_LOST:
+                results.append(Result(Outcome.TRANSIENT, item.key, "lease_lost", "a step's claim was taken over"))
+                continue
+            if commit.status is not CommitStatus.NEW:  # its steps' completions were not written
+                settle(self.store, item.completions)
             if commit.status is CommitStatus.MISMATCH:
                 results.append(self._mismatch(item.key, item.fingerprint, commit.stored_fingerprint))
                 continue

@@ -1,20 +1,27 @@
 """Effects that cannot join the transaction (a payment API, an e-mail): two phases per
 step. Claim the step *in progress* with a lease, make the call with a downstream
 idempotency key, then mark it *completed* with its result — every write fenced by the
-marker's version, so a worker whose lease was taken over can never complete it."""
+marker's version, so a worker whose lease was taken over can never complete it.
+
+On a store that folds completions (``DedupStore.folds_completions``: Table Storage, Cosmos
+DB, memory), the completion is not a request of its own: it commits in the message's
+transaction, with its marker and effects (2 requests per message with a step: the claim,
+then the commit). Whenever the message does not commit (the handler failed, a duplicate,
+an unavailable store), ``settle`` completes the steps one by one, as before."""
 
 from __future__ import annotations
 
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 
 from .config import StepPolicy
 from .errors import (
     AlreadyClaimed,
+    DedupError,
     DownstreamRejected,
     FingerprintMismatch,
     InFlight,
@@ -54,11 +61,14 @@ class Context:
         # 128 bits from the process's generator (seeded from the OS, reseeded in a forked
         # child), not uuid4's system call per message.
         self._owner = owner or f"{random.getrandbits(128):032x}"
+        self._done: dict[str, tuple[Marker, JSON]] = {}  # by name: steps called (claim, result), not completed yet
 
     def step(self, name: str, call: Callable[[str], JSON]) -> JSON:
         """Run ``call(idempotency_key)`` at most once to completion for (consumer,
         message, step), and return its (JSON) result; a redelivery that finds the step
         completed gets the stored result back without calling again."""
+        if name in self._done:  # called already in this delivery: its completion is pending
+            return self._done[name][1]
         key = self.key.for_step(name)
         claimed = self._claim(key)
         if claimed.state is State.COMPLETED:
@@ -81,7 +91,21 @@ class Context:
         except InvalidMessage as unstorable:  # the call was made: never repeat it, tell an operator
             self._complete(claimed, {"reason": unstorable.reason, "detail": unstorable.detail}, State.REFUSED)
             raise
+        if self._store.folds_completions:
+            self._done[name] = (claimed, result)
+            return result
         return self._complete(claimed, result)
+
+    @property
+    def completions(self) -> tuple[Marker, ...]:
+        """Completed steps whose completion commits with the message (each at its claim's version)."""
+        return tuple(replace(claimed, state=State.COMPLETED, lease_until=None, result=result)
+                     for claimed, result in self._done.values())  # fmt: skip
+
+    def settle(self) -> None:
+        """The message will not commit now: write the pending completions one by one."""
+        done, self._done = self.completions, {}
+        settle(self._store, done)
 
     def _claim(self, key: DedupKey) -> Marker:
         deadline = time.monotonic() + self._policy.in_flight_wait.total_seconds()
@@ -124,3 +148,15 @@ class Context:
             self._store.replace(replace(claimed, lease_until=utcnow()), claimed.version or "")
         except VersionConflict:
             log.warning("dedup claim %r was taken over before its lease ended", str(claimed.key))
+
+
+def settle(store: DedupStore, completions: Sequence[Marker]) -> None:
+    """Write completions one by one, each at its claim's version, because the message's
+    commit did not carry them: a redelivery then finds its steps completed instead of a
+    claim waiting for its lease. Best effort: a claim left in progress is taken over after
+    its lease, and the call made again with the same downstream key."""
+    for done in completions:
+        try:
+            store.replace(done, done.version or "")
+        except DedupError as exc:
+            log.warning("dedup step %r not completed: %s", str(done.key), exc)

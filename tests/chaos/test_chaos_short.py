@@ -73,9 +73,14 @@ def test_a_consumer_that_gives_up_at_once_empties_its_delivery_budget(persistent
     assert (report.double_effects, report.lost) == (0, 0)
 
 
-def test_two_phase_payments_under_faults_charge_each_order_once(persistent_azurite: Azurite) -> None:
+@pytest.mark.parametrize("transactions", ["lean", "sdk"])
+def test_two_phase_payments_under_faults_charge_each_order_once(
+    persistent_azurite: Azurite, transactions: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claims, and completions folded into the order's transaction, on both paths."""
+    monkeypatch.setenv("DEDUP_TABLE_TRANSACTIONS", transactions)
     config = RunConfig(messages=200, workers=6, dup_rate=0.3, fault_rate=0.08, seed=4242, outage=True,
-                       payments=True, table="chaospay")  # fmt: skip
+                       payments=True, table="chaospay" + transactions)  # fmt: skip
     report = run(config, persistent_azurite)
     assert report.violations == []
     assert (report.double_effects, report.lost, report.orphans) == (0, 0, 0)

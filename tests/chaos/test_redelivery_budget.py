@@ -8,7 +8,7 @@ from __future__ import annotations
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,8 @@ import pytest
 
 from shared.idempotency import StoreUnavailable
 from shared.idempotency.downstream import IdempotentHttp
-from shared.idempotency.messages import JSON
 from shared.idempotency.stores import TableStore
-from shared.idempotency.stores._records import Marker, State
+from shared.idempotency.stores._records import Commit, CommitResult, Marker
 from tools.azurite import Azurite
 from tools.faults import Crash
 from tools.harness import Report, RunConfig, Timing, run
@@ -98,18 +97,26 @@ def test_a_worker_that_dies_after_the_call_is_recovered_by_a_redelivery(
 
 
 class CompletionFailsOnce(TableStore):
-    """The store fails (after the SDK's retries) the first time each step completes."""
+    """The store fails (after the SDK's retries) the first time each step completes: the
+    first commit carrying its completion, and its own completion written after that."""
 
     failed = FirstTimeOnly()
+    failed_alone = FirstTimeOnly()
 
-    def complete(self, marker: Marker, result: JSON, state: State = State.COMPLETED) -> Marker:
-        if self.failed.first(str(marker.key)):
+    def commit_many(self, commits: Sequence[Commit]) -> list[CommitResult]:
+        steps = [str(step.key) for commit in commits for step in commit.completions]
+        if [key for key in steps if self.failed.first(key)]:
+            raise StoreUnavailable("503 injected at the commit completing a step")
+        return super().commit_many(commits)
+
+    def replace(self, marker: Marker, if_version: str) -> Marker:
+        if marker.final and self.failed_alone.first(str(marker.key)):
             raise StoreUnavailable("503 injected at completion")
-        return super().complete(marker, result, state)
+        return super().replace(marker, if_version)
 
 
 def test_a_step_that_cannot_complete_is_recovered_by_a_redelivery(azurite_on_disk: Azurite) -> None:
-    CompletionFailsOnce.failed = FirstTimeOnly()
+    CompletionFailsOnce.failed, CompletionFailsOnce.failed_alone = FirstTimeOnly(), FirstTimeOnly()
     report = run(config(), azurite_on_disk, break_store=CompletionFailsOnce)
     assert len(CompletionFailsOnce.failed.seen) == 24
     assert_recovered(report)

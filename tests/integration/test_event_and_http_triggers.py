@@ -179,7 +179,7 @@ def test_the_same_order_from_another_caller_is_409_and_reveals_nothing(store: De
 def test_an_order_whose_stored_response_expired_gets_a_final_answer(store: DedupStore) -> None:
     order = an_order()
     post_order(order, uuid.uuid4().hex)
-    store.purge_expired(utcnow() + timedelta(days=400), 1000)  # the marker is gone, the order stays
+    store.sweep_expired(utcnow() + timedelta(days=400), 1000)  # the marker is gone, the order stays
     response = post_order(order, uuid.uuid4().hex)
     assert response.status_code == 409 and "expired" in json.loads(response.get_body())["detail"]
     assert len(orders_in(store)) == 1

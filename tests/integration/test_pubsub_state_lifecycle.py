@@ -110,10 +110,10 @@ def test_concurrent_writers_of_different_versions_end_with_the_highest(store: Ta
 # -- lifecycle: purge of expired markers ---------------------------------------------------
 
 
-def seed(store: TableStore, expired: int, live: int) -> None:
+def seed(store: TableStore, expired: int, live: int, prefix: str = "seed") -> None:
     now = utcnow()
     for i in range(expired + live):
-        key = DedupKey("orders", f"seed-{i}")
+        key = DedupKey("orders", f"{prefix}-{i}")
         expires = now - timedelta(days=1) if i < expired else now + timedelta(days=1)
         store.commit(key, key.id, "fp", [Entity("order", {"orderId": key.id})], None, expires)
 
@@ -128,32 +128,61 @@ def kinds(store: TableStore) -> dict[str, int]:
 def test_purge_deletes_exactly_the_expired_markers_and_no_business_entity(store: TableStore) -> None:
     seed(store, expired=30, live=20)
     purge = store.purge_expired(utcnow(), budget=1000)
-    assert (purge.scanned, purge.deleted) == (60, 60)  # 30 markers + their 30 guards
-    # one page, one transaction per order (marker and guard together), one page of dead letters
-    assert purge.requests == 1 + 30 + 1
+    assert (purge.scanned, purge.deleted) == (30, 60)  # 30 noted markers, deleted with their 30 guards
+    # the notes written (2 rows: expired, live), the cursor, 48 empty hours before the first run's
+    # and this hour's page, a transaction per order (marker and guard together), the index row,
+    # the cursor; the dead letters' page
+    assert purge.requests == 2 + 1 + 49 + 30 + 1 + 1 + 1
     assert kinds(store) == {"marker": 20, "guard": 20, "business": 50}
     expired_key = DedupKey("orders", "seed-0")
     assert store.commit(expired_key, expired_key.id, "fp", [Entity("order", {"orderId": "seed-0"})], None,
                         utcnow()).status.value == "duplicate"  # fmt: skip  # the order itself still guards it
+    again = store.purge_expired(utcnow(), budget=1000)  # from the cursor: this hour's page, the dead letters'
+    assert (again.deleted, again.requests) == (0, 1 + 1 + 1)
 
 
-def test_purge_respects_its_budget(store: TableStore) -> None:
-    seed(store, expired=25, live=5)  # 50 expired records: 25 markers and their guards
-    runs = [store.purge_expired(utcnow(), budget=20).deleted for _ in range(4)]
-    assert runs == [20, 20, 10, 0]
-    assert kinds(store) == {"marker": 5, "guard": 5, "business": 30}
+def test_purge_respects_its_budget_and_resumes(store: TableStore) -> None:
+    seed(store, expired=600, live=5)  # 3 index rows (250, 250, 100 notes); each note a marker and its guard
+    runs = [store.purge_expired(utcnow(), budget=500).deleted for _ in range(4)]
+    assert runs == [500, 500, 200, 0]  # a page of index rows at a time, sized to the budget
+    assert kinds(store) == {"marker": 5, "guard": 5, "business": 605}
 
 
-def test_purge_keeps_a_marker_rewritten_since_the_scan(store: TableStore) -> None:
+def test_purge_keeps_a_marker_rewritten_since_it_was_noted(store: TableStore) -> None:
     now = utcnow()
     key = DedupKey("orders", "taken-over")
     old = store.claim(Marker(key, key.id, State.IN_PROGRESS, "fp", now, now - timedelta(seconds=1),
                              lease_until=now - timedelta(seconds=1), owner="a"), now)  # fmt: skip
-    stale_view = [e for e in store.table.list_entities() if e["RowKey"].startswith("dedup")]
+    store.complete(old, {"ok": True})  # final: noted at this version, already expired
+    taken = store.get(key, key.id)
+    assert taken is not None and taken.version
     store.replace(Marker(key, key.id, State.IN_PROGRESS, "fp", now, now + timedelta(days=1),
-                         lease_until=now + timedelta(minutes=5), owner="b"), old.version or "")  # fmt: skip
-    assert store._delete_unchanged(store.table, stale_view) == 0  # the ETag read by the scan no longer matches
+                         lease_until=now + timedelta(minutes=5), owner="b"), taken.version)  # fmt: skip
+    purge = store.purge_expired(utcnow(), 100)
+    assert (purge.scanned, purge.deleted) == (1, 0)  # the ETag noted no longer matches
     assert store.get(key, key.id) is not None
+
+
+def test_the_full_sweep_finds_what_the_index_missed(store: TableStore) -> None:
+    seed(store, expired=4, live=2)
+    store._expiry._pending.clear()  # an instance that died before writing its notes
+    assert store.purge_expired(utcnow(), 1000).deleted == 0
+    assert store.sweep_expired(utcnow(), 1000).deleted == 8
+    assert kinds(store) == {"marker": 2, "guard": 2, "business": 6}
+
+
+def test_the_purge_reads_only_what_fell_due_not_the_table(store: TableStore) -> None:
+    """The same 20 expired orders among 20 or 400 live ones: the same requests."""
+    seed(store, expired=20, live=20)
+    small = store.purge_expired(utcnow(), 1000)
+    seed(store, expired=0, live=380, prefix="more")
+    now = utcnow()
+    for i in range(20):
+        key = DedupKey("orders", f"late-{i}")
+        store.commit(key, key.id, "fp", [Entity("order", {"orderId": key.id})], None, now - timedelta(days=1))
+    large = store.purge_expired(utcnow(), 1000)
+    assert (small.deleted, large.deleted) == (40, 40)
+    assert large.requests == small.requests - 49  # no first run's empty hours; the rest alike
 
 
 def test_the_timer_function_purges(store: TableStore) -> None:

@@ -1,7 +1,9 @@
 """The lean transaction path speaks the same protocol as the Azure SDK: the same requests
-(compared part by part, modulo boundaries, ids and dates) and the same reading of every
-answer — success, a conflict at each operation index, a bad entity, a too-large request —
-from the real Azurite, and from responses in the shape the Azure Table service documents.
+(compared part by part, modulo boundaries, ids and dates; updates and deletes byte for byte)
+and the same reading of every answer — success and its ETags, a conflict at each operation
+index, a bad entity, a too-large request — from the real Azurite, and from responses in the
+shape the Azure Table service documents (tests/integration/test_table_lean_ops.py: what
+updates, deletes and single inserts write).
 A decoding slip would misclassify messages silently (duplicate vs mismatch is read from the
 failing index), so every index and status is pinned here."""
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -17,9 +20,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from azure.core import MatchConditions
 from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
 from azure.core.exceptions import HttpResponseError, ServiceResponseError
-from azure.data.tables import EdmType, EntityProperty, TableClient, TableServiceClient, TableTransactionError
+from azure.data.tables import (
+    EdmType,
+    EntityProperty,
+    TableClient,
+    TableServiceClient,
+    TableTransactionError,
+    UpdateMode,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -58,8 +69,9 @@ def parts(body: bytes) -> list[tuple[str, dict[str, str], Any]]:
         request, _, payload = rest.partition(b"\r\n\r\n")
         line, *headers = request.decode().split("\r\n")
         named = dict(h.split(": ", 1) for h in [*head.decode().split("\r\n"), *headers] if h)
+        content = payload.split(b"\r\n--")[0]
         found.append((line, {k: v for k, v in named.items() if k not in ("x-ms-date", "Date")},
-                      json.loads(payload.split(b"\r\n--")[0])))  # fmt: skip
+                      json.loads(content) if content else None))  # fmt: skip
     return found
 
 
@@ -89,6 +101,57 @@ def test_the_lean_request_is_the_sdks_modulo_boundaries_and_dates(table: tuple[T
     assert {h: lean.headers[h] for h in outer} == {h: sdk.headers[h] for h in outer}
     assert lean.headers["Content-Type"].split("batch_")[0] == sdk.headers["Content-Type"].split("batch_")[0]
     assert lean.headers["Authorization"].startswith("SharedKey devstoreaccount1:")
+
+
+class Sent(Exception):
+    """Raised from a request hook: the request as built, never sent."""
+
+
+def built(send: Any) -> bytes:
+    """The $batch body a client builds, stopped before it is sent."""
+    seen: list[Any] = []
+
+    def hook(request: Any) -> None:
+        seen.append(request.http_request)
+        raise Sent
+
+    with pytest.raises(Sent):
+        send(hook)
+    [request] = seen
+    return bytes(request.body if request.body is not None else request.content)
+
+
+def normalized(body: bytes) -> bytes:
+    """A $batch body less what differs by client and second: boundaries and dates."""
+    body = re.sub(rb"(batch|changeset)_[0-9a-f-]{36}", rb"\1_B", body)
+    return re.sub(rb"(x-ms-date|Date): [^\r]+", rb"\1: D", body)
+
+
+def test_updates_and_deletes_are_the_sdks_bytes(table: tuple[TableServiceClient, str]) -> None:
+    """Every operation kind and ETag form, keys the URL must quote: the same body, byte for byte."""
+    service, name = table
+    weak, strong = "W/\"datetime'2026-11-30T12%3A00%3A00.0000000Z'\"", '"0x8D9"'
+    replace = {"mode": UpdateMode.REPLACE}
+    operations: list[Any] = [
+        ("create", {"PartitionKey": "p'q é", "RowKey": "new", "V": 1}),
+        ("update", {"PartitionKey": "p'q é", "RowKey": "o'brien", "V": 2.5, "D": WHEN},
+         {**replace, "etag": weak, "match_condition": MatchConditions.IfNotModified}),
+        ("update", {"PartitionKey": "p'q é", "RowKey": "a b", "S": "x"}, replace),
+        ("update", {"PartitionKey": "p'q é", "RowKey": "é", "S": "y"},
+         {**replace, "etag": "bare", "match_condition": MatchConditions.IfNotModified}),  # quoted as the SDK does
+        ("delete", {"PartitionKey": "p'q é", "RowKey": "x%y+z&(1),=:;@$!*~''"},
+         {"etag": strong, "match_condition": MatchConditions.IfNotModified}),
+        ("delete", {"PartitionKey": "p'q é", "RowKey": "'"}),
+        ("update", {"PartitionKey": "p'q é", "RowKey": "z"}, {"mode": "replace"}),
+    ]  # fmt: skip
+    sdk = built(lambda hook: service.get_table_client(name).submit_transaction(operations, raw_request_hook=hook))
+    lean = built(lambda hook: TableTransactions.of(service, name, raw_request_hook=hook).submit(operations))
+    assert normalized(lean) == normalized(sdk)
+    assert parts(lean) == parts(sdk)
+    verbs = ["POST", "PUT", "PUT", "PUT", "DELETE", "DELETE", "PUT"]
+    assert [line.split(" ")[0] for line, _, _ in parts(lean)] == verbs
+    assert "(PartitionKey='p%27%27q%20%C3%A9',RowKey='o%27%27brien')" in parts(lean)[1][0]
+    assert [headers.get("If-Match") for _, headers, _ in parts(lean)] == [None, weak, "*", '"bare"', strong, "*", "*"]
 
 
 def test_entities_are_encoded_by_the_sdks_type_rules() -> None:
@@ -125,8 +188,9 @@ def test_times_and_strings_are_encoded_as_the_sdk_encodes_them(when: datetime, t
 def test_what_the_lean_path_writes_reads_back_as_the_sdk_wrote_it(table: tuple[TableServiceClient, str]) -> None:
     service, name = table
     client: TableClient = service.get_table_client(name)
-    assert TableTransactions.of(service, name).submit([dict(e, PartitionKey="lean") for e in ENTITIES[:3]]) is None
+    etags = TableTransactions.of(service, name).submit([dict(e, PartitionKey="lean") for e in ENTITIES[:3]])
     client.submit_transaction([("create", dict(e, PartitionKey="sdk")) for e in ENTITIES[:3]])
+    assert etags == [client.get_entity("lean", e["RowKey"]).metadata["etag"] for e in ENTITIES[:3]]
 
     def stored(pk: str) -> list[dict[str, Any]]:
         rows = client.query_entities("PartitionKey eq @pk", parameters={"pk": pk})
@@ -148,7 +212,8 @@ def test_a_conflict_at_each_index_is_read_as_the_sdk_reads_it(
     failure = TableTransactions.of(service, name).submit(rows)
     with pytest.raises(TableTransactionError) as sdk:
         client.submit_transaction([("create", row) for row in rows])
-    assert failure is not None and (failure.index, failure.status, failure.code) == (taken, 409, "EntityAlreadyExists")
+    assert isinstance(failure, TransactionFailure)
+    assert (failure.index, failure.status, failure.code) == (taken, 409, "EntityAlreadyExists")
     assert (sdk.value.status_code, sdk.value.error_code) == (409, "EntityAlreadyExists")
     assert sdk.value.message.startswith(f"{taken}:")
     assert [e["RowKey"] for e in client.query_entities("PartitionKey eq @pk", parameters={"pk": f"p{taken}"})] == [
@@ -206,8 +271,9 @@ def odata_error(code: str, message: str) -> str:
 EXISTS = "The specified entity already exists."
 CONDITION = "The update condition specified in the request was not satisfied."
 TOO_LARGE = "The property value exceeds the maximum allowed size (64KB)."
+ETAG = "W/\"datetime'2026-11-30T12%3A00%3A00.0000000Z'\""
 DOCUMENTED = [
-    (azure_response("201 Created", "201 Created", "204 No Content"), None),
+    (azure_response("201 Created", "201 Created", "204 No Content"), [ETAG, ETAG, ETAG]),
     (azure_response("409 Conflict", error=odata_error("EntityAlreadyExists", f"0:{EXISTS}\nRequestId:x\nTime:t")),
      TransactionFailure(0, 409, "EntityAlreadyExists", f"0:{EXISTS}\nRequestId:x\nTime:t")),
     (azure_response("409 Conflict", error=odata_error("EntityAlreadyExists", f"3:{EXISTS}")),
@@ -228,9 +294,37 @@ DOCUMENTED = [
     ids=["success", "conflict at 0", "conflict at 3", "412 at 2", "400 at 1", "no index", "not json"],
 )
 def test_documented_responses_decode_to_the_failing_index_and_status(
-    response: bytes, expected: TransactionFailure | None
+    response: bytes, expected: TransactionFailure | list[str]
 ) -> None:
     assert decode(response, 3) == expected
+
+
+def answers(*parts: tuple[str, str | None, str | None]) -> bytes:
+    """A changeset response of (status, Content-ID, ETag) answers, in this order."""
+    body = ["--batchresponse_1\r\nContent-Type: multipart/mixed; boundary=changesetresponse_2\r\n\r\n"]
+    for status, content_id, etag in parts:
+        body.append("--changesetresponse_2\r\nContent-Type: application/http\r\nContent-Transfer-Encoding: binary"
+                    f"\r\n\r\nHTTP/1.1 {status}\r\n" + (f"Content-ID: {content_id}\r\n" if content_id else "")
+                    + "DataServiceVersion: 3.0;\r\n" + (f"ETag: {etag}\r\n" if etag else "") + "\r\n\r\n")  # fmt: skip
+    body.append("--changesetresponse_2--\r\n--batchresponse_1--\r\n")
+    return "".join(body).encode()
+
+
+ORDERS = [
+    (answers(("201 Created", None, "a"), ("204 No Content", None, None), ("204 No Content", None, "c")),
+     ["a", "", "c"]),  # Azurite's: no Content-ID; a delete's answer has no ETag
+    (answers(("201 Created", "1", "a"), ("204 No Content", "2", "b"), ("204 No Content", "3", "c")),
+     ["a", "b", "c"]),  # numbered from 1, as the service's documentation shows
+    (answers(("204 No Content", "2", "c"), ("201 Created", "0", "a"), ("204 No Content", "1", "b")),
+     ["a", "b", "c"]),  # the requests' ids, answered in another order
+    (answers(("201 Created", "1", "a"), ("204 No Content", None, "b"), ("204 No Content", "0", "c")),
+     ["a", "b", "c"]),  # not every answer numbered: their order
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("response", "etags"), ORDERS, ids=["no ids", "ids from 1", "ids out of order", "some ids"])
+def test_etags_are_read_in_the_operations_order(response: bytes, etags: list[str]) -> None:
+    assert decode(response, 3) == etags
 
 
 @pytest.mark.parametrize(

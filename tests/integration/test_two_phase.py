@@ -3,6 +3,7 @@ real Azurite and a real local HTTP payment service that honours Idempotency-Key.
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -88,17 +89,21 @@ def test_a_new_order_is_charged_once_then_written(app: TableStore, payments: Pay
 
 
 def test_crash_after_the_call_before_completion_charges_once(app: TableStore, payments: PaymentService) -> None:
+    """The step's completion commits with the order (one transaction): a crash before it
+    leaves the claim in progress, and the takeover calls again with the same key."""
     order = an_order()
-    real_complete = app.complete
+    real_commit = app.commit_many
 
     def crash(*args: Any, **kwargs: Any) -> Any:
         raise Crash("worker died after the payment call")
 
-    app.complete = crash  # type: ignore[method-assign]
+    app.commit_many = crash  # type: ignore[method-assign]
     with pytest.raises(Crash):
         orders(servicebus_message(order, order["orderId"]))
-    app.complete = real_complete  # type: ignore[method-assign]
+    app.commit_many = real_commit  # type: ignore[method-assign]
     assert effects_by_order(app, order["orderId"]) == {}
+    marker = step_marker(app, order["orderId"])
+    assert marker is not None and marker.state is State.IN_PROGRESS
 
     wait_until(lambda: lease_expired(app, order["orderId"]))  # the broker redelivers after the lock
     orders(servicebus_message(order, order["orderId"], delivery_count=2))
@@ -136,11 +141,15 @@ def test_a_stale_owner_cannot_complete_after_a_takeover(azurite: Azurite, paymen
     assert stall.wait(10)
     wait_until(lambda: lease_expired(store, order["orderId"]))
     results["b"] = consumer.process(delivery)  # takes the claim over, same downstream key: replayed
+    completed_by_b = step_marker(store, order["orderId"])
     release.set()
     worker_a.join()
 
     assert results["b"].outcome is Outcome.PROCESSED
-    assert (results["a"].outcome, results["a"].reason) == (Outcome.TRANSIENT, "lease_lost")
+    # A's commit (which carries its completion) meets B's: nothing of A's is written
+    assert results["a"].outcome is Outcome.DUPLICATE
+    after = step_marker(store, order["orderId"])
+    assert completed_by_b is not None and after is not None and after.version == completed_by_b.version
     assert payments.charges_per_order() == {order["orderId"]: 1}
     found = effects_by_order(store, order["orderId"])[order["orderId"]]
     assert (found.orders, found.charges) == (1, 1)
@@ -260,3 +269,55 @@ def test_the_timer_function_runs_reconciliation(app: TableStore, caplog: pytest.
     with caplog.at_level("ERROR", logger="idempotency"):
         user_function("reconcile_claims")(None)
     assert any(key.id in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "sdk"])
+def test_a_message_with_a_step_costs_two_store_requests(azurite: Azurite, lean: bool) -> None:
+    """The claim before the call, then one transaction: the marker, the effects and the
+    step's completion (fenced by the claim's ETag). On both transaction paths."""
+    from tests.conftest import new_table_store
+
+    sent: list[str] = []
+    store = new_table_store(azurite, lean=lean, hook=lambda request: sent.append(request.http_request.method))
+    calls: list[str] = []
+
+    def handler(order: dict[str, Any], context: Any) -> Any:
+        charge = context.step("charge", lambda key: calls.append(key) or {"id": key})
+        effects = order_handler()(order, context)
+        return type(effects)([*effects.entities], result={"charge": charge["id"]})
+
+    consumer = IdempotentConsumer("orders", store, handler, schema=SCHEMA, config=DedupConfig(cache_size=0))
+    deliveries = [servicebus_delivery(servicebus_message(o, o["orderId"])) for o in (an_order() for _ in range(20))]
+    sent.clear()
+    assert {consumer.process(d).outcome for d in deliveries} == {Outcome.PROCESSED}
+    assert len(sent) == 2 * 20 and len(calls) == 20
+    for delivery in deliveries:  # each step completed by its message's transaction
+        order_id = json.loads(delivery.body)["orderId"]
+        marker = step_marker(store, order_id)
+        assert marker is not None and marker.state is State.COMPLETED and marker.result == {"id": charge_key(order_id)}
+    sent.clear()
+    assert {consumer.process(d).outcome for d in deliveries} == {Outcome.DUPLICATE}
+    # a redelivery: the claim meets the completed step (refused insert, one read), the commit its guard
+    assert len(sent) == 3 * 20 and len(calls) == 20
+
+
+def test_a_handler_failing_after_its_step_leaves_the_step_completed(app: TableStore, payments: PaymentService) -> None:
+    """No commit to carry the completion: it is written on its own, so the redelivery
+    neither waits for the lease nor calls again."""
+    order = an_order()
+    with pytest.MonkeyPatch.context() as patch:
+        consumer = orders_app.queue_consumer()
+        handler = consumer._handler
+
+        def failing(payload: Any, context: Any) -> Any:
+            handler(payload, context)
+            raise RuntimeError("a bug after the charge")
+
+        patch.setattr(consumer, "_handler", failing)
+        with pytest.raises(RetryLater):
+            orders(servicebus_message(order, order["orderId"]))
+    marker = step_marker(app, order["orderId"])
+    assert marker is not None and marker.state is State.COMPLETED
+    orders(servicebus_message(order, order["orderId"], delivery_count=2))
+    assert payments.requests[charge_key(order["orderId"])] == 1
+    assert payments.charges_per_order() == {order["orderId"]: 1}

@@ -142,7 +142,8 @@ EXPECTED = {  # function: (trigger type, the binding fields Azure needs)
     "orders_api": ("httpTrigger", {"route": "orders", "methods": ["POST"], "authLevel": "FUNCTION"}),
     "events_api": ("httpTrigger", {"route": "events", "methods": ["POST", "OPTIONS"], "authLevel": "FUNCTION"}),
     "reconcile_claims": ("timerTrigger", {"schedule": "0 */15 * * * *", "useMonitor": True}),
-    "purge_markers": ("timerTrigger", {"schedule": "0 30 3 * * *", "useMonitor": True}),
+    "purge_markers": ("timerTrigger", {"schedule": "0 */5 * * * *", "useMonitor": True}),
+    "sweep_markers": ("timerTrigger", {"schedule": "0 0 4 * * 0", "useMonitor": True}),
     "dispatch_outbox": ("timerTrigger", {"schedule": "0 */5 * * * *", "useMonitor": True}),
     "daily_reminders": ("timerTrigger", {"schedule": "0 0 6 * * *", "useMonitor": True}),
     "shipment_tracking": (
@@ -382,7 +383,7 @@ def test_http_events_route_accepts_a_cloudevent_once_and_answers_the_handshake(
     assert (status, answer["WebHook-Allowed-Origin"], answer["Allow"]) == (200, "eventgrid.azure.net", "POST")
 
 
-@pytest.mark.parametrize("function", ["reconcile_claims", "purge_markers", "dispatch_outbox"])
+@pytest.mark.parametrize("function", ["reconcile_claims", "purge_markers", "sweep_markers", "dispatch_outbox"])
 def test_timers_run(worker: WorkerHost, function: str) -> None:
     for past_due in (False, True):
         assert worker.failed(worker.invoke(function, timer(worker.trigger(function), past_due=past_due))) is None

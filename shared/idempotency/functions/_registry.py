@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Generic, TypeVar
 
-from ..config import dead_letter_retention, duration, problems, whole
+from ..config import DEFAULT_PURGE_BUDGET, DEFAULT_PURGE_TIME, dead_letter_retention, duration, problems, whole
 from ..consumer import IdempotentConsumer
 from ..errors import ConfigurationError
 from ..outbox import Sender
@@ -107,7 +107,8 @@ def check_app_settings() -> None:
     problem, raised when the app starts in a Functions host (function_app.py): indexing fails
     with it in the host log, instead of a healthy-looking app that fails every message."""
     found = problems()
-    timers = (lambda: duration("DEDUP_STALE_AFTER", "PT1H"), lambda: whole("DEDUP_PURGE_BUDGET", "20000"))
+    timers = (lambda: duration("DEDUP_STALE_AFTER", "PT1H"), lambda: whole("DEDUP_PURGE_BUDGET", DEFAULT_PURGE_BUDGET),
+              lambda: duration("DEDUP_PURGE_TIME", DEFAULT_PURGE_TIME))  # fmt: skip
     for check in (dead_letter_retention, check_store_settings, check_sender_settings, *timers):
         try:
             check()

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import astuple
 from datetime import timedelta
 
 import azure.functions as func
 from opentelemetry import metrics
 
-from ..config import duration, whole
+from ..config import DEFAULT_PURGE_BUDGET, DEFAULT_PURGE_TIME, duration, whole
 from ..messages import utcnow
 from ..reconcile import escalate_stale_claims
 from ._registry import declared, shared_sender, shared_store
@@ -29,13 +30,25 @@ def reconcile_claims(timer: func.TimerRequest) -> None:
 
 
 @bp.function_name("purge_markers")
-@bp.timer_trigger(arg_name="timer", schedule="0 30 3 * * *", use_monitor=True)
+@bp.timer_trigger(arg_name="timer", schedule="0 */5 * * * *", use_monitor=True)
 def purge_markers(timer: func.TimerRequest) -> None:
-    """Table Storage has no TTL: delete expired markers, at most DEDUP_PURGE_BUDGET a run."""
-    budget = whole("DEDUP_PURGE_BUDGET", "20000")
-    purge = shared_store().purge_expired(utcnow(), budget)
+    """Table Storage has no TTL: delete the markers that expired, following the expiry index,
+    for at most DEDUP_PURGE_TIME of a run (under functionTimeout), DEDUP_PURGE_BUDGET records."""
+    budget = whole("DEDUP_PURGE_BUDGET", DEFAULT_PURGE_BUDGET)
+    deadline = time.monotonic() + duration("DEDUP_PURGE_TIME", DEFAULT_PURGE_TIME).total_seconds()
+    purge = shared_store().purge_expired(utcnow(), budget, deadline=deadline)
     logging.getLogger("idempotency").info("dedup purge: scanned=%d deleted=%d requests=%d", *astuple(purge))
-    _purges.add(1, {"budget_spent": str(purge.deleted >= budget).lower()})  # true: a backlog (alert)
+    left = purge.deleted >= budget or time.monotonic() >= deadline
+    _purges.add(1, {"budget_spent": str(left).lower()})  # true: it stopped with work left (a backlog, alert)
+
+
+@bp.function_name("sweep_markers")
+@bp.timer_trigger(arg_name="timer", schedule="0 0 4 * * 0", use_monitor=True)
+def sweep_markers(timer: func.TimerRequest) -> None:
+    """Weekly: the full scan for expired markers the index missed (an instance that died with
+    notes unwritten), at most DEDUP_PURGE_BUDGET records."""
+    swept = shared_store().sweep_expired(utcnow(), whole("DEDUP_PURGE_BUDGET", DEFAULT_PURGE_BUDGET))
+    logging.getLogger("idempotency").info("dedup sweep: scanned=%d deleted=%d requests=%d", *astuple(swept))
 
 
 FIRST_SWEEP = timedelta(days=2)  # how far back a sweep without a cursor reads: 48 hourly reads, once

@@ -71,13 +71,17 @@ class DedupStore(ABC):
 
     dead_letter_retention: timedelta = DEAD_LETTER_RETENTION
     max_effects = 98  # business entities one commit holds: a transaction of 100 less guard and marker
+    # True when ``commit_many`` writes ``Commit.completions`` in the commit's transaction, each
+    # fenced by its version (CommitStatus.LEASE_LOST otherwise). False: steps complete on their own.
+    folds_completions = False
 
     # -- the atomic path: one request claims and commits -------------------------------
 
     @abstractmethod
     def commit_many(self, commits: Sequence[Commit]) -> list[CommitResult]:
         """For each commit, insert a completed marker, its guard (key, fingerprint) and its
-        effects in one transaction, or nothing. When the transaction fails on an existing
+        effects — and, on a store that ``folds_completions``, replace each of its completions
+        at its version — in one transaction, or nothing. When the transaction fails on an existing
         item, ``conflict`` says what that means. A store may group commits that share a
         partition into fewer requests.
 
@@ -201,10 +205,16 @@ class DedupStore(ABC):
 
     # -- lifecycle and verification ------------------------------------------------------
 
-    def purge_expired(self, now: datetime, budget: int) -> Purge:
-        """Delete markers, guards and dead-letter records that expired before ``now``, at
-        most ``budget`` of them; never a business entity. This default is for stores
-        with native TTL."""
+    def purge_expired(self, now: datetime, budget: int, *, deadline: float | None = None) -> Purge:
+        """Delete markers, guards and dead-letter records that expired before ``now`` (a store
+        may wait for whole hours to pass), about ``budget`` of them at most, stopping at
+        ``deadline`` (``time.monotonic()``); never a business entity. Its cost must follow
+        what expired, not the store's size. This default is for stores with native TTL."""
+        return Purge(0, 0, 0)
+
+    def sweep_expired(self, now: datetime, budget: int) -> Purge:
+        """The rare full sweep behind ``purge_expired``: whatever expired and it missed, found
+        by scanning. This default is for stores whose purge misses nothing."""
         return Purge(0, 0, 0)
 
     def scan(self, partition: str | None = None) -> Iterator[StoredItem]:

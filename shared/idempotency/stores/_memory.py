@@ -46,6 +46,8 @@ class _Item:
 class MemoryStore(DedupStore):
     """``available = False`` makes every call fail as an unreachable store does."""
 
+    folds_completions = True
+
     def __init__(self, *, dead_letter_retention: timedelta = DEAD_LETTER_RETENTION) -> None:
         self.dead_letter_retention = dead_letter_retention
         self.available = True
@@ -68,7 +70,8 @@ class MemoryStore(DedupStore):
 
     def _commit(self, commit: Commit) -> CommitResult:
         self._check()
-        key, partition, fingerprint, effects, _, expires_at, _, _ = commit
+        key, partition, fingerprint, effects, expires_at = (commit.key, commit.partition, commit.fingerprint,
+                                                            commit.effects, commit.expires_at)  # fmt: skip
         names = [encode_key(effect.name) for effect in effects]
         if len(effects) > self.max_effects or len(set(names)) < len(names):
             raise ValueError(f"a commit holds at most {self.max_effects} entities, each name once")
@@ -80,6 +83,12 @@ class MemoryStore(DedupStore):
         with self._lock:
             taken = [i for i in (guard, marker_id(key), *names) if (partition, i) in self._items]
             if not taken:
+                for step in commit.completions:
+                    current = self._items.get((step.partition, marker_id(step.key)))
+                    if current is None or current.etag != step.version:
+                        return CommitResult(CommitStatus.LEASE_LOST)
+                for step in commit.completions:
+                    self._put(step)
                 marker = commit.marker(utcnow())
                 self._items[(partition, guard)] = _Item(self._etag(), GUARD_KIND, expires_at=expires_at)
                 self._items[(partition, marker_id(key))] = _Item(self._etag(), MARKER_KIND, marker)
@@ -175,7 +184,7 @@ class MemoryStore(DedupStore):
         self._check()
         return [record for (s, _), (record, _) in list(self._dead.items()) if s == scope]
 
-    def purge_expired(self, now: datetime, budget: int) -> Purge:
+    def purge_expired(self, now: datetime, budget: int, *, deadline: float | None = None) -> Purge:
         self._check()
         with self._lock:
             items = [place for place, item in self._items.items() if (_expiry(item) or now) < now]

@@ -85,6 +85,7 @@ class CommitStatus(StrEnum):
     DUPLICATE = "duplicate"  # a marker with the same fingerprint exists: nothing written
     MISMATCH = "mismatch"  # a marker with another fingerprint exists: nothing written
     REFUSED = "refused"  # the store can never hold this message's data (``detail`` says why): nothing written
+    LEASE_LOST = "lease_lost"  # a step's claim changed since it was claimed (taken over): nothing written
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,9 @@ class Commit(NamedTuple):
     """One message's marker and effects, as ``commit`` takes them. ``owner``: this
     delivery's token, stored in the marker; ``retry``: an earlier attempt of the same
     delivery may have been applied with its answer lost, so a conflict reads the marker
-    to tell our own commit (``NEW``) from another delivery's (``DUPLICATE``)."""
+    to tell our own commit (``NEW``) from another delivery's (``DUPLICATE``).
+    ``completions``: completed step markers to write in the same transaction, each only at
+    its ``version`` (the claim's), on a store that ``folds_completions``."""
 
     key: DedupKey
     partition: str
@@ -136,6 +139,7 @@ class Commit(NamedTuple):
     expires_at: datetime
     owner: str | None = None
     retry: bool = False
+    completions: tuple[Marker, ...] = ()
 
     def marker(self, now: datetime) -> Marker:
         return Marker(self.key, self.partition, State.COMPLETED, self.fingerprint, now, self.expires_at,

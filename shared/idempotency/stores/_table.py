@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -45,6 +46,7 @@ from ..messages import Entity, utcnow
 from ._azure import error_code, store_errors
 from ._base import DedupStore, check_storable, refused
 from ._codec import dead_letter_fields, dead_letter_from, marker_fields, marker_from
+from ._expiry import ExpiryIndex, Note
 from ._records import (
     GUARD_KIND,
     MARKER_KIND,
@@ -72,6 +74,8 @@ _compact_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).enco
 
 
 class TableStore(DedupStore):
+    folds_completions = True  # a step's completion: a replace at its ETag in the message's transaction
+
     def __init__(
         self,
         service: TableServiceClient,
@@ -88,6 +92,7 @@ class TableStore(DedupStore):
         self._service = service
         self._table: TableClient = service.get_table_client(table)
         self._dead: TableClient = service.get_table_client(dead_letter_table)
+        self._expiry = ExpiryIndex(self._dead)  # in the library's own table, beside the dead letters
 
     @property
     def table(self) -> TableClient:
@@ -133,31 +138,32 @@ class TableStore(DedupStore):
             remaining = later
         return [results[i] for i in range(len(commits))]
 
-    def _submit(self, entities: list[dict[str, Any]]) -> TransactionFailure | None:
-        """One transaction of inserts: None when written; the refused operation when one
-        already existed (409 EntityAlreadyExists, nothing written); other errors raise."""
+    def _submit(self, operations: list[Any]) -> TransactionFailure | list[str]:
+        """One transaction (the SDK's operation tuples): each operation's ETag when applied;
+        the refused operation when one met an existing entity, another version or none
+        (nothing written); other errors raise."""
         # Not resent by the SDK's retry policy: a resend after a lost answer meets our own
         # guard, so the consumer's waiting loop resends, knowing to read the marker back.
         if self._lean is not None:
-            return self._lean.submit(entities, retry_total=0)
+            return self._lean.submit(operations, retry_total=0)
         try:
-            self._table.submit_transaction([("create", entity) for entity in entities], retry_total=0)
+            answers = self._table.submit_transaction(operations, retry_total=0)
         except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
             # The SDK reads a transaction's answer after azure-core's transport: an answer cut
             # short escapes as requests' error. It may have been applied: as the lean path says.
             raise ServiceResponseError(f"the transaction's answer was cut short: {exc}", error=exc) from exc
         except TableTransactionError as exc:
             failure = TransactionFailure.of(exc.status_code or 0, error_code(exc), exc.message or "")
-            if not failure.already_exists:
+            if not (failure.already_exists or failure.version_conflict or failure.not_found):
                 raise
             return failure
-        return None
+        return [str(answer.get("etag") or "") for answer in answers]
 
     def _transact(self, commits: Sequence[Commit], partition: str, chunk: list[int]) -> dict[int, CommitResult]:
         results: dict[int, CommitResult] = {}
         pk, now = encode_key(partition), utcnow()
         while chunk:
-            operations: list[dict[str, Any]] = []
+            operations: list[Any] = []
             owners: list[tuple[int, int]] = []  # per operation: (message, position in the message)
             for i in chunk:
                 commit = commits[i]
@@ -165,25 +171,38 @@ class TableStore(DedupStore):
                          "ExpiresAt": commit.expires_at}  # fmt: skip
                 entities = [guard, self._marker_entity(commit.marker(now)),
                             *(self.effect_entity(pk, e) for e in commit.effects)]  # fmt: skip
-                operations += entities
-                owners += [(i, position) for position in range(len(entities))]
+                operations += [("create", entity) for entity in entities]
+                operations += [("update", self._marker_entity(step), _at_version(step.version))
+                               for step in commit.completions]  # fmt: skip
+                owners += [(i, position) for position in range(len(entities) + len(commit.completions))]
             try:
                 with store_errors():
-                    failure = self._submit(operations)
+                    answer = self._submit(operations)
             except StoreRefused as exc:  # a value too large, say: whose? each message on its own
                 if len(chunk) == 1:
                     return {**results, chunk[0]: refused(exc)}
-                failure = TransactionFailure(None, 400, "", str(exc))
-            if failure is not None:
-                failed = failure.index
+                answer = TransactionFailure(None, 400, "", str(exc))
+            if isinstance(answer, TransactionFailure):
+                failed = answer.index
                 if failed is None and len(chunk) > 1:  # the service did not say which: one by one
                     for i in chunk:
                         results.update(self._transact(commits, partition, [i]))
                     return results
                 i, position = owners[failed] if failed is not None else (chunk[0], None)
-                results[i] = self.conflict(commits[i], guard_exists=position == 0)
+                if answer.version_conflict or answer.not_found:  # at a completion: its claim was taken over
+                    results[i] = CommitResult(CommitStatus.LEASE_LOST)
+                else:
+                    results[i] = self.conflict(commits[i], guard_exists=position == 0)
                 chunk = [j for j in chunk if j != i]
                 continue
+            for i in chunk:  # each message's operations: guard, marker, effects, completions
+                first, commit = owners.index((i, 0)), commits[i]
+                guard_key, marker_key = operations[first][1]["RowKey"], operations[first + 1][1]["RowKey"]
+                notes = [Note(pk, marker_key, answer[first + 1], guard_key)]
+                steps = first + 2 + len(commit.effects)
+                notes += [Note(pk, operations[steps + n][1]["RowKey"], answer[steps + n], "")
+                          for n in range(len(commit.completions))]  # fmt: skip
+                self._expiry.note(commit.expires_at, notes)
             results.update({i: CommitResult(CommitStatus.NEW, commits[i].fingerprint) for i in chunk})
             break
         return results
@@ -201,12 +220,16 @@ class TableStore(DedupStore):
         return self._marker_from(entity, partition)
 
     def insert(self, marker: Marker) -> Marker | None:
+        if self._lean is not None:  # a claim on the path of every message with a step: the lean one
+            with store_errors():
+                etag = self._lean.insert(self._marker_entity(marker))
+            return None if etag is None else self._noted(replace(marker, version=etag))
         try:
             with store_errors():
                 meta = self._table.create_entity(self._marker_entity(marker))
         except ResourceExistsError:
             return None
-        return _versioned(marker, meta)
+        return self._noted(_versioned(marker, meta))
 
     def replace(self, marker: Marker, if_version: str) -> Marker:
         try:
@@ -219,7 +242,14 @@ class TableStore(DedupStore):
                 )
         except (ResourceModifiedError, ResourceNotFoundError) as exc:
             raise VersionConflict(str(exc)) from exc
-        return _versioned(marker, meta)
+        return self._noted(_versioned(marker, meta))
+
+    def _noted(self, marker: Marker) -> Marker:
+        """A final marker goes to the expiry index at its version (a claim is noted once final)."""
+        if marker.final:
+            self._expiry.note(marker.expires_at, [Note(encode_key(marker.partition), marker_id(marker.key),
+                                                       marker.version or "", "")])  # fmt: skip
+        return marker
 
     def stale_claims(self, lease_expired_before: datetime, limit: int) -> list[Marker]:
         # Markers live beside the business data, in every partition: this is a filtered
@@ -260,20 +290,59 @@ class TableStore(DedupStore):
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def purge_expired(self, now: datetime, budget: int) -> Purge:
-        """Markers live beside the business data, in every partition, so finding the
-        expired ones is a filtered scan (continuation tokens, pages of 1,000). Within a
-        page they are grouped by partition and deleted in transactions of up to 100 —
-        a marker and its guard go in one request — each delete conditional on the ETag
-        read, so a marker rewritten meanwhile (a takeover) is kept."""
-        markers = self._purge(
+    def purge_expired(self, now: datetime, budget: int, *, deadline: float | None = None) -> Purge:
+        """Follows the expiry index (_expiry.py): reads the hours that fell due, deletes each
+        noted marker at its noted version with its guard, one transaction per business
+        partition, in parallel, until ``budget`` records are deleted or ``deadline``
+        (time.monotonic()). Then the dead-letter records that expired (their own table)."""
+        deadline = time.monotonic() + 3600 if deadline is None else deadline
+        markers = self._expiry.purge(now, budget, deadline, self._delete_noted)
+        dead = self._purge(self._dead, "ExpiresAt lt @now", {"now": now}, budget - markers.deleted)
+        return Purge(markers.scanned + dead.scanned, markers.deleted + dead.deleted, markers.requests + dead.requests)
+
+    def sweep_expired(self, now: datetime, budget: int) -> Purge:
+        """The rare full sweep, for what the index missed: a filtered scan of the whole table
+        (continuation tokens, pages of 1,000); within a page, grouped by partition and deleted
+        in transactions of up to 100, each conditional on the ETag read, so that a marker
+        rewritten meanwhile (a takeover) is kept."""
+        return self._purge(
             self._table,
             "( Kind eq @marker or Kind eq @guard ) and ExpiresAt lt @now",  # the SDK splits on spaces
             {"marker": MARKER_KIND, "guard": GUARD_KIND, "now": now},
             budget,
         )
-        dead = self._purge(self._dead, "ExpiresAt lt @now", {"now": now}, budget - markers.deleted)
-        return Purge(markers.scanned + dead.scanned, markers.deleted + dead.deleted, markers.requests + dead.requests)
+
+    def _delete_noted(self, pk: str, notes: list[Note]) -> tuple[int, int]:
+        """Delete noted markers (at their noted version) with their guards: (deleted, requests).
+        A marker rewritten since is kept with its guard; one already gone is passed over."""
+        deleted = made = 0
+        for start in range(0, len(notes), MAX_TRANSACTION_OPERATIONS // 2):
+            operations: list[Any] = []
+            for note in notes[start : start + MAX_TRANSACTION_OPERATIONS // 2]:
+                at = {"etag": note.etag, "match_condition": MatchConditions.IfNotModified} if note.etag else {}
+                operations.append(("delete", {"PartitionKey": pk, "RowKey": note.marker}, at))
+                if note.guard:
+                    operations.append(("delete", {"PartitionKey": pk, "RowKey": note.guard}, {}))
+            while operations:
+                with store_errors():
+                    answer = self._submit(operations)
+                made += 1
+                if not isinstance(answer, TransactionFailure):
+                    deleted += len(operations)
+                    break
+                if answer.index is None:
+                    break  # the service did not say which: the full sweep will
+                failed = operations[answer.index]
+                if answer.version_conflict:  # the marker was rewritten: keep it and its guard
+                    guard = self._guard_of(notes, failed[1]["RowKey"])
+                    operations = [op for op in operations if op[1]["RowKey"] not in (failed[1]["RowKey"], guard)]
+                else:  # gone already
+                    operations = [op for op in operations if op is not failed]
+        return deleted, made
+
+    @staticmethod
+    def _guard_of(notes: list[Note], marker: str) -> str | None:
+        return next((note.guard for note in notes if note.marker == marker), None)
 
     def _purge(self, table: TableClient, query: str, parameters: dict[str, Any], budget: int) -> Purge:
         found = table.query_entities(query, parameters=parameters, select=["PartitionKey", "RowKey"],
@@ -394,6 +463,11 @@ class TableStore(DedupStore):
         return marker_from(_from_table(entity), partition, entity.metadata.get("etag"))
 
 
+def _at_version(etag: str | None) -> dict[str, Any]:
+    """A replace only at ``etag``: the fence of a step's completion."""
+    return {"mode": UpdateMode.REPLACE, "etag": etag, "match_condition": MatchConditions.IfNotModified}
+
+
 def _versioned(marker: Marker, meta: Any) -> Marker:
     return replace(marker, version=meta.get("etag"))
 
@@ -403,9 +477,9 @@ def _chunks(commits: Sequence[Commit], members: list[int]) -> Iterator[list[int]
     chunk: list[int] = []
     operations = 0
     for i in members:
-        size = len(commits[i].effects) + 2
+        size = len(commits[i].effects) + len(commits[i].completions) + 2
         if size > MAX_TRANSACTION_OPERATIONS:
-            raise ValueError(f"a Table transaction holds at most {MAX_TRANSACTION_OPERATIONS - 2} effects")
+            raise ValueError(f"a Table transaction holds at most {MAX_TRANSACTION_OPERATIONS - 2} effects and steps")
         if operations + size > MAX_TRANSACTION_OPERATIONS:
             yield chunk
             chunk, operations = [], 0

@@ -1,5 +1,6 @@
-"""Table Storage entity-group transactions, encoded and decoded here, sent through a plain
-azure-core pipeline (public APIs: PipelineClient, policies, ``azure.core.rest.HttpRequest``).
+"""Table Storage entity-group transactions (inserts, conditional replaces and deletes) and
+single inserts, encoded and decoded here, sent through a plain azure-core pipeline (public
+APIs: PipelineClient, policies, ``azure.core.rest.HttpRequest``).
 
 Why: in the Azure SDK a transaction costs ~4 ms fixed + ~0.5 ms per operation of client CPU
 (multipart built with the ``email`` package, a thread pool per request), about five times
@@ -27,10 +28,10 @@ from datetime import UTC, datetime
 from email.utils import formatdate
 from enum import Enum
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 from xml.etree import ElementTree
 
-from azure.core import PipelineClient
+from azure.core import MatchConditions, PipelineClient
 from azure.core.credentials import AzureNamedKeyCredential, TokenCredential
 from azure.core.exceptions import (
     ClientAuthenticationError,
@@ -50,7 +51,7 @@ from azure.core.pipeline.policies import (
 )
 from azure.core.pipeline.transport import HttpTransport
 from azure.core.rest import HttpRequest
-from azure.data.tables import TableErrorCode
+from azure.data.tables import TableEntity, TableErrorCode, UpdateMode
 
 from ._transport import transaction_transport
 
@@ -59,6 +60,13 @@ STORAGE_SCOPE = "https://storage.azure.com/.default"
 _INT32 = range(-(2**31), 2**31)
 _STATUS = re.compile(rb"^HTTP/1\.1 (\d{3})", re.MULTILINE)
 _ERROR_CODE = re.compile(rb"^x-ms-error-code:[ \t]*(\S+)", re.MULTILINE | re.IGNORECASE)
+# An answer's headers (each after a line break: faster to find than ``^`` in MULTILINE mode).
+_ETAG = re.compile(rb"\nETag:[ \t]*([^\r\n]*)", re.IGNORECASE)
+_CONTENT_ID = re.compile(rb"\nContent-ID:[ \t]*(\d+)[ \t]*(?:\r|$)", re.IGNORECASE)
+# An operation as TableClient.submit_transaction takes it: ("create", entity), ("update", entity,
+# {"mode": UpdateMode.REPLACE, "etag": …, "match_condition": …}), ("delete", entity[, {"etag": …, …}]);
+# or a bare entity, an insert.
+Operation = Mapping[str, Any] | tuple[Any, ...]
 # Refusals' classes by status. The SDK goes by code: ClientAuthenticationError for AuthenticationFailed and
 # InvalidAuthenticationInfo only, so a missing role's 403 (AuthorizationPermissionMismatch) is a plain
 # HttpResponseError there. Subclasses of it: an ``except`` written for the SDK's errors still catches these.
@@ -90,6 +98,18 @@ class TransactionFailure:
         """An insert met an existing entity: what ``conflict`` reads, never an error."""
         return self.status == 409 and self.code == TableErrorCode.ENTITY_ALREADY_EXISTS
 
+    @property
+    def version_conflict(self) -> bool:
+        """An update or delete whose ETag no longer matched the entity's (412
+        UpdateConditionNotSatisfied): another writer changed or deleted it first."""
+        return self.status == 412 and self.code == TableErrorCode.UPDATE_CONDITION_NOT_SATISFIED
+
+    @property
+    def not_found(self) -> bool:
+        """An update or delete of an entity that does not exist (404 ResourceNotFound; a
+        missing table is TableNotFound, and raises)."""
+        return self.status == 404 and self.code == TableErrorCode.RESOURCE_NOT_FOUND
+
 
 class SharedKeyPolicy(SansIOHTTPPolicy):  # type: ignore[type-arg]
     """Table service Shared Key authorization: HMAC-SHA256 over verb, Content-MD5,
@@ -111,7 +131,10 @@ class SharedKeyPolicy(SansIOHTTPPolicy):  # type: ignore[type-arg]
 
 
 class TableTransactions:
-    """``submit`` sends one entity-group transaction of inserts to ``table``."""
+    """Writes to ``table``: ``submit`` sends one entity-group transaction (inserts, replaces
+    and deletes, conditional on an ETag or not) and returns each operation's new ETag, or the
+    refusal the caller decides on; ``insert`` writes one entity and returns its ETag, None when
+    it already existed. Other refusals raise as the SDK's do."""
 
     def __init__(
         self,
@@ -164,11 +187,21 @@ class TableTransactions:
         """From a TableServiceClient: its endpoint and credential, nothing private."""
         return cls(service.url, table, service.credential, **options)
 
-    def submit(self, operations: Sequence[Mapping[str, Any]], **options: Any) -> TransactionFailure | None:
-        """Insert every entity (one PartitionKey) atomically. None when all were written;
-        the failure when the service refused one (nothing written); other errors raise
-        as the SDK's do (HttpResponseError with the status and the service's error_code).
-        ``options``: per-request pipeline options, e.g. ``retry_total``."""
+    def submit(self, operations: Sequence[Operation], **options: Any) -> list[str] | TransactionFailure:
+        """Apply every operation (one PartitionKey) atomically. Operations are the tuples
+        ``TableClient.submit_transaction`` takes — ``("create", entity)``; ``("update", entity,
+        {"mode": UpdateMode.REPLACE, "etag": etag, "match_condition": MatchConditions.IfNotModified})``,
+        without etag and match_condition ``If-Match: *``; ``("delete", entity[, {"etag": …,
+        "match_condition": …}])`` — or a bare entity, an insert. Merge updates, upserts and
+        other options raise ValueError, before anything is sent.
+
+        All applied: each operation's new ETag, in the operations' order ("" for a delete).
+        Refused, nothing written: the TransactionFailure when the caller decides on it — an
+        insert met an existing entity (``already_exists``), an ETag no longer matched
+        (``version_conflict``), an update or delete found no entity (``not_found``); ``index``
+        is the refused operation's. Any other refusal raises as the SDK's do (HttpResponseError
+        with the status and the service's error_code). ``options``: per-request pipeline
+        options, e.g. ``retry_total``."""
         body = encode(self._table_url, operations, self._boundary, self._changeset)
         request = HttpRequest("POST", f"{self._base}/$batch", content=body,
                               headers={"Content-Type": f"multipart/mixed; boundary={self._boundary}"})  # fmt: skip
@@ -178,10 +211,30 @@ class TableTransactions:
             raise _refused(response, response.status_code, response.headers.get("x-ms-error-code") or code, message)
         if not response.headers.get("Content-Type", "").startswith("multipart/mixed"):
             raise ServiceResponseError(f"a transaction was answered with {response.headers.get('Content-Type')!r}")
-        failure = decode(response.content, len(operations))
-        if failure is not None and not failure.already_exists:
-            raise _refused(response, failure.status, failure.code, failure.message)  # the operation's status
-        return failure
+        answer = decode(response.content, len(operations))
+        if isinstance(answer, TransactionFailure) and not _decided(answer, operations):
+            raise _refused(response, answer.status, answer.code, answer.message)  # the operation's status
+        return answer
+
+    def insert(self, entity: Mapping[str, Any], **options: Any) -> str | None:
+        """Insert one entity (not a transaction: one POST to the table, answered without
+        content). Its new ETag; None when an entity with its keys already exists (409
+        EntityAlreadyExists). Other refusals raise as the SDK's do (HttpResponseError
+        subclasses with the status and the service's error_code). ``options``: per-request
+        pipeline options, e.g. ``retry_total`` — a retried insert whose first attempt was
+        applied but unanswered reads None: the caller reads the entity back."""
+        body = json.dumps(entity_json(entity)).encode()
+        request = HttpRequest("POST", self._table_url, content=body,
+                              headers={"Content-Type": "application/json;odata=nometadata",
+                                       "Prefer": "return-no-content"})  # fmt: skip
+        response = self._client.send_request(request, **{**self._timeouts, **options})
+        if response.status_code in (201, 204):
+            return str(response.headers.get("ETag", ""))
+        code, message = _error_body(response.content.strip())
+        code = response.headers.get("x-ms-error-code") or code
+        if response.status_code == 409 and code == TableErrorCode.ENTITY_ALREADY_EXISTS:
+            return None
+        raise _refused(response, response.status_code, code, message)
 
     def close(self) -> None:
         self._client.close()
@@ -190,20 +243,96 @@ class TableTransactions:
 # -- the wire format -----------------------------------------------------------------------
 
 
-def encode(table_url: str, entities: Sequence[Mapping[str, Any]], batch: str, changeset: str) -> bytes:
-    """The $batch body for inserts into ``table_url``, delimited by ``batch`` and ``changeset``."""
+def encode(table_url: str, operations: Sequence[Operation], batch: str, changeset: str) -> bytes:
+    """The $batch body for ``operations`` on ``table_url``, delimited by ``batch`` and
+    ``changeset``: each part as the SDK writes it (its headers in its order, If-Match as
+    it quotes an ETag, keys quoted in the URL as it quotes them)."""
     now = formatdate(usegmt=True)
-    # Every part's headers are the same but for its Content-ID and Content-Length.
+    # Every insert's headers are the same but for its Content-ID and Content-Length.
     head = f"--{changeset}\r\nContent-Type: application/http\r\nContent-Transfer-Encoding: binary\r\nContent-ID: "
     request = f"\r\n\r\nPOST {table_url} HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: "
-    tail = (f"\r\nx-ms-version: {API_VERSION}\r\nDataServiceVersion: 3.0\r\n"
-            f"Accept: application/json;odata=minimalmetadata\r\nx-ms-date: {now}\r\nDate: {now}\r\n\r\n")  # fmt: skip
+    common = f"\r\nx-ms-version: {API_VERSION}\r\nDataServiceVersion: 3.0\r\nAccept: application/json"
+    dates = f"\r\nx-ms-date: {now}\r\nDate: {now}\r\n\r\n"
+    tail = f"{common};odata=minimalmetadata{dates}"
     parts = [f"--{batch}\r\nContent-Type: multipart/mixed; boundary={changeset}\r\n\r\n".encode()]
-    for index, entity in enumerate(entities):
-        payload = json.dumps(entity_json(entity)).encode()
-        parts += (f"{head}{index}{request}{len(payload)}{tail}".encode(), payload, b"\r\n")
+    for index, operation in enumerate(operations):
+        if isinstance(operation, Mapping):  # an insert, the common case first
+            kind, entity, if_match = "create", operation, ""
+        else:
+            kind, entity, if_match = _operation(operation)
+        if kind == "create":
+            payload = json.dumps(entity_json(entity)).encode()
+            parts += (f"{head}{index}{request}{len(payload)}{tail}".encode(), payload, b"\r\n")
+        elif kind == "update":
+            payload = json.dumps(entity_json(entity)).encode()
+            parts += (f"{head}{index}\r\n\r\nPUT {_entity_url(table_url, entity)} HTTP/1.1\r\n"
+                      f"Content-Type: application/json\r\nContent-Length: {len(payload)}{common}\r\n"
+                      f"If-Match: {if_match}{dates}".encode(), payload, b"\r\n")  # fmt: skip
+        else:
+            parts.append(f"{head}{index}\r\n\r\nDELETE {_entity_url(table_url, entity)} HTTP/1.1{common};"
+                         f"odata=minimalmetadata\r\nIf-Match: {if_match}{dates}\r\n".encode())  # fmt: skip
     parts.append(f"--{changeset}--\r\n\r\n--{batch}--\r\n".encode())
     return b"".join(parts)
+
+
+def _operation(operation: tuple[Any, ...]) -> tuple[str, Mapping[str, Any], str]:
+    """(kind, entity, If-Match) of an operation tuple, checked as the SDK's
+    TableBatchOperations checks it (its ValueErrors, its words), less what this path
+    does not send: merge updates, upserts, other per-operation options."""
+    if len(operation) not in (2, 3):
+        raise TypeError("an operation is (kind, entity) or (kind, entity, options), as submit_transaction takes it")
+    kind = str(getattr(operation[0], "value", operation[0])).lower()
+    entity: Mapping[str, Any] = operation[1]
+    options = dict(operation[2]) if len(operation) == 3 else {}
+    if kind not in ("create", "update", "delete"):
+        raise ValueError(f"Unrecognized operation: {operation[0]}" if kind != "upsert" else
+                         "upsert is not sent by lean transactions: update (replace) or create")  # fmt: skip
+    if "PartitionKey" not in entity or "RowKey" not in entity:
+        raise ValueError("PartitionKey and/or RowKey were not provided in entity")
+    if kind == "update":
+        mode = options.pop("mode", UpdateMode.MERGE)  # the SDK's default
+        if mode != UpdateMode.REPLACE:
+            raise ValueError(f"update mode {mode!r} is not sent by lean transactions: UpdateMode.REPLACE only")
+    if_match = ""
+    if kind != "create":
+        etag, condition = options.pop("etag", None), options.pop("match_condition", None)
+        if condition and not etag and isinstance(entity, TableEntity):  # as the SDK: the entity's own ETag
+            etag = entity.metadata.get("etag")
+        if_match = _if_match(etag, condition)
+    if options:
+        raise ValueError(f"{kind} options {sorted(options)} are not sent by lean transactions")
+    return kind, entity, if_match
+
+
+def _if_match(etag: str | None, condition: MatchConditions | None) -> str:
+    """The If-Match header, by the SDK's rules (_get_match_condition, prep_if_match,
+    quote_etag): the ETag when IfNotModified, ``*`` when unconditional."""
+    condition = condition or MatchConditions.Unconditionally
+    if condition == MatchConditions.IfNotModified:
+        if not etag:
+            raise ValueError("IfNotModified must be specified with etag.")
+        if "\r" in etag or "\n" in etag:
+            raise ValueError(f"not an ETag: {etag!r}")  # it would end the part's header
+        if etag == "*" or etag.startswith("W/") or (etag.startswith(('"', "'")) and etag.endswith(etag[0])):
+            return etag
+        return f'"{etag}"'
+    if condition == MatchConditions.Unconditionally:
+        if etag:
+            raise ValueError("Etag is not supported for an Unconditional operation.")
+        return "*"
+    raise ValueError(f"Unsupported match condition: {condition}")
+
+
+def _entity_url(table_url: str, entity: Mapping[str, Any]) -> str:
+    """``table(PartitionKey='…',RowKey='…')``: quotes doubled, then percent-encoded (the SDK's
+    _prepare_key, then its URL serializer's ``quote(…, safe="")``)."""
+    return f"{table_url}(PartitionKey='{_key(entity['PartitionKey'])}',RowKey='{_key(entity['RowKey'])}')"
+
+
+def _key(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError("PartitionKey or RowKey must be of type string.")
+    return quote(value.replace("'", "''"), safe="")
 
 
 def entity_json(entity: Mapping[str, Any]) -> dict[str, Any]:
@@ -280,18 +409,52 @@ def _double(value: Any) -> Any:
     return value
 
 
-def decode(body: bytes, operations: int) -> TransactionFailure | None:
-    """The changeset response: one 2xx answer per operation, or the one that failed (the
-    service stops at the first failure and answers for it alone). Anything else — fewer
-    answers, none, not a changeset — may or may not have been applied: ServiceResponseError,
-    which the store treats as transient (the redelivery then finds what was written)."""
-    statuses = [(int(match.group(1)), match.end()) for match in _STATUS.finditer(body)]
-    for status, end in statuses:
+def decode(body: bytes, operations: int) -> list[str] | TransactionFailure:
+    """The changeset response: one 2xx answer per operation, whose ETags this returns ("" for
+    an answer without one, a delete's), or the one that failed (the service stops at the
+    first failure and answers for it alone). Anything else — fewer answers, none, not a
+    changeset — may or may not have been applied: ServiceResponseError, which the store
+    treats as transient (the redelivery then finds what was written).
+
+    Answers come in the operations' order (the SDK maps them by position; Azurite numbers
+    none of them). Where every answer carries a Content-ID, the order is theirs: the
+    requests' ids are their positions, so an answer echoing its request's id finds it,
+    and ids numbered from 1 in the answers' order change nothing."""
+    ends: list[int] = []
+    for match in _STATUS.finditer(body):
+        status, end = int(match.group(1)), match.end()
         if not 200 <= status < 300:
             return TransactionFailure.of(status, *_error(body[end:]))
-    if len(statuses) != operations:
-        raise ServiceResponseError(f"a transaction of {operations} operations was answered {len(statuses)} times")
-    return None
+        ends.append(end)
+    if len(ends) != operations:
+        raise ServiceResponseError(f"a transaction of {operations} operations was answered {len(ends)} times")
+    etags: list[str] = []
+    ids: list[int] = []
+    for end in ends:
+        stop = body.find(b"\r\n\r\n", end)  # the answer's headers: from its status to there
+        stop = stop if stop >= 0 else len(body)
+        etag, content_id = _ETAG.search(body, end, stop), _CONTENT_ID.search(body, end, stop)
+        etags.append(etag.group(1).strip().decode("latin-1") if etag else "")
+        if content_id:
+            ids.append(int(content_id.group(1)))
+    if len(ids) == len(etags) and len(set(ids)) == len(ids) and ids != sorted(ids):
+        etags = [etag for _, etag in sorted(zip(ids, etags, strict=True))]
+    return etags
+
+
+def _decided(failure: TransactionFailure, operations: Sequence[Operation]) -> bool:
+    """Whether ``submit`` returns this refusal, for the caller to decide on, or raises it."""
+    if failure.already_exists or failure.version_conflict:
+        return True
+    if not failure.not_found:
+        return False
+    if failure.index is not None:
+        return 0 <= failure.index < len(operations) and _kind(operations[failure.index]) != "create"
+    return any(_kind(operation) != "create" for operation in operations)
+
+
+def _kind(operation: Operation) -> str:
+    return "create" if isinstance(operation, Mapping) else str(getattr(operation[0], "value", operation[0])).lower()
 
 
 def _error(part: bytes) -> tuple[str, str]:

@@ -1,0 +1,211 @@
+"""Table Storage has no TTL. So that a purge reads what fell due rather than the whole table
+(markers live beside the business data, in every partition), the store notes every final
+marker it writes in an *expiry index*, and the purge follows the index.
+
+- **Notes**: (partition, marker RowKey, the marker's ETag, guard RowKey or "") under the hour
+  the marker expires. Written in batches: one index row holds up to 250 notes of one hour and
+  is written when full, ``FLUSH_AFTER`` after its first note (a timer thread), before a purge
+  and at exit — 0.004 request per marker.
+- **Rows** live in the library's own table (beside the dead-letter records), in partition
+  ``~expiry|YYYYMMDDHH``: the hour the notes expire, or the hour they are written if that is
+  later (never behind the cursor). Each row says when its last note expires (``Until``).
+- **The purge** reads the hours from a cursor (the first hour not yet emptied) to now, one
+  query each, hands the notes of every row that fell due to the store to delete in
+  parallel, deletes those rows, and moves the cursor past each emptied hour once no flush
+  can still file a note there. Its cost follows the expired markers, not the table.
+- What the index can miss (the notes of an instance that died before writing them, markers
+  written before the index existed): the rare full sweep, ``sweep_expired``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any, NamedTuple
+
+from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
+from azure.data.tables import TableClient, UpdateMode
+
+from ..errors import DedupError
+from ..messages import utcnow
+from ._azure import store_errors
+from ._records import Purge
+
+log = logging.getLogger("idempotency")
+
+INDEX = "~expiry|"  # partition of an hour's index rows: ~expiry|YYYYMMDDHH
+CURSOR = {"PartitionKey": INDEX + "cursor", "RowKey": "cursor"}
+NOTES_PER_ROW = 250  # ~50 KB of notes with short keys; longer ones split the row (_fitting)
+FLUSH_AFTER = 60.0  # seconds a note may wait in memory: what a crash can leave to the full sweep
+MAX_PENDING = 20_000  # notes held while the index cannot be written; beyond, the full sweep finds them
+FIRST_PURGE = timedelta(days=2)  # how far back a purge without a cursor starts
+SETTLE = timedelta(minutes=5)  # after an hour ends, how long a flush begun in it may take to land
+_HOUR = "%Y%m%d%H"
+_ROW_BYTES = 60_000  # an Edm.Binary property holds 64 KiB
+
+
+class Note(NamedTuple):
+    partition: str  # as stored (encoded)
+    marker: str  # RowKey
+    etag: str  # the marker is deleted only at this version ("": at any)
+    guard: str  # RowKey of its guard, "" for none
+
+
+class ExpiryIndex:
+    """The notes of one store (``table``: the library's own table), and the purge over them.
+    ``delete(partition, notes)`` deletes one partition's noted markers and guards and returns
+    (records deleted, requests)."""
+
+    def __init__(self, table: TableClient, *, concurrency: int = 16) -> None:
+        self._table = table
+        self._concurrency = concurrency
+        self._pending: dict[str, list[tuple[Note, datetime]]] = {}  # by the hour the markers expire
+        self._mutex = threading.Lock()
+        self._timer: threading.Timer | None = None
+        _live.add(self)
+
+    def note(self, expires_at: datetime, notes: Sequence[Note]) -> None:
+        hour = f"{expires_at.astimezone(UTC):{_HOUR}}"
+        with self._mutex:
+            if sum(map(len, self._pending.values())) + len(notes) > MAX_PENDING:
+                log.warning("dedup expiry index: %d notes pending, dropped (the full sweep finds them)", len(notes))
+                return
+            pending = self._pending.setdefault(hour, [])
+            pending += [(note, expires_at) for note in notes]
+            full = len(pending) >= NOTES_PER_ROW
+            if self._timer is None and not full:
+                self._timer = threading.Timer(FLUSH_AFTER, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
+        if full:
+            self.flush(hour)
+
+    def flush(self, hour: str | None = None) -> int:
+        """Write pending notes (of ``hour``, or all) as index rows; requests made. Notes that
+        could not be written stay pending for the next flush."""
+        with self._mutex:
+            hours = [hour] if hour is not None else list(self._pending)
+            taken = {h: self._pending.pop(h) for h in hours if self._pending.get(h)}
+            if hour is None and self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        requests = 0
+        for h, notes in taken.items():
+            filed = max(h, f"{utcnow():{_HOUR}}")  # an hour that passed may be behind the cursor
+            for start in range(0, len(notes), NOTES_PER_ROW):
+                for chunk in _fitting(notes[start : start + NOTES_PER_ROW]):
+                    row = {"PartitionKey": INDEX + filed, "RowKey": f"{utcnow():%Y%m%d%H%M%S%f}-{uuid.uuid4().hex[:8]}",
+                           "Notes": json.dumps([note for note, _ in chunk]).encode(),
+                           "Until": max(expires for _, expires in chunk)}  # fmt: skip
+                    try:
+                        with store_errors():
+                            self._table.create_entity(row)
+                        requests += 1
+                    except ResourceNotFoundError:  # the table is gone, and what the notes point to with it
+                        log.debug("dedup expiry index: %d notes for a table that no longer exists", len(chunk))
+                    except (DedupError, ResourceExistsError) as exc:
+                        log.log(_quiet or logging.WARNING, "dedup expiry index: %d notes not written yet: %s",
+                                len(chunk), exc)  # fmt: skip
+                        with self._mutex:
+                            self._pending.setdefault(h, []).extend(chunk)
+        return requests
+
+    def purge(self, now: datetime, budget: int, deadline: float,
+              delete: Callable[[str, list[Note]], tuple[int, int]]) -> Purge:  # fmt: skip
+        """Delete what the index rows of the hours from the cursor to ``now`` noted, for rows
+        whose every marker expired, about ``budget`` records at most, until ``deadline``
+        (time.monotonic()). The cursor moves past an hour once it is empty and settled."""
+        requests = self.flush()
+        with store_errors():
+            cursor_row = {"pk": CURSOR["PartitionKey"], "rk": CURSOR["RowKey"]}
+            stored = list(self._table.query_entities("PartitionKey eq @pk and RowKey eq @rk", parameters=cursor_row))
+        requests += 1
+        start = _hour(stored[0]["Hour"]) if stored else _floor(now - FIRST_PURGE)
+        settled = _floor(now - SETTLE) - timedelta(hours=1)  # no note is filed there any more
+        hour, cursor = start, start
+        scanned = deleted = 0
+        moving = True
+        with ThreadPoolExecutor(self._concurrency) as pool:
+            while hour <= now and deleted < budget and time.monotonic() < deadline:
+                emptied = True
+                for rows, read in self._rows(hour, budget - deleted):
+                    requests += read
+                    due = [row for row in rows if row["Until"] < now]
+                    emptied = emptied and len(due) == len(rows)
+                    notes = [Note(*n) for row in due for n in json.loads(row["Notes"])]
+                    scanned += len(notes)
+                    by_partition: dict[str, list[Note]] = {}
+                    for n in notes:
+                        by_partition.setdefault(n.partition, []).append(n)
+                    for done, made in pool.map(lambda item: delete(*item), by_partition.items()):
+                        deleted, requests = deleted + done, requests + made
+                    with store_errors():
+                        for row in due:
+                            self._table.delete_entity(str(row["PartitionKey"]), str(row["RowKey"]))
+                    requests += len(due)
+                    if deleted >= budget or time.monotonic() >= deadline:
+                        emptied = False
+                        break
+                moving = moving and emptied and hour <= settled
+                if moving:
+                    cursor = hour + timedelta(hours=1)
+                hour += timedelta(hours=1)
+        if cursor != start or not stored:
+            with store_errors():
+                self._table.upsert_entity({**CURSOR, "Hour": f"{cursor:{_HOUR}}"}, mode=UpdateMode.REPLACE)
+            requests += 1
+        return Purge(scanned, deleted, requests)
+
+    def _rows(self, hour: datetime, budget: int) -> Iterator[tuple[list[dict[str, Any]], int]]:
+        """An hour's index rows, a page at a time, sized so that a page stays near the budget
+        (records: a note's marker and its guard)."""
+        size = max(1, min(1000, budget // (2 * NOTES_PER_ROW)))
+        found = self._table.query_entities("PartitionKey eq @pk", parameters={"pk": INDEX + f"{hour:{_HOUR}}"},
+                                           select=["PartitionKey", "RowKey", "Notes", "Until"],
+                                           results_per_page=size)  # fmt: skip
+        with store_errors():
+            for page in found.by_page():
+                yield [dict(row) for row in page], 1
+
+
+def _fitting(notes: list[tuple[Note, datetime]]) -> Iterator[list[tuple[Note, datetime]]]:
+    """The notes in rows whose property stays under 64 KiB (keys can be up to 1 KiB each)."""
+    if len(json.dumps([note for note, _ in notes]).encode()) <= _ROW_BYTES or len(notes) == 1:
+        yield notes
+        return
+    half = len(notes) // 2
+    yield from _fitting(notes[:half])
+    yield from _fitting(notes[half:])
+
+
+def _floor(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def _hour(text: object) -> datetime:
+    return datetime.strptime(str(text), _HOUR).replace(tzinfo=UTC)
+
+
+_live: weakref.WeakSet[ExpiryIndex] = weakref.WeakSet()
+
+
+_quiet = 0  # at exit: what cannot be written is left to the full sweep, without a warning
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    global _quiet
+    _quiet = logging.DEBUG
+    for index in list(_live):
+        try:
+            index.flush()
+        except Exception:
+            log.debug("dedup expiry index: notes left at exit", exc_info=True)
