@@ -46,6 +46,7 @@ CURSOR = {"PartitionKey": INDEX + "cursor", "RowKey": "cursor"}
 NOTES_PER_ROW = 250  # ~50 KB of notes with short keys; longer ones split the row (_fitting)
 FLUSH_AFTER = 60.0  # seconds a note may wait in memory: what a crash can leave to the full sweep
 MAX_PENDING = 20_000  # notes held while the index cannot be written; beyond, the full sweep finds them
+CONCURRENCY = 16  # deletes in flight during a purge
 FIRST_PURGE = timedelta(days=2)  # how far back a purge without a cursor starts
 SETTLE = timedelta(minutes=5)  # after an hour ends, how long a flush begun in it may take to land
 _HOUR = "%Y%m%d%H"
@@ -64,7 +65,7 @@ class ExpiryIndex:
     ``delete(partition, notes)`` deletes one partition's noted markers and guards and returns
     (records deleted, requests)."""
 
-    def __init__(self, table: TableClient, *, concurrency: int = 16) -> None:
+    def __init__(self, table: TableClient, *, concurrency: int = CONCURRENCY) -> None:
         self._table = table
         self._concurrency = concurrency
         self._pending: dict[str, list[tuple[Note, datetime]]] = {}  # by the hour the markers expire

@@ -165,8 +165,9 @@ class TableStore(DedupStore):
         while chunk:
             operations: list[Any] = []
             owners: list[tuple[int, int]] = []  # per operation: (message, position in the message)
+            firsts: dict[int, int] = {}  # per message: its first operation (its guard; the marker follows)
             for i in chunk:
-                commit = commits[i]
+                commit, firsts[i] = commits[i], len(operations)
                 guard = {"PartitionKey": pk, "RowKey": guard_id(commit.key, commit.fingerprint), "Kind": GUARD_KIND,
                          "ExpiresAt": commit.expires_at}  # fmt: skip
                 entities = [guard, self._marker_entity(commit.marker(now)),
@@ -196,7 +197,7 @@ class TableStore(DedupStore):
                 chunk = [j for j in chunk if j != i]
                 continue
             for i in chunk:  # each message's operations: guard, marker, effects, completions
-                first, commit = owners.index((i, 0)), commits[i]
+                first, commit = firsts[i], commits[i]
                 guard_key, marker_key = operations[first][1]["RowKey"], operations[first + 1][1]["RowKey"]
                 notes = [Note(pk, marker_key, answer[first + 1], guard_key)]
                 steps = first + 2 + len(commit.effects)
