@@ -442,8 +442,8 @@ def targets(tables: dict[str, list[dict[str, Any]]], paired: dict[str, float]) -
             two_phase["x_lean_baseline"] >= 0.46 and two_phase["requests_per_message"] <= 2.0 + 2 * INDEX_PER_MARKER
         )  # fmt: skip
         lean_batch, sdk_batch = row["batch of 100 (lean)"], row["batch of 100 (SDK)"]
-        checks["batch of 100: <= 0.04 request/message, >= 2x the SDK path" + at] = (
-            lean_batch["requests_per_message"] <= 0.04
+        checks["batch of 100: <= 0.04 request/message (+ the expiry index), >= 2x the SDK path" + at] = (
+            lean_batch["requests_per_message"] <= 0.04 + INDEX_PER_MARKER
             and lean_batch["messages_per_s"] >= 2 * sdk_batch["messages_per_s"]
         )
     checks["every run exactly once (0 violations)"] = all(
