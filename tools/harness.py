@@ -138,7 +138,7 @@ def _counting_outcomes(counts: Counter[str]) -> Iterator[None]:
     logger.addHandler(handler)
     previous, logger.propagate = logger.propagate, False  # keep the console for the summary
     level = logger.level
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG)  # every outcome, the everyday ones included
     try:
         yield
     finally:

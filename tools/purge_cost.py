@@ -80,9 +80,9 @@ def seed(target: Counted, expired: int, factor: int) -> None:
     live = expired * 3 * factor
     for start in range(0, live, FILLER_PER_PARTITION):
         pk = f"live-{start}"
-        rows = [("create", {"PartitionKey": pk, "RowKey": f"order-{i}", "amount": 1.0})
-                for i in range(min(FILLER_PER_PARTITION, live - start))]  # fmt: skip
-        assert isinstance(target.lean.submit(rows), list)
+        filler: list[Any] = [("create", {"PartitionKey": pk, "RowKey": f"order-{i}", "amount": 1.0})
+                             for i in range(min(FILLER_PER_PARTITION, live - start))]  # fmt: skip
+        assert isinstance(target.lean.submit(filler), list)
     target.store._expiry.flush()
 
 

@@ -118,5 +118,6 @@ def started(kind: str) -> Iterator[Runtime]:
     from tools.runtime.build import prepare
     from tools.runtime.host import WorkerHost
 
-    with WorkerHost(prepare(), app_settings(), on_log=_relay) as host:
+    # the worker's own switch for DEBUG records: everyday outcomes log at DEBUG (telemetry.py); the harness counts them
+    with WorkerHost(prepare(), {**app_settings(), "PYTHON_ENABLE_DEBUG_LOGGING": "1"}, on_log=_relay) as host:
         yield InWorker(host.start_app())

@@ -231,9 +231,14 @@ class IdempotentConsumer:
     def _attempt(self, deliveries: Sequence[Delivery], spans: Sequence[trace.Span], owners: Sequence[str],
                  *, retry: bool) -> list[Result]:  # fmt: skip
         decided = []
+        siblings: dict[DedupKey, Context] = {}  # the steps whose completion a decided message holds
         for delivery, span, owner in zip(deliveries, spans, owners, strict=True):
             with trace.use_span(span):  # current while its own handler runs: its calls are children
-                decided.append(self._decide(delivery, owner, retry))
+                decided.append(self._decide(delivery, owner, retry, siblings))
+        # A completion a later copy of the same message wrote already (it met the claim) no
+        # longer rides with the commit: the claim's version it is fenced by has moved.
+        decided = [item._replace(completions=tuple(c for c in item.completions if c.key in siblings))
+                   if isinstance(item, Commit) and item.completions else item for item in decided]  # fmt: skip
         committed = iter(self._commit([item for item in decided if isinstance(item, Commit)]))
         results = []
         for delivery, item in zip(deliveries, decided, strict=True):
@@ -283,7 +288,8 @@ class IdempotentConsumer:
             return False  # not parked: the message is not acknowledged either
         return True
 
-    def _decide(self, delivery: Delivery, owner: str, retry: bool) -> Result | Commit:
+    def _decide(self, delivery: Delivery, owner: str, retry: bool,
+                siblings: dict[DedupKey, Context] | None = None) -> Result | Commit:  # fmt: skip
         """Everything up to the commit: parse, key, validate, fingerprint, the cache of
         completed keys, then the handler (and its two-phase steps)."""
         key: DedupKey | None = None
@@ -297,7 +303,7 @@ class IdempotentConsumer:
             partition, expires_at = self.partition_of(key), utcnow() + self._retention
             if self._bind_request_keys and delivery.message_id:
                 self._bind(delivery.message_id, fp, expires_at)
-            context = Context(key, partition, fp, self.store, self._steps, expires_at, owner)
+            context = Context(key, partition, fp, self.store, self._steps, expires_at, owner, siblings)
             effects = self._handler(payload, context)
             if isinstance(effects, LatestState):
                 context.settle()

@@ -50,7 +50,10 @@ class Context:
         policy: StepPolicy,
         expires_at: datetime,
         owner: str | None = None,
+        siblings: dict[DedupKey, Context] | None = None,
     ) -> None:
+        """``siblings``: the contexts of the other messages decided in the same attempt (a
+        batch), by the step keys whose completion each holds, shared among them."""
         self.key = key
         self._partition = partition
         self._fingerprint = fingerprint
@@ -62,6 +65,7 @@ class Context:
         # child), not uuid4's system call per message.
         self._owner = owner or f"{random.getrandbits(128):032x}"
         self._done: dict[str, tuple[Marker, JSON]] = {}  # by name: steps called (claim, result), not completed yet
+        self._siblings = {} if siblings is None else siblings
 
     def step(self, name: str, call: Callable[[str], JSON]) -> JSON:
         """Run ``call(idempotency_key)`` at most once to completion for (consumer,
@@ -70,6 +74,9 @@ class Context:
         if name in self._done:  # called already in this delivery: its completion is pending
             return self._done[name][1]
         key = self.key.for_step(name)
+        holder = self._siblings.pop(key, None)
+        if holder is not None:  # a copy of this message earlier in the batch holds its completion
+            holder._settle_step(name)  # written now, rather than our wait for its claim
         claimed = self._claim(key)
         if claimed.state is State.COMPLETED:
             return claimed.result
@@ -93,6 +100,7 @@ class Context:
             raise
         if self._store.folds_completions:
             self._done[name] = (claimed, result)
+            self._siblings[key] = self
             return result
         return self._complete(claimed, result)
 
@@ -106,6 +114,12 @@ class Context:
         """The message will not commit now: write the pending completions one by one."""
         done, self._done = self.completions, {}
         settle(self._store, done)
+
+    def _settle_step(self, name: str) -> None:
+        pending = self._done.pop(name, None)
+        if pending is not None:
+            claimed, result = pending
+            settle(self._store, [replace(claimed, state=State.COMPLETED, lease_until=None, result=result)])
 
     def _claim(self, key: DedupKey) -> Marker:
         deadline = time.monotonic() + self._policy.in_flight_wait.total_seconds()

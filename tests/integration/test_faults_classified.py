@@ -343,7 +343,7 @@ def caplog_outcomes() -> Iterator[list[str]]:
     handler, logger = _Outcomes(), logging.getLogger("idempotency")
     level = logger.level
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG)  # every outcome, the everyday ones included
     try:
         yield handler.seen
     finally:

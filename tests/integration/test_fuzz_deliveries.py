@@ -87,7 +87,7 @@ def outcomes() -> Iterator[Outcomes]:
     handler = Outcomes()
     logger = logging.getLogger("idempotency")
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG)  # every outcome, the everyday ones included
     yield handler
     logger.removeHandler(handler)
 

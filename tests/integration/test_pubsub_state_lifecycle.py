@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from azure.data.tables import TableServiceClient
 
 from consumers import orders
 from shared.idempotency import DedupKey, Entity, fingerprint
@@ -78,7 +80,7 @@ def stored_status(store: TableStore, order_id: str) -> tuple[str, int]:
 
 def test_newer_versions_win_and_older_ones_are_stale(store: TableStore, caplog: pytest.LogCaptureFixture) -> None:
     order_id = f"o-{uuid.uuid4().hex[:8]}"
-    with caplog.at_level("INFO", logger="idempotency"):
+    with caplog.at_level("DEBUG", logger="idempotency"):
         order_status(status_change(order_id, "paid", 2))
         order_status(status_change(order_id, "placed", 1))  # late, out of order
         order_status(status_change(order_id, "paid", 2))  # redelivered
@@ -214,3 +216,35 @@ def test_the_resubmission_report_tells_what_a_resubmit_would_do(store: TableStor
     assert [line.verdict for line in by_body] == ["duplicate", "conflict", "new", "invalid", "invalid"]
     assert [line.reason.split(":")[0] for line in by_body[3:]] == ["invalid_json", "schema_violation"]
     assert fingerprint(done)  # the report compares RFC 8785 fingerprints, as the consumer does
+
+
+def test_notes_written_twice_are_purged_once(store: TableStore) -> None:
+    """A row written again after a lost answer (its notes re-queued): the purge deletes each
+    marker once and goes on, instead of refusing the duplicate RowKeys in one transaction."""
+    seed(store, expired=5, live=0)
+    pending = {hour: list(notes) for hour, notes in store._expiry._pending.items()}
+    store._expiry.flush()
+    store._expiry._pending.update(pending)  # the same notes again
+    purge = store.purge_expired(utcnow(), 1000)
+    assert (purge.scanned, purge.deleted) == (10, 10)  # both rows read; the second finds its markers gone
+    assert kinds(store) == {"marker": 0, "guard": 0, "business": 5}
+
+
+def test_a_purge_past_its_deadline_stops_and_the_next_run_resumes(store: TableStore) -> None:
+    seed(store, expired=5, live=0)
+    assert store.purge_expired(utcnow(), 1000, deadline=time.monotonic()).deleted == 0
+    assert kinds(store)["marker"] == 5
+    assert store.purge_expired(utcnow(), 1000).deleted == 10
+
+
+def test_two_tables_sharing_the_library_table_keep_their_indexes_apart(azurite: Azurite) -> None:
+    """Two apps (DEDUP_TABLE) with one DEDUP_DEADLETTER_TABLE: each purge follows its own notes."""
+    service = TableServiceClient.from_connection_string(azurite.connection_string)
+    shared_dead = "d" + uuid.uuid4().hex[:12]
+    first, second = (TableStore(service, "t" + uuid.uuid4().hex[:12], shared_dead) for _ in range(2))
+    for store in (first, second):
+        store.create_tables()
+        seed(store, expired=3, live=0)
+    assert first.purge_expired(utcnow(), 1000).deleted == 6
+    assert kinds(second)["marker"] == 3  # not touched by the first app's purge
+    assert second.purge_expired(utcnow(), 1000).deleted == 6

@@ -321,3 +321,55 @@ def test_a_handler_failing_after_its_step_leaves_the_step_completed(app: TableSt
     orders(servicebus_message(order, order["orderId"], delivery_count=2))
     assert payments.requests[charge_key(order["orderId"])] == 1
     assert payments.charges_per_order() == {order["orderId"]: 1}
+
+
+def test_a_claim_taken_over_during_the_call_fails_the_commit_that_carries_its_completion(azurite: Azurite) -> None:
+    """The fence, through the consumer: the message's transaction carries the completion at the
+    claim's ETag; a rival's takeover moved it, so nothing of the message is written."""
+    from tests.conftest import new_table_store
+
+    store = new_table_store(azurite, lean=True)
+    order = an_order()
+
+    def handler(payload: dict[str, Any], context: Any) -> Any:
+        def call(key: str) -> Any:
+            mine = step_marker(store, payload["orderId"])  # taken over while the call runs
+            assert mine is not None and mine.version
+            store.replace(Marker(mine.key, mine.partition, State.IN_PROGRESS, mine.fingerprint, utcnow(),
+                                 mine.expires_at, lease_until=utcnow() + timedelta(minutes=5), owner="rival"),
+                          mine.version)  # fmt: skip
+            return {"id": key}
+
+        context.step("charge", call)
+        return order_handler()(payload, context)
+
+    consumer = IdempotentConsumer("orders", store, handler, schema=SCHEMA,
+                                  config=DedupConfig(transient_wait=timedelta(0)))  # fmt: skip
+    result = consumer.process(servicebus_delivery(servicebus_message(order, order["orderId"])))
+    assert (result.outcome, result.reason) == (Outcome.TRANSIENT, "lease_lost")
+    assert effects_by_order(store, order["orderId"]) == {}  # no order, no marker
+    rival = step_marker(store, order["orderId"])
+    assert rival is not None and rival.owner == "rival" and rival.state is State.IN_PROGRESS
+
+
+def test_two_copies_of_a_message_in_one_batch_do_not_wait_for_each_other(azurite: Azurite) -> None:
+    """The first copy's completion is written when the second meets its claim: the second
+    finds the step completed (no wait, no second call) and the message is a duplicate."""
+    from tests.conftest import new_table_store
+
+    store = new_table_store(azurite, lean=True)
+    calls: list[str] = []
+
+    def handler(payload: dict[str, Any], context: Any) -> Any:
+        context.step("charge", lambda key: calls.append(key) or {"id": key})
+        return order_handler()(payload, context)
+
+    config = DedupConfig(steps=StepPolicy(in_flight_wait=timedelta(0)), transient_wait=timedelta(0), cache_size=0)
+    consumer = IdempotentConsumer("orders", store, handler, schema=SCHEMA, config=config)
+    order = an_order()
+    delivery = servicebus_delivery(servicebus_message(order, order["orderId"]))
+    results = consumer.process_batch([delivery, delivery])
+    assert [r.outcome for r in results] == [Outcome.PROCESSED, Outcome.DUPLICATE]
+    assert len(calls) == 1
+    marker = step_marker(store, order["orderId"])
+    assert marker is not None and marker.state is State.COMPLETED

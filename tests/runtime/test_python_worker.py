@@ -83,8 +83,10 @@ def app_settings(azurite: Azurite, table: str) -> dict[str, str]:
 def worker(
     runtime: build.Runtime, store_server: Azurite, table: str, request: pytest.FixtureRequest
 ) -> Iterator[WorkerHost]:
-    """The app in the worker, on each transaction path (DEDUP_TABLE_TRANSACTIONS)."""
-    settings = {**app_settings(store_server, table), "DEDUP_TABLE_TRANSACTIONS": request.param}
+    """The app in the worker, on each transaction path (DEDUP_TABLE_TRANSACTIONS), its
+    DEBUG records sent too: the tests read every outcome's log line."""
+    settings = {**app_settings(store_server, table), "DEDUP_TABLE_TRANSACTIONS": request.param,
+                "PYTHON_ENABLE_DEBUG_LOGGING": "1"}  # fmt: skip
     with WorkerHost(runtime, settings) as host:
         yield host.start_app()
 

@@ -36,7 +36,11 @@ def purge_markers(timer: func.TimerRequest) -> None:
     for at most DEDUP_PURGE_TIME of a run (under functionTimeout), DEDUP_PURGE_BUDGET records."""
     budget = whole("DEDUP_PURGE_BUDGET", DEFAULT_PURGE_BUDGET)
     deadline = time.monotonic() + duration("DEDUP_PURGE_TIME", DEFAULT_PURGE_TIME).total_seconds()
-    purge = shared_store().purge_expired(utcnow(), budget, deadline=deadline)
+    try:
+        purge = shared_store().purge_expired(utcnow(), budget, deadline=deadline)
+    except Exception:
+        _purges.add(1, {"budget_spent": "true"})  # a run that failed left its work: the backlog alert counts it
+        raise
     logging.getLogger("idempotency").info("dedup purge: scanned=%d deleted=%d requests=%d", *astuple(purge))
     left = purge.deleted >= budget or time.monotonic() >= deadline
     _purges.add(1, {"budget_spent": str(left).lower()})  # true: it stopped with work left (a backlog, alert)

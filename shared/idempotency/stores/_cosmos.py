@@ -66,8 +66,6 @@ def _parse_time(value: str | None) -> datetime | None:
 
 
 class CosmosStore(DedupStore):
-    folds_completions = True  # a step's completion: a replace at its ETag in the message's batch
-
     def __init__(
         self,
         container: ContainerProxy,
@@ -111,23 +109,17 @@ class CosmosStore(DedupStore):
         key, partition, fingerprint, effects, expires_at = (commit.key, commit.partition, commit.fingerprint,
                                                             commit.effects, commit.expires_at)  # fmt: skip
         marker = commit.marker(utcnow())
-        merged = len(effects) == 1 and not effects[0].name.startswith(LIBRARY_RECORD)  # the library's own: never
-        if merged and not commit.completions:
+        if len(effects) == 1 and not effects[0].name.startswith(LIBRARY_RECORD):  # the library's own: never merged
             return self._commit_document_as_marker(commit, marker, effects[0])
-        if len(effects) + len(commit.completions) + 2 > MAX_BATCH_OPERATIONS:
+        if len(effects) + 2 > MAX_BATCH_OPERATIONS:
             raise ValueError(f"a Cosmos batch holds at most {MAX_BATCH_OPERATIONS - 2} documents")
         guard = {"id": guard_id(key, fingerprint), self._pk: partition, "kind": GUARD_KIND, "ttl": _ttl(expires_at)}
         operations: list[Any] = [("create", (guard,)), ("create", (self._marker_item(marker),))]
         operations += [("create", (self._document(partition, effect),)) for effect in effects]
-        first_step = len(operations)
-        operations += [("replace", (self._marker_item(step)["id"], self._marker_item(step)),
-                        {"if_match_etag": step.version}) for step in commit.completions]  # fmt: skip
         try:
             with store_errors():
                 self._container.execute_item_batch(operations, partition_key=partition)
         except exceptions.CosmosBatchOperationError as exc:
-            if exc.error_index >= first_step and _status_at(exc, exc.error_index) in (404, 412):
-                return CommitResult(CommitStatus.LEASE_LOST)  # the step's claim was taken over
             if _status_at(exc, exc.error_index) != 409:
                 raise
             return self.conflict(commit, guard_exists=exc.error_index == 0)

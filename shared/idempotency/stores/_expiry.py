@@ -41,8 +41,8 @@ from ._records import Purge
 
 log = logging.getLogger("idempotency")
 
-INDEX = "~expiry|"  # partition of an hour's index rows: ~expiry|YYYYMMDDHH
-CURSOR = {"PartitionKey": INDEX + "cursor", "RowKey": "cursor"}
+INDEX = "~expiry|"  # partition of an hour's index rows: ~expiry|<table>|YYYYMMDDHH
+PAGE = 8  # index rows per read: 2,000 notes, a few seconds of deletes between deadline checks
 NOTES_PER_ROW = 250  # ~50 KB of notes with short keys; longer ones split the row (_fitting)
 FLUSH_AFTER = 60.0  # seconds a note may wait in memory: what a crash can leave to the full sweep
 MAX_PENDING = 20_000  # notes held while the index cannot be written; beyond, the full sweep finds them
@@ -61,12 +61,13 @@ class Note(NamedTuple):
 
 
 class ExpiryIndex:
-    """The notes of one store (``table``: the library's own table), and the purge over them.
-    ``delete(partition, notes)`` deletes one partition's noted markers and guards and returns
-    (records deleted, requests)."""
+    """The notes of one store's markers (``scope``: its table's name) in ``table``, the
+    library's own table, and the purge over them."""
 
-    def __init__(self, table: TableClient, *, concurrency: int = CONCURRENCY) -> None:
+    def __init__(self, table: TableClient, scope: str, *, concurrency: int = CONCURRENCY) -> None:
         self._table = table
+        self._prefix = f"{INDEX}{scope}|"  # apps sharing the library's table keep apart
+        self._cursor = {"PartitionKey": self._prefix + "cursor", "RowKey": "cursor"}
         self._concurrency = concurrency
         self._pending: dict[str, list[tuple[Note, datetime]]] = {}  # by the hour the markers expire
         self._mutex = threading.Lock()
@@ -86,8 +87,8 @@ class ExpiryIndex:
                 self._timer = threading.Timer(FLUSH_AFTER, self.flush)
                 self._timer.daemon = True
                 self._timer.start()
-        if full:
-            self.flush(hour)
+        if full:  # written beside the message path, not on it
+            threading.Thread(target=self.flush, args=(hour,), daemon=True).start()
 
     def flush(self, hour: str | None = None) -> int:
         """Write pending notes (of ``hour``, or all) as index rows; requests made. Notes that
@@ -100,19 +101,22 @@ class ExpiryIndex:
                 self._timer = None
         requests = 0
         for h, notes in taken.items():
-            filed = max(h, f"{utcnow():{_HOUR}}")  # an hour that passed may be behind the cursor
             for start in range(0, len(notes), NOTES_PER_ROW):
                 for chunk in _fitting(notes[start : start + NOTES_PER_ROW]):
-                    row = {"PartitionKey": INDEX + filed, "RowKey": f"{utcnow():%Y%m%d%H%M%S%f}-{uuid.uuid4().hex[:8]}",
+                    now = utcnow()
+                    filed = max(h, f"{now:{_HOUR}}")  # an hour that passed may be behind the cursor
+                    row = {"PartitionKey": self._prefix + filed, "RowKey": f"{now:%Y%m%d%H%M%S%f}-{uuid.uuid4().hex[:8]}",  # noqa: E501
                            "Notes": json.dumps([note for note, _ in chunk]).encode(),
                            "Until": max(expires for _, expires in chunk)}  # fmt: skip
                     try:
                         with store_errors():
                             self._table.create_entity(row)
                         requests += 1
+                    except ResourceExistsError:  # a retry after a lost answer met our own row (its key is ours)
+                        requests += 1
                     except ResourceNotFoundError:  # the table is gone, and what the notes point to with it
                         log.debug("dedup expiry index: %d notes for a table that no longer exists", len(chunk))
-                    except (DedupError, ResourceExistsError) as exc:
+                    except DedupError as exc:
                         log.log(_quiet or logging.WARNING, "dedup expiry index: %d notes not written yet: %s",
                                 len(chunk), exc)  # fmt: skip
                         with self._mutex:
@@ -122,11 +126,13 @@ class ExpiryIndex:
     def purge(self, now: datetime, budget: int, deadline: float,
               delete: Callable[[str, list[Note]], tuple[int, int]]) -> Purge:  # fmt: skip
         """Delete what the index rows of the hours from the cursor to ``now`` noted, for rows
-        whose every marker expired, about ``budget`` records at most, until ``deadline``
-        (time.monotonic()). The cursor moves past an hour once it is empty and settled."""
+        whose every marker expired, a row at a time, until about ``budget`` records or
+        ``deadline`` (time.monotonic()). The cursor moves past an hour once it is empty and
+        settled. ``delete(partition, notes)`` deletes one partition's noted markers and guards:
+        (records deleted, requests)."""
         requests = self.flush()
         with store_errors():
-            cursor_row = {"pk": CURSOR["PartitionKey"], "rk": CURSOR["RowKey"]}
+            cursor_row = {"pk": self._cursor["PartitionKey"], "rk": self._cursor["RowKey"]}
             stored = list(self._table.query_entities("PartitionKey eq @pk and RowKey eq @rk", parameters=cursor_row))
         requests += 1
         start = _hour(stored[0]["Hour"]) if stored else _floor(now - FIRST_PURGE)
@@ -137,11 +143,19 @@ class ExpiryIndex:
         with ThreadPoolExecutor(self._concurrency) as pool:
             while hour <= now and deleted < budget and time.monotonic() < deadline:
                 emptied = True
-                for rows, read in self._rows(hour, budget - deleted):
-                    requests += read
-                    due = [row for row in rows if row["Until"] < now]
-                    emptied = emptied and len(due) == len(rows)
-                    notes = [Note(*n) for row in due for n in json.loads(row["Notes"])]
+                for row in self._rows(hour):
+                    if isinstance(row, int):  # a page was read
+                        requests += row
+                        continue
+                    if deleted >= budget or time.monotonic() >= deadline:
+                        emptied = False
+                        break
+                    if row["Until"] >= now:  # some of its markers are still inside their window
+                        emptied = False
+                        continue
+                    # A note written twice (a retried write) is deleted once: a transaction
+                    # holds each entity once.
+                    notes = list(dict.fromkeys(Note(*n) for n in json.loads(row["Notes"])))
                     scanned += len(notes)
                     by_partition: dict[str, list[Note]] = {}
                     for n in notes:
@@ -149,32 +163,28 @@ class ExpiryIndex:
                     for done, made in pool.map(lambda item: delete(*item), by_partition.items()):
                         deleted, requests = deleted + done, requests + made
                     with store_errors():
-                        for row in due:
-                            self._table.delete_entity(str(row["PartitionKey"]), str(row["RowKey"]))
-                    requests += len(due)
-                    if deleted >= budget or time.monotonic() >= deadline:
-                        emptied = False
-                        break
+                        self._table.delete_entity(str(row["PartitionKey"]), str(row["RowKey"]))
+                    requests += 1
                 moving = moving and emptied and hour <= settled
                 if moving:
                     cursor = hour + timedelta(hours=1)
                 hour += timedelta(hours=1)
         if cursor != start or not stored:
             with store_errors():
-                self._table.upsert_entity({**CURSOR, "Hour": f"{cursor:{_HOUR}}"}, mode=UpdateMode.REPLACE)
+                self._table.upsert_entity({**self._cursor, "Hour": f"{cursor:{_HOUR}}"}, mode=UpdateMode.REPLACE)
             requests += 1
         return Purge(scanned, deleted, requests)
 
-    def _rows(self, hour: datetime, budget: int) -> Iterator[tuple[list[dict[str, Any]], int]]:
-        """An hour's index rows, a page at a time, sized so that a page stays near the budget
-        (records: a note's marker and its guard)."""
-        size = max(1, min(1000, budget // (2 * NOTES_PER_ROW)))
-        found = self._table.query_entities("PartitionKey eq @pk", parameters={"pk": INDEX + f"{hour:{_HOUR}}"},
+    def _rows(self, hour: datetime) -> Iterator[dict[str, Any] | int]:
+        """An hour's index rows in the order written, read ``PAGE`` rows at a time; before each
+        page, 1 (a request made)."""
+        found = self._table.query_entities("PartitionKey eq @pk", parameters={"pk": self._prefix + f"{hour:{_HOUR}}"},
                                            select=["PartitionKey", "RowKey", "Notes", "Until"],
-                                           results_per_page=size)  # fmt: skip
+                                           results_per_page=PAGE)  # fmt: skip
         with store_errors():
             for page in found.by_page():
-                yield [dict(row) for row in page], 1
+                yield 1
+                yield from (dict(row) for row in page)
 
 
 def _fitting(notes: list[tuple[Note, datetime]]) -> Iterator[list[tuple[Note, datetime]]]:
