@@ -40,8 +40,11 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy shared consumers function_app.py tools bench client
 
-# Store round trips and throughput per scenario; writes bench/results/latest.{json,md,png}.
+# Store round trips and throughput per scenario, the purge, and the consumer through the real
+# Functions worker (fetched by `make worker` unless FUNCTIONS_PYTHON_WORKER names it);
+# writes bench/results/latest.{json,md,png}.
 bench: install
+	$(if $(FUNCTIONS_PYTHON_WORKER),,$(MAKE) worker)
 	$(PY) -m bench
 
 # Dedup markers must outlive every redelivery infra/ allows; a dead step owner's claim

@@ -18,9 +18,12 @@ baseline and the atomic consumer alternate for BENCH_PAIRED_ROUNDS rounds (defau
 order flipped each round) and their messages and seconds are pooled, so that the machine's
 drift hits both alike. Then the purge scenario (tools/purge_cost.py, on Azurite directly):
 BENCH_PURGE_MARKERS (default 500) expired markers in tables 10x and 100x their records,
-time and requests per purged marker, and the sustainable rate. Knobs: BENCH_MESSAGES
-(default 1000), BENCH_REPEATS, BENCH_DELAYS (default "0,1,4"), BENCH_CONCURRENCY (default
-16), BENCH_PAIRED_ROUNDS, BENCH_PURGE_MARKERS.
+time and requests per purged marker, and the sustainable rate; and the end-to-end scenario
+through the real Functions Python worker (bench/worker.py: the dedup consumer against a
+no-dedup function doing the same transaction, same worker, same Azurite, alternating).
+Knobs: BENCH_MESSAGES (default 1000), BENCH_REPEATS, BENCH_DELAYS (default "0,1,4"),
+BENCH_CONCURRENCY (default 16), BENCH_PAIRED_ROUNDS, BENCH_PURGE_MARKERS,
+BENCH_WORKER_MESSAGES (default 1000), BENCH_WORKER_ROUNDS (default 4).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from azure.core.exceptions import ResourceExistsError
 from azure.data.tables import TableServiceClient, UpdateMode
 from jsonschema import Draft202012Validator
 
+from bench import worker
 from shared import ledger
 from shared.idempotency import Delivery, Effects, IdempotentConsumer, Outcome, parse_json
 from shared.idempotency.config import DedupConfig
@@ -357,9 +361,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{delay:g} ms] paired: atomic / lean baseline = {paired[f'{delay:g}']:.3f}", file=sys.stderr)
         purge = purge_cost.measure(azurite, int(os.environ.get("BENCH_PURGE_MARKERS", "500")), repeats=3)
         print(f"[purge] {json.dumps(purge)}", file=sys.stderr)
+        through = worker.measure(int(os.environ.get("BENCH_WORKER_MESSAGES", "1000")), concurrency,
+                                 int(os.environ.get("BENCH_WORKER_ROUNDS", "4")), azurite=azurite)  # fmt: skip
+        print(f"[worker] {json.dumps(through)}", file=sys.stderr)
     report = summarize(runs, n, repeats, concurrency, paired)
-    report["purge"] = purge
+    report["purge"], report["worker"] = purge, through
     report["targets"].update(purge_targets(purge))
+    report["targets"].update(worker_targets(through))
     write(report)
     for target, ok in report["targets"].items():
         print(("PASS " if ok else "MISS ") + target)
@@ -461,6 +469,15 @@ def purge_targets(purge: dict[str, Any]) -> dict[str, bool]:
     }
 
 
+def worker_targets(through: dict[str, Any]) -> dict[str, bool]:
+    """Through the real Functions Python worker (bench/worker.py); a skip is a miss, with its reason."""
+    name = f"through the worker: dedup >= {worker.TARGET}x the no-dedup function, every message once"
+    if "skipped" in through:
+        return {f"{name} (skipped: {through['skipped']})": False}
+    ok = through["ratio"] >= worker.TARGET and through["violations"] == 0 and through["failed_invocations"] == 0
+    return {name: ok}
+
+
 def write(report: dict[str, Any]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "latest.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -490,6 +507,14 @@ def write(report: dict[str, Any]) -> None:
                   f"{m['markers_per_s']:.0f} |" for size, m in purge["per_table_factor"].items()]  # fmt: skip
         lines += ["", f"Time per marker, largest / smallest table: {purge['time_per_marker_ratio']:.2f}; sustainable "
                   f"(4 min of every 5): {purge['sustainable_messages_per_s']:.0f} messages/s"]  # fmt: skip
+    through = report.get("worker") or {}
+    if "ratio" in through:
+        lines += ["", f"**Through the real Functions Python worker** (one worker, {through['concurrency']} concurrent "
+                  f"invocations, {through['messages_per_round']} messages per phase, {through['rounds']} rounds): "
+                  f"dedup {through['dedup_per_s']:.0f} msg/s, no-dedup {through['plain_per_s']:.0f} msg/s, "
+                  f"**{through['ratio']:.2f}x**; CPU per message (worker + Azurite + host) "
+                  f"{through['dedup']['cpu_ms_per_message']['total']:.2f} vs "
+                  f"{through['plain']['cpu_ms_per_message']['total']:.2f} ms"]  # fmt: skip
     lines += ["", *[f"- {'PASS' if ok else 'MISS'}: {target}" for target, ok in report["targets"].items()]]
     (RESULTS / "latest.md").write_text("\n".join(lines) + "\n")
     chart(report["delays_ms"])
