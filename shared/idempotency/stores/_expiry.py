@@ -76,51 +76,54 @@ class ExpiryIndex:
 
     def note(self, expires_at: datetime, notes: Sequence[Note]) -> None:
         hour = f"{expires_at.astimezone(UTC):{_HOUR}}"
+        full: list[tuple[Note, datetime]] = []
         with self._mutex:
             if sum(map(len, self._pending.values())) + len(notes) > MAX_PENDING:
                 log.warning("dedup expiry index: %d notes pending, dropped (the full sweep finds them)", len(notes))
                 return
             pending = self._pending.setdefault(hour, [])
             pending += [(note, expires_at) for note in notes]
-            full = len(pending) >= NOTES_PER_ROW
-            if self._timer is None and not full:
+            if len(pending) >= NOTES_PER_ROW:  # a full row, taken here: exactly one writer writes it
+                full, pending[:] = pending[:NOTES_PER_ROW], pending[NOTES_PER_ROW:]
+            elif self._timer is None:
                 self._timer = threading.Timer(FLUSH_AFTER, self.flush)
                 self._timer.daemon = True
                 self._timer.start()
         if full:  # written beside the message path, not on it
-            threading.Thread(target=self.flush, args=(hour,), daemon=True).start()
+            threading.Thread(target=self._write, args=(hour, full), daemon=True).start()
 
-    def flush(self, hour: str | None = None) -> int:
-        """Write pending notes (of ``hour``, or all) as index rows; requests made. Notes that
-        could not be written stay pending for the next flush."""
+    def flush(self) -> int:
+        """Write every pending note as index rows; requests made. Notes that could not be
+        written stay pending for the next flush."""
         with self._mutex:
-            hours = [hour] if hour is not None else list(self._pending)
-            taken = {h: self._pending.pop(h) for h in hours if self._pending.get(h)}
-            if hour is None and self._timer is not None:
+            taken, self._pending = self._pending, {}
+            if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
+        return sum(self._write(hour, notes) for hour, notes in taken.items() if notes)
+
+    def _write(self, hour: str, notes: list[tuple[Note, datetime]]) -> int:
         requests = 0
-        for h, notes in taken.items():
-            for start in range(0, len(notes), NOTES_PER_ROW):
-                for chunk in _fitting(notes[start : start + NOTES_PER_ROW]):
-                    now = utcnow()
-                    filed = max(h, f"{now:{_HOUR}}")  # an hour that passed may be behind the cursor
-                    row = {"PartitionKey": self._prefix + filed, "RowKey": f"{now:%Y%m%d%H%M%S%f}-{uuid.uuid4().hex[:8]}",  # noqa: E501
-                           "Notes": json.dumps([note for note, _ in chunk]).encode(),
-                           "Until": max(expires for _, expires in chunk)}  # fmt: skip
-                    try:
-                        with store_errors():
-                            self._table.create_entity(row)
-                        requests += 1
-                    except ResourceExistsError:  # a retry after a lost answer met our own row (its key is ours)
-                        requests += 1
-                    except ResourceNotFoundError:  # the table is gone, and what the notes point to with it
-                        log.debug("dedup expiry index: %d notes for a table that no longer exists", len(chunk))
-                    except DedupError as exc:
-                        log.log(_quiet or logging.WARNING, "dedup expiry index: %d notes not written yet: %s",
-                                len(chunk), exc)  # fmt: skip
-                        with self._mutex:
-                            self._pending.setdefault(h, []).extend(chunk)
+        for start in range(0, len(notes), NOTES_PER_ROW):
+            for chunk in _fitting(notes[start : start + NOTES_PER_ROW]):
+                now = utcnow()
+                filed = max(hour, f"{now:{_HOUR}}")  # an hour that passed may be behind the cursor
+                row = {"PartitionKey": self._prefix + filed, "RowKey": f"{now:%Y%m%d%H%M%S%f}-{uuid.uuid4().hex[:8]}",
+                       "Notes": json.dumps([note for note, _ in chunk]).encode(),
+                       "Until": max(expires for _, expires in chunk)}  # fmt: skip
+                try:
+                    with store_errors():
+                        self._table.create_entity(row)
+                    requests += 1
+                except ResourceExistsError:  # a retry after a lost answer met our own row (its key is ours)
+                    requests += 1
+                except ResourceNotFoundError:  # the table is gone, and what the notes point to with it
+                    log.debug("dedup expiry index: %d notes for a table that no longer exists", len(chunk))
+                except DedupError as exc:
+                    log.log(_quiet or logging.WARNING, "dedup expiry index: %d notes not written yet: %s",
+                            len(chunk), exc)  # fmt: skip
+                    with self._mutex:
+                        self._pending.setdefault(hour, []).extend(chunk)
         return requests
 
     def purge(self, now: datetime, budget: int, deadline: float,
