@@ -506,11 +506,13 @@ def write(report: dict[str, Any]) -> None:
     if "purge" in report:
         purge = report["purge"]
         lines += ["", f"**Purge** (Azurite, no delay proxy; {purge['expired_markers']} expired markers per table, "
-                  "median of interleaved runs)", "", "| table size | ms / expired marker | requests / marker | "
-                  "markers / s |", "|---|---:|---:|---:|"]  # fmt: skip
-        lines += [f"| {size} the expired records | {m['ms_per_marker']:.2f} | {m['requests_per_marker']:.3f} | "
-                  f"{m['markers_per_s']:.0f} |" for size, m in purge["per_table_factor"].items()]  # fmt: skip
-        lines += ["", f"Time per marker, largest / smallest table: {purge['time_per_marker_ratio']:.2f}; sustainable "
+                  "median of interleaved runs)", "", "| table size | ms / expired marker | Azurite's own delete, ms "
+                  "| requests / marker | markers / s |", "|---|---:|---:|---:|---:|"]  # fmt: skip
+        lines += [f"| {size} the expired records | {m['ms_per_marker']:.2f} | {m['control_ms_per_delete']:.2f} | "
+                  f"{m['requests_per_marker']:.3f} | {m['markers_per_s']:.0f} |"
+                  for size, m in purge["per_table_factor"].items()]  # fmt: skip
+        lines += ["", "Time per marker over Azurite's own delete cost, largest / smallest table: "
+                  f"{purge['time_per_marker_ratio']:.2f}; sustainable "
                   f"(4 min of every 5): {purge['sustainable_messages_per_s']:.0f} messages/s"]  # fmt: skip
     through = report.get("worker") or {}
     if "ratio" in through:
