@@ -3,18 +3,22 @@
 marker it writes in an *expiry index*, and the purge follows the index.
 
 - **Notes**: (partition, marker RowKey, the marker's ETag, guard RowKey or "") under the hour
-  the marker expires. Written in batches: one index row holds up to 250 notes of one hour and
-  is written when full, ``FLUSH_AFTER`` after its first note (a timer thread), before a purge
-  and at exit — 0.004 request per marker.
+  the marker expires. Written in batches: one index row holds up to 250 notes of one hour;
+  a full row is taken under the lock and written by one background thread, the rest
+  ``FLUSH_AFTER`` after the first note (a timer thread), before a purge and at exit — 0.004
+  request per marker.
 - **Rows** live in the library's own table (beside the dead-letter records), in partition
-  ``~expiry|YYYYMMDDHH``: the hour the notes expire, or the hour they are written if that is
-  later (never behind the cursor). Each row says when its last note expires (``Until``).
-- **The purge** reads the hours from a cursor (the first hour not yet emptied) to now, one
-  query each, hands the notes of every row that fell due to the store to delete in
-  parallel, deletes those rows, and moves the cursor past each emptied hour once no flush
-  can still file a note there. Its cost follows the expired markers, not the table.
-- What the index can miss (the notes of an instance that died before writing them, markers
-  written before the index existed): the rare full sweep, ``sweep_expired``.
+  ``~expiry|<table>|YYYYMMDDHH``: the hour the notes expire, or the hour they are written if
+  that is later (never behind the cursor). Each row says when its last note expires
+  (``Until``).
+- **The purge** reads the hours from a cursor (the first hour not yet emptied) to now, a row
+  at a time (the deadline is checked before each), hands the notes of every row that fell
+  due to the store to delete in parallel, deletes the row, and moves the cursor past each
+  emptied hour once no flush can still file a note there. Its cost follows the expired
+  markers, not the table.
+- What the index does not hold (notes of an instance that died before writing them, markers
+  written before the index existed, claims never final, deletes the service refused): the
+  rare full sweep, ``sweep_expired``.
 """
 
 from __future__ import annotations
