@@ -49,6 +49,16 @@ def new_table_store(azurite: Azurite, *, lean: bool = False, hook: Callable[[Any
 
 
 @pytest.fixture
+def table(azurite: Azurite) -> Iterator[tuple[TableServiceClient, str]]:
+    """A fresh, empty table (no store around it) and the client that made it; dropped after."""
+    name = "t" + uuid.uuid4().hex[:16]
+    service = TableServiceClient.from_connection_string(azurite.connection_string, retry_total=0)
+    service.create_table(name)
+    yield service, name
+    service.delete_table(name)
+
+
+@pytest.fixture
 def table_store(azurite: Azurite) -> TableStore:
     """A store on fresh tables, so tests never see each other's data."""
     return new_table_store(azurite)

@@ -107,8 +107,7 @@ class Context:
     @property
     def completions(self) -> tuple[Marker, ...]:
         """Completed steps whose completion commits with the message (each at its claim's version)."""
-        return tuple(replace(claimed, state=State.COMPLETED, lease_until=None, result=result)
-                     for claimed, result in self._done.values())  # fmt: skip
+        return tuple(claimed.finished(result) for claimed, result in self._done.values())
 
     def settle(self) -> None:
         """The message will not commit now: write the pending completions one by one."""
@@ -119,7 +118,7 @@ class Context:
         pending = self._done.pop(name, None)
         if pending is not None:
             claimed, result = pending
-            settle(self._store, [replace(claimed, state=State.COMPLETED, lease_until=None, result=result)])
+            settle(self._store, [claimed.finished(result)])
 
     def _claim(self, key: DedupKey) -> Marker:
         deadline = time.monotonic() + self._policy.in_flight_wait.total_seconds()

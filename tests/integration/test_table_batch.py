@@ -14,7 +14,6 @@ import math
 import re
 import threading
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -50,15 +49,6 @@ ENTITIES: list[dict[str, Any]] = [
     {"PartitionKey": "dedup|orders|%2Fa~", "RowKey": "dedup|orders|o-1|" + "f" * 64, "Kind": "dedup-guard",
      "ExpiresAt": WHEN},
 ]  # fmt: skip
-
-
-@pytest.fixture
-def table(azurite: Azurite) -> Iterator[tuple[TableServiceClient, str]]:
-    name = "b" + uuid.uuid4().hex[:16]
-    service = TableServiceClient.from_connection_string(azurite.connection_string, retry_total=0)
-    service.create_table(name)
-    yield service, name
-    service.delete_table(name)
 
 
 def parts(body: bytes) -> list[tuple[str, dict[str, str], Any]]:

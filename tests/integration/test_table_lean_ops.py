@@ -6,8 +6,7 @@ URL must quote (quotes, spaces, non-ASCII, reserved characters) find their entit
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,20 +16,10 @@ from azure.core.exceptions import HttpResponseError, ResourceExistsError, Resour
 from azure.data.tables import EdmType, TableClient, TableEntity, TableServiceClient, TableTransactionError, UpdateMode
 
 from shared.idempotency.stores._table_batch import TableTransactions, TransactionFailure
-from tools.azurite import Azurite
 
 KEYS = ["o'brien", "a b", "é", "x%y+z&(1),=:;@$!*~''", "plain"]
 IF_MATCH = MatchConditions.IfNotModified
 Build = Callable[[str, dict[str, str]], list[Any]]  # (PartitionKey, ETag by RowKey) -> operations
-
-
-@pytest.fixture
-def table(azurite: Azurite) -> Iterator[tuple[TableServiceClient, str]]:
-    name = "o" + uuid.uuid4().hex[:16]
-    service = TableServiceClient.from_connection_string(azurite.connection_string, retry_total=0)
-    service.create_table(name)
-    yield service, name
-    service.delete_table(name)
 
 
 def row(pk: str, rk: str, **values: Any) -> dict[str, Any]:

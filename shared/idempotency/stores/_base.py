@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from datetime import datetime, timedelta
 
 from ..config import DEAD_LETTER_RETENTION
@@ -241,8 +240,7 @@ class DedupStore(ABC):
         step's completion carries no business effects."""
         if marker.version is None:
             raise VersionConflict("only a stored marker can be completed")
-        done = replace(marker, state=state, lease_until=None, result=result)
-        return self.replace(done, marker.version)
+        return self.replace(marker.finished(result, state), marker.version)
 
     def claim(self, marker: Marker, now: datetime) -> Marker:
         """Claim ``marker.key`` in progress. A live marker raises AlreadyClaimed; an

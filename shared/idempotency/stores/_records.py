@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import NamedTuple
@@ -46,6 +46,10 @@ class Marker:
     @property
     def final(self) -> bool:
         return self.state in (State.COMPLETED, State.REFUSED)
+
+    def finished(self, result: JSON, state: State = State.COMPLETED) -> Marker:
+        """This claim made final (completed, or refused) with its result, still at its version."""
+        return replace(self, state=state, lease_until=None, result=result)
 
     def reclaimable(self, now: datetime) -> bool:
         """An expired marker, or a claim whose owner's lease has run out, may be taken

@@ -60,6 +60,13 @@ class StoreContract:
         """False for a server (a local emulator) whose multi-item transactions are not atomic."""
         return True
 
+    def skip_unless_folding(self, store: DedupStore) -> None:
+        """Folded completions need a store that folds them, and transactions that are atomic."""
+        if not store.folds_completions:
+            pytest.skip(f"{type(store).__name__} completes steps on their own (folds_completions is False)")
+        if not self.atomic_batches(store):
+            pytest.skip(self.no_atomic_batches)
+
     def expires_natively(self, store: DedupStore) -> bool:
         """True for a store whose server deletes expired records itself (Cosmos DB's ttl)."""
         return False
@@ -181,13 +188,10 @@ class StoreContract:
         assert stored.version == done.version and stored.lease_until is None
 
     def test_a_step_completion_commits_with_the_message(self, store: DedupStore) -> None:
-        if not store.folds_completions:
-            pytest.skip(f"{type(store).__name__} completes steps on their own (folds_completions is False)")
-        if not self.atomic_batches(store):
-            pytest.skip(self.no_atomic_batches)
+        self.skip_unless_folding(store)
         k = key()
         claimed = store.claim(in_progress(k.for_step("charge")), utcnow())
-        done = replace(claimed, state=State.COMPLETED, lease_until=None, result={"charge": "ch_1"})
+        done = claimed.finished({"charge": "ch_1"})
         commit = Commit(k, k.id, "fp", [Entity("order", {"n": 1})], None, utcnow() + HOUR, completions=(done,))
         assert store.commit_many([commit])[0].status is CommitStatus.NEW
         stored = store.get(k.for_step("charge"), k.id)
@@ -196,14 +200,11 @@ class StoreContract:
 
     def test_a_step_taken_over_fails_the_commit_that_completes_it(self, store: DedupStore) -> None:
         """The fence: a delivery whose claim was taken over writes nothing, not even the message."""
-        if not store.folds_completions:
-            pytest.skip(f"{type(store).__name__} completes steps on their own (folds_completions is False)")
-        if not self.atomic_batches(store):
-            pytest.skip(self.no_atomic_batches)
+        self.skip_unless_folding(store)
         k = key()
         mine = store.claim(in_progress(k.for_step("charge"), lease=-HOUR / 2, owner="w1"), utcnow())
         assert store.claim(in_progress(k.for_step("charge"), owner="w2"), utcnow()).owner == "w2"
-        done = replace(mine, state=State.COMPLETED, lease_until=None, result={"charge": "ch_1"})
+        done = mine.finished({"charge": "ch_1"})
         commit = Commit(k, k.id, "fp", [Entity("order", {"n": 1})], None, utcnow() + HOUR, completions=(done,))
         assert store.commit_many([commit])[0].status is CommitStatus.LEASE_LOST
         assert len(partition_rows(store, k.id)) == 1  # the step's marker alone
