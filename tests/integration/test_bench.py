@@ -29,6 +29,7 @@ def test_every_scenario_runs_and_costs_the_round_trips_it_reports(azurite: Azuri
     assert per_message["Powertools-style, 50% duplicates"] == (10 * 3 + 10 * 2) / 20  # a duplicate: put, read
     assert per_message["atomic, duplicates, hot cache (lean)"] == 0
     assert per_message["two-phase, all new (lean)"] == 2.0  # the claim, then the commit that completes it
+    assert per_message["two-phase as before issue 31 (3 requests)"] == 3.0  # claim, completion, commit
     assert per_message["batch of 100 (lean)"] == per_message["batch of 100 (SDK)"] == 1 / 20
     assert all(m.messages == 20 and m.violations == 0 for m in measures.values())
     assert all(m.client_cpu > 0 for m in measures.values())
