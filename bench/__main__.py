@@ -15,12 +15,13 @@ included). Every run is checked exactly-once (one order per message, no double p
 Writes bench/results/latest.{json,md,png}; exits non-zero when a target is missed.
 The ">= 0.80x the lean baseline" target and the new messages' client CPU are judged on a
 paired measurement: the lean baseline and the atomic consumer alternate for
-BENCH_PAIRED_ROUNDS rounds (default 6, the order flipped each round) and their messages,
+BENCH_PAIRED_ROUNDS rounds (default 10, the order flipped each round) and their messages,
 seconds and CPU are pooled, so that the machine's drift hits both alike. Two-phase steps are
-judged against the path they replaced, run beside them (claim and completion each a request
-of their own on the SDK path, then the commit). Then the purge scenario (tools/purge_cost.py, on Azurite directly):
-BENCH_PURGE_MARKERS (default 500) expired markers in tables 10x and 100x their records,
-time and requests per purged marker, and the sustainable rate; and the end-to-end scenario
+judged the same way against the path they replaced (claim and completion each a request of
+their own on the SDK path, then the commit), which also runs among the scenarios. Then the purge scenario
+(tools/purge_cost.py, on Azurite directly, 5 interleaved runs): BENCH_PURGE_MARKERS (default
+500) expired markers in tables 10x and 100x their records, time and requests per purged
+marker, and the sustainable rate; and the end-to-end scenario
 through the real Functions Python worker (bench/worker.py: the dedup consumer against a
 no-dedup function doing the same transaction, same worker, same Azurite, alternating).
 Knobs: BENCH_MESSAGES (default 1000), BENCH_REPEATS, BENCH_DELAYS (default "0,1,4"),
@@ -383,10 +384,10 @@ def main(argv: list[str] | None = None) -> int:
                             f"msg/s",
                             file=sys.stderr,
                         )
-                rounds = int(os.environ.get("BENCH_PAIRED_ROUNDS", "6"))
+                rounds = int(os.environ.get("BENCH_PAIRED_ROUNDS", "10"))
                 pairs[f"{delay:g}"] = {kind: paired(bench, pair, rounds) for kind, pair in PAIRS.items()}
                 print(f"[{delay:g} ms] paired: {json.dumps(pairs[f'{delay:g}'])}", file=sys.stderr)
-        purge = purge_cost.measure(azurite, int(os.environ.get("BENCH_PURGE_MARKERS", "500")), repeats=3)
+        purge = purge_cost.measure(azurite, int(os.environ.get("BENCH_PURGE_MARKERS", "500")), repeats=5)
         print(f"[purge] {json.dumps(purge)}", file=sys.stderr)
         through = worker.measure(int(os.environ.get("BENCH_WORKER_MESSAGES", "1000")), concurrency,
                                  int(os.environ.get("BENCH_WORKER_ROUNDS", "4")), azurite=azurite)  # fmt: skip
