@@ -138,6 +138,8 @@ def measure(
     return {
         "expired_markers": expired,
         "per_table_factor": {f"{factor}x": {k: round(v, 3) for k, v in m.items()} for factor, m in median.items()},
+        "relative_to_control_per_run": {f"{factor}x": [round(r["relative_to_control"], 3) for r in rs]
+                                        for factor, rs in runs.items()},
         "time_per_marker_ratio": round(flatness, 3),
         "flat": flatness <= FLAT,
         "absolute_time_ratio": round(large["ms_per_marker"] / small["ms_per_marker"], 3),
