@@ -8,7 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -20,6 +20,7 @@ from shared.idempotency.keys import consumer_partition
 from shared.idempotency.messages import utcnow
 from shared.idempotency.resubmit import check_bodies, check_ids
 from shared.idempotency.stores import Marker, State, TableStore
+from shared.idempotency.stores._expiry import SETTLE
 from shared.idempotency.stores._records import GUARD_KIND, MARKER_KIND
 from shared.idempotency.testing import entities
 from tests.functions import fresh_app, servicebus_message, user_function
@@ -127,6 +128,12 @@ def kinds(store: TableStore) -> dict[str, int]:
     return found
 
 
+def unsettled(moment: datetime) -> int:
+    """1 within SETTLE after an hour turned: a purge then reads the last hour's page too (a
+    flush begun in it may still land there, so the cursor has not passed it)."""
+    return int(moment - moment.replace(minute=0, second=0, microsecond=0) < SETTLE)
+
+
 def test_purge_deletes_exactly_the_expired_markers_and_no_business_entity(store: TableStore) -> None:
     seed(store, expired=30, live=20)
     purge = store.purge_expired(utcnow(), budget=1000)
@@ -139,8 +146,9 @@ def test_purge_deletes_exactly_the_expired_markers_and_no_business_entity(store:
     expired_key = DedupKey("orders", "seed-0")
     assert store.commit(expired_key, expired_key.id, "fp", [Entity("order", {"orderId": "seed-0"})], None,
                         utcnow()).status.value == "duplicate"  # fmt: skip  # the order itself still guards it
-    again = store.purge_expired(utcnow(), budget=1000)  # from the cursor: this hour's page, the dead letters'
-    assert (again.deleted, again.requests) == (0, 1 + 1 + 1)
+    at = utcnow()
+    again = store.purge_expired(at, budget=1000)  # from the cursor: this hour's page, the dead letters'
+    assert (again.deleted, again.requests) == (0, 1 + 1 + unsettled(at) + 1)
 
 
 def test_purge_respects_its_budget_and_resumes(store: TableStore) -> None:
@@ -182,9 +190,10 @@ def test_the_purge_reads_only_what_fell_due_not_the_table(store: TableStore) -> 
     for i in range(20):
         key = DedupKey("orders", f"late-{i}")
         store.commit(key, key.id, "fp", [Entity("order", {"orderId": key.id})], None, now - timedelta(days=1))
-    large = store.purge_expired(utcnow(), 1000)
+    at = utcnow()
+    large = store.purge_expired(at, 1000)
     assert (small.deleted, large.deleted) == (40, 40)
-    assert large.requests == small.requests - 49  # no first run's empty hours; the rest alike
+    assert large.requests == small.requests - 49 + unsettled(at)  # no first run's empty hours; the rest alike
 
 
 def test_the_timer_function_purges(store: TableStore) -> None:
