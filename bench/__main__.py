@@ -16,14 +16,15 @@ Writes bench/results/latest.{json,md,png}; exits non-zero when a target is misse
 The ">= 0.80x the lean baseline" target and the new messages' client CPU are judged on a
 paired measurement: the lean baseline and the atomic consumer alternate for
 BENCH_PAIRED_ROUNDS rounds (default 10, the order flipped each round) and their messages,
-seconds and CPU are pooled, so that the machine's drift hits both alike. Two-phase steps are
-judged the same way against the path they replaced (claim and completion each a request of
-their own on the SDK path, then the commit), which also runs among the scenarios. Then the purge scenario
-(tools/purge_cost.py, on Azurite directly, 5 interleaved runs): BENCH_PURGE_MARKERS (default
-500) expired markers in tables 10x and 100x their records, time and requests per purged
-marker, and the sustainable rate; and the end-to-end scenario
-through the real Functions Python worker (bench/worker.py: the dedup consumer against a
-no-dedup function doing the same transaction, same worker, same Azurite, alternating).
+seconds and our CPU pooled, so that the machine's drift hits both alike; every run is checked
+exactly-once. Two-phase steps are judged the same way against the path they replaced (claim
+and completion each a request of their own on the SDK path, then the commit), which also
+runs among the scenarios. Then the purge scenario (tools/purge_cost.py, on Azurite
+directly, 5 interleaved runs): BENCH_PURGE_MARKERS (default 500) expired markers in tables
+10x and 100x their records, time and requests per purged marker, and the sustainable rate;
+and the end-to-end scenario through the real Functions Python worker (bench/worker.py: the
+dedup consumer against a no-dedup function doing the same transaction, same worker, same
+Azurite, alternating).
 Knobs: BENCH_MESSAGES (default 1000), BENCH_REPEATS, BENCH_DELAYS (default "0,1,4"),
 BENCH_CONCURRENCY (default 16), BENCH_PAIRED_ROUNDS, BENCH_PURGE_MARKERS,
 BENCH_WORKER_MESSAGES (default 1000), BENCH_WORKER_ROUNDS (default 4).
