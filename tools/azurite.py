@@ -21,6 +21,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) process ``pid`` has used so far, from Linux /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def start_listening(tool: str, args: list[str], port: int, timeout: float) -> subprocess.Popen[bytes]:
     """Start an npm-installed emulator and wait until it accepts connections on ``port``."""
     binary = ROOT / "node_modules" / ".bin" / tool
@@ -81,11 +87,10 @@ class Azurite:
         self._process = None
 
     def cpu_seconds(self) -> float:
-        """CPU time the Azurite process has used so far (Linux /proc), for the benchmark's
-        split of each message's cost between the client and the store."""
+        """CPU time the Azurite process has used so far, for the benchmark's split of each
+        message's cost between the client and the store."""
         assert self._process is not None, "Azurite is not running"
-        fields = Path(f"/proc/{self._process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_seconds(self._process.pid)
 
     def restart(self) -> None:
         self.stop()

@@ -28,6 +28,7 @@ from typing import Any
 
 import grpc
 
+from tools.azurite import process_cpu_seconds
 from tools.runtime.build import CACHE, PACKAGES, Runtime
 from tools.runtime.triggers import Invocation, typed
 
@@ -226,11 +227,10 @@ class WorkerHost:
         shutil.rmtree(self._mount, ignore_errors=True)
 
     def cpu_seconds(self) -> float:
-        """CPU time the worker process has used so far (Linux /proc), as Azurite.cpu_seconds:
-        for bench/worker.py's split of each message's cost."""
+        """CPU time the worker process has used so far: for bench/worker.py's split of each
+        message's cost."""
         assert self._process is not None, "the worker is not running"
-        fields = Path(f"/proc/{self._process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_seconds(self._process.pid)
 
     def worker_output(self) -> str:
         return self.output.read_text(errors="replace")[-5000:] if self.output.exists() else ""

@@ -109,11 +109,11 @@ class ExpiryIndex:
     def _write(self, hour: str, notes: list[tuple[Note, datetime]]) -> int:
         requests = 0
         for start in range(0, len(notes), NOTES_PER_ROW):
-            for chunk in _fitting(notes[start : start + NOTES_PER_ROW]):
+            for chunk, encoded in _fitting(notes[start : start + NOTES_PER_ROW]):
                 now = utcnow()
                 filed = max(hour, f"{now:{_HOUR}}")  # an hour that passed may be behind the cursor
                 row = {"PartitionKey": self._prefix + filed, "RowKey": f"{now:%Y%m%d%H%M%S%f}-{uuid.uuid4().hex[:8]}",
-                       "Notes": json.dumps([note for note, _ in chunk]).encode(),
+                       "Notes": encoded,
                        "Until": max(expires for _, expires in chunk)}  # fmt: skip
                 try:
                     with store_errors():
@@ -194,10 +194,12 @@ class ExpiryIndex:
                 yield from (dict(row) for row in page)
 
 
-def _fitting(notes: list[tuple[Note, datetime]]) -> Iterator[list[tuple[Note, datetime]]]:
-    """The notes in rows whose property stays under 64 KiB (keys can be up to 1 KiB each)."""
-    if len(json.dumps([note for note, _ in notes]).encode()) <= _ROW_BYTES or len(notes) == 1:
-        yield notes
+def _fitting(notes: list[tuple[Note, datetime]]) -> Iterator[tuple[list[tuple[Note, datetime]], bytes]]:
+    """The notes in rows whose property stays under 64 KiB (keys can be up to 1 KiB each),
+    each with its encoded property."""
+    encoded = json.dumps([note for note, _ in notes]).encode()
+    if len(encoded) <= _ROW_BYTES or len(notes) == 1:
+        yield notes, encoded
         return
     half = len(notes) // 2
     yield from _fitting(notes[:half])
