@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from azure.data.tables import TableServiceClient
@@ -23,6 +24,7 @@ from shared.idempotency.stores import Marker, State, TableStore
 from shared.idempotency.stores._expiry import SETTLE
 from shared.idempotency.stores._records import GUARD_KIND, MARKER_KIND
 from shared.idempotency.testing import entities
+from tests.conftest import new_table_store
 from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
 
@@ -149,6 +151,26 @@ def test_purge_deletes_exactly_the_expired_markers_and_no_business_entity(store:
     at = utcnow()
     again = store.purge_expired(at, budget=1000)  # from the cursor: this hour's page, the dead letters'
     assert (again.deleted, again.requests) == (0, 1 + 1 + unsettled(at) + 1)
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "sdk"])
+def test_index_rows_are_written_on_the_stores_own_path_and_purged_from(azurite: Azurite, lean: bool) -> None:
+    """A lean store writes its index rows (~50 KB each) with the lean insert, an SDK store with
+    create_entity; either way the purge reads them back and deletes what they noted."""
+    writes: list[str] = []
+
+    def hook(request: Any) -> None:
+        http = request.http_request
+        if http.method == "POST" and urlsplit(http.url).path.endswith("dl"):  # the library's table
+            writes.append("lean" if "idempotency-table-batch" in http.headers["User-Agent"] else "SDK")
+
+    store = new_table_store(azurite, lean=lean, hook=hook)
+    for i in range(3):
+        key = DedupKey("orders", f"gone-{i}")
+        store.commit(key, key.id, "fp", [Entity("order", {"orderId": key.id})], None, utcnow() - timedelta(days=1))
+    purge = store.purge_expired(utcnow(), 1000)
+    assert writes == ["lean" if lean else "SDK"]
+    assert (purge.scanned, purge.deleted) == (3, 6)  # each marker with its guard
 
 
 def test_purge_respects_its_budget_and_resumes(store: TableStore) -> None:

@@ -68,8 +68,12 @@ class ExpiryIndex:
     """The notes of one store's markers (``scope``: its table's name) in ``table``, the
     library's own table, and the purge over them."""
 
-    def __init__(self, table: TableClient, scope: str, *, concurrency: int = CONCURRENCY) -> None:
+    def __init__(self, table: TableClient, scope: str, *, concurrency: int = CONCURRENCY,
+                 create: Callable[[dict[str, Any]], object] | None = None) -> None:  # fmt: skip
+        """``create``: how a row is written (the store's lean insert, or ``table``'s own);
+        an existing row may raise ResourceExistsError or be ignored."""
         self._table = table
+        self._create = create or table.create_entity
         self._prefix = f"{INDEX}{scope}|"  # apps sharing the library's table keep apart
         self._cursor = {"PartitionKey": self._prefix + "cursor", "RowKey": "cursor"}
         self._concurrency = concurrency
@@ -117,9 +121,9 @@ class ExpiryIndex:
                        "Until": max(expires for _, expires in chunk)}  # fmt: skip
                 try:
                     with store_errors():
-                        self._table.create_entity(row)
+                        self._create(row)  # a retry after a lost answer meets our own row: fine, its key is ours
                     requests += 1
-                except ResourceExistsError:  # a retry after a lost answer met our own row (its key is ours)
+                except ResourceExistsError:
                     requests += 1
                 except ResourceNotFoundError:  # the table is gone, and what the notes point to with it
                     log.debug("dedup expiry index: %d notes for a table that no longer exists", len(chunk))

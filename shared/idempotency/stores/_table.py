@@ -14,7 +14,7 @@ import base64
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from functools import cache
@@ -95,7 +95,10 @@ class TableStore(DedupStore):
         self._service = service
         self._table: TableClient = service.get_table_client(table)
         self._dead: TableClient = service.get_table_client(dead_letter_table)
-        self._expiry = ExpiryIndex(self._dead, table)  # in the library's own table, beside the dead letters
+        # In the library's own table, beside the dead letters; its rows (~50 KB) written the lean
+        # way when commits are: half the client CPU of the SDK's create_entity.
+        lean_rows = transactions.sibling(dead_letter_table).insert if transactions is not None else None
+        self._expiry = ExpiryIndex(self._dead, table, create=lean_rows)
 
     @property
     def table(self) -> TableClient:
@@ -142,13 +145,14 @@ class TableStore(DedupStore):
         return [results[i] for i in range(len(commits))]
 
     def _submit(self, operations: list[Any]) -> TransactionFailure | list[str]:
-        """One transaction (the SDK's operation tuples): each operation's ETag when applied;
-        the refused operation when one met an existing entity, another version or none
-        (nothing written); other errors raise."""
+        """One transaction (the SDK's operation tuples, or a bare entity for an insert): each
+        operation's ETag when applied; the refused operation when one met an existing entity,
+        another version or none (nothing written); other errors raise."""
         # Not resent by the SDK's retry policy: a resend after a lost answer meets our own
         # guard, so the consumer's waiting loop resends, knowing to read the marker back.
         if self._lean is not None:
             return self._lean.submit(operations, retry_total=0)
+        operations = [("create", op) if isinstance(op, Mapping) else op for op in operations]
         try:
             answers = self._table.submit_transaction(operations, retry_total=0)
         except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
@@ -175,7 +179,7 @@ class TableStore(DedupStore):
                          "ExpiresAt": commit.expires_at}  # fmt: skip
                 entities = [guard, self._marker_entity(commit.marker(now)),
                             *(self.effect_entity(pk, e) for e in commit.effects)]  # fmt: skip
-                operations += [("create", entity) for entity in entities]
+                operations += entities  # bare entities: inserts
                 operations += [("update", self._marker_entity(step), _at_version(step.version))
                                for step in commit.completions]  # fmt: skip
                 owners += [(i, position) for position in range(len(entities) + len(commit.completions))]
@@ -201,7 +205,7 @@ class TableStore(DedupStore):
                 continue
             for i in chunk:  # each message's operations: guard, marker, effects, completions
                 first, commit = firsts[i], commits[i]
-                guard_key, marker_key = operations[first][1]["RowKey"], operations[first + 1][1]["RowKey"]
+                guard_key, marker_key = operations[first]["RowKey"], operations[first + 1]["RowKey"]
                 notes = [Note(pk, marker_key, answer[first + 1], guard_key)]
                 steps = first + 2 + len(commit.effects)
                 notes += [Note(pk, operations[steps + n][1]["RowKey"], answer[steps + n], "")

@@ -16,6 +16,7 @@ urllib3's connection pools (transport.py), requests' behind a proxy.
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import hmac
 import json
@@ -215,6 +216,12 @@ class TableTransactions:
         if isinstance(answer, TransactionFailure) and not _decided(answer, operations):
             raise _refused(response, answer.status, answer.code, answer.message)  # the operation's status
         return answer
+
+    def sibling(self, table: str) -> TableTransactions:
+        """The same account, pipeline and connections, writing to ``table``."""
+        twin = copy.copy(self)
+        twin._table_url = f"{self._base}/{table}"
+        return twin
 
     def insert(self, entity: Mapping[str, Any], **options: Any) -> str | None:
         """Insert one entity (not a transaction: one POST to the table, answered without
