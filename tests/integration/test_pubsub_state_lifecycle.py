@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from azure.core.exceptions import HttpResponseError
 from azure.data.tables import TableServiceClient
 
 from consumers import orders
@@ -165,12 +166,32 @@ def test_index_rows_are_written_on_the_stores_own_path_and_purged_from(azurite: 
             writes.append("lean" if "idempotency-table-batch" in http.headers["User-Agent"] else "SDK")
 
     store = new_table_store(azurite, lean=lean, hook=hook)
+    expired = utcnow() - timedelta(days=1)  # one hour's notes: one row
     for i in range(3):
         key = DedupKey("orders", f"gone-{i}")
-        store.commit(key, key.id, "fp", [Entity("order", {"orderId": key.id})], None, utcnow() - timedelta(days=1))
+        store.commit(key, key.id, "fp", [Entity("order", {"orderId": key.id})], None, expired)
     purge = store.purge_expired(utcnow(), 1000)
     assert writes == ["lean" if lean else "SDK"]
     assert (purge.scanned, purge.deleted) == (3, 6)  # each marker with its guard
+
+
+def test_an_index_row_the_service_refuses_keeps_its_notes_for_the_next_flush(store: TableStore) -> None:
+    """A refusal other than "exists" (a 409 TableBeingDeleted, say) loses no note."""
+    index = store._expiry
+    written = index._create
+    refused: list[dict[str, Any]] = []
+
+    def refuse(row: dict[str, Any]) -> None:
+        refused.append(row)
+        raise HttpResponseError(message="TableBeingDeleted")
+
+    index._create = refuse
+    key = DedupKey("orders", "kept")
+    store.commit(key, key.id, "fp", [Entity("order", {"orderId": key.id})], None, utcnow() - timedelta(days=1))
+    assert (index.flush(), len(refused)) == (0, 1)
+    index._create = written
+    assert index.flush() == 1  # the same note, now written
+    assert store.purge_expired(utcnow(), 1000).deleted == 2
 
 
 def test_purge_respects_its_budget_and_resumes(store: TableStore) -> None:

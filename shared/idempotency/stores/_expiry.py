@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
-from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
+from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
 from azure.data.tables import TableClient, UpdateMode
 
 from ..errors import DedupError
@@ -127,7 +127,7 @@ class ExpiryIndex:
                     requests += 1
                 except ResourceNotFoundError:  # the table is gone, and what the notes point to with it
                     log.debug("dedup expiry index: %d notes for a table that no longer exists", len(chunk))
-                except DedupError as exc:
+                except (DedupError, HttpResponseError) as exc:  # e.g. a 409 other than "exists": kept
                     log.log(_quiet or logging.WARNING, "dedup expiry index: %d notes not written yet: %s",
                             len(chunk), exc)  # fmt: skip
                     with self._mutex:

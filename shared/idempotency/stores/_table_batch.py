@@ -218,7 +218,8 @@ class TableTransactions:
         return answer
 
     def sibling(self, table: str) -> TableTransactions:
-        """The same account, pipeline and connections, writing to ``table``."""
+        """The same account, pipeline and connections, writing to ``table`` (closing either
+        closes both)."""
         twin = copy.copy(self)
         twin._table_url = f"{self._base}/{table}"
         return twin
