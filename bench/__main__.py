@@ -13,18 +13,19 @@ first ~6,000 requests), which would count against whichever scenarios came first
 HTTP request is counted, and the client's CPU per message (this process, SDK threads
 included). Every run is checked exactly-once (one order per message, no double posting).
 Writes bench/results/latest.{json,md,png}; exits non-zero when a target is missed.
-The ">= 0.80x the lean baseline" target and the new messages' client CPU are judged on a
-paired measurement: the lean baseline and the atomic consumer alternate for
-BENCH_PAIRED_ROUNDS rounds (default 10, the order flipped each round) and their messages,
-seconds and our CPU pooled, so that the machine's drift hits both alike; every run is checked
-exactly-once. Two-phase steps are judged the same way against the path they replaced (claim
-and completion each a request of their own on the SDK path, then the commit), which also
-runs among the scenarios. Then the purge scenario (tools/purge_cost.py, on Azurite
-directly, 5 interleaved runs): BENCH_PURGE_MARKERS (default 500) expired markers in tables
-10x and 100x their records, time and requests per purged marker, and the sustainable rate;
-and the end-to-end scenario through the real Functions Python worker (bench/worker.py: the
-dedup consumer against a no-dedup function doing the same transaction, same worker, same
-Azurite, alternating).
+The ">= 0.80x the lean baseline" target and the client CPU are judged on a paired
+measurement: the lean baseline and the atomic consumer (all new; 90% duplicates) alternate
+for BENCH_PAIRED_ROUNDS rounds (default 10, the order flipped each round) and their
+messages, seconds and CPU pooled, so that the machine's drift hits both alike — the client
+CPU as a ratio to the baseline's in the same rounds, not in milliseconds, which this shared
+machine moves by 40% within an hour; every run is checked exactly-once. Two-phase steps are
+judged the same way against the path they replaced (claim and completion each a request of
+their own on the SDK path, then the commit), which also runs among the scenarios. Then the
+purge scenario (tools/purge_cost.py, on Azurite directly, 5 interleaved runs):
+BENCH_PURGE_MARKERS (default 500) expired markers in tables 10x and 100x their records, time
+and requests per purged marker, and the sustainable rate; and the end-to-end scenario
+through the real Functions Python worker (bench/worker.py: the dedup consumer against a
+no-dedup function doing the same transaction, same worker, same Azurite, alternating).
 Knobs: BENCH_MESSAGES (default 1000), BENCH_REPEATS, BENCH_DELAYS (default "0,1,4"),
 BENCH_CONCURRENCY (default 16), BENCH_PAIRED_ROUNDS, BENCH_PURGE_MARKERS,
 BENCH_WORKER_MESSAGES (default 1000), BENCH_WORKER_ROUNDS (default 4).
@@ -402,13 +403,15 @@ def main(argv: list[str] | None = None) -> int:
 Pairs = dict[str, dict[str, dict[str, Any]]]  # by delay, then kind: what paired() measured
 PAIRS = {
     "atomic": ("baseline, no dedup (lean)", "atomic, all new (lean)"),
+    "duplicates": ("baseline, no dedup (lean)", "atomic, 90% duplicates (lean)"),
     "two-phase": ("two-phase as before issue 31 (3 requests)", "two-phase, all new (lean)"),
 }
 
 
 def paired(bench: Bench, pair: tuple[str, str], rounds: int) -> dict[str, Any]:
     """Ours over the comparator, alternating (order flipped each round), pooled: the
-    throughput ratio, our client CPU per message, and every run's exactly-once check."""
+    throughput ratio, both sides' client CPU per message and its ratio, and every run's
+    exactly-once check."""
     runs: dict[str, list[Measure]] = {name: [] for name in pair}
     for round_ in range(rounds):
         for name in pair if round_ % 2 == 0 else pair[::-1]:
@@ -418,11 +421,16 @@ def paired(bench: Bench, pair: tuple[str, str], rounds: int) -> dict[str, Any]:
     def rate(measures: list[Measure]) -> float:
         return sum(m.messages for m in measures) / sum(m.seconds for m in measures)
 
+    def cpu(measures: list[Measure]) -> float:
+        return 1000 * sum(m.client_cpu for m in measures) / sum(m.messages for m in measures)
+
     return {
         "ratio": rate(ours) / rate(theirs),
         "ours_per_s": rate(ours),
         "theirs_per_s": rate(theirs),
-        "client_cpu_ms": 1000 * sum(m.client_cpu for m in ours) / sum(m.messages for m in ours),
+        "client_cpu_ms": cpu(ours),
+        "theirs_client_cpu_ms": cpu(theirs),
+        "client_cpu_ratio": cpu(ours) / cpu(theirs),
         "round_ratios": [rate([o]) / rate([t]) for o, t in zip(ours, theirs, strict=True)],
         "violations": sum(m.violations for m in theirs + ours),
     }
@@ -484,8 +492,8 @@ def targets(tables: dict[str, list[dict[str, Any]]], pairs: Pairs) -> dict[str, 
                 ours["messages_per_s"] >= 1.5 * theirs["messages_per_s"]
                 and ours["requests_per_message"] <= 1.0 + INDEX_PER_MARKER
             )
-        cpu = [pair["atomic"]["client_cpu_ms"], row["atomic, 90% duplicates (lean)"]["client_cpu_ms"]]
-        checks["client CPU <= 2.0 ms per message, new (paired) and duplicate" + at] = max(cpu) <= 2.0
+        cpu = max(pair["atomic"]["client_cpu_ratio"], pair["duplicates"]["client_cpu_ratio"])
+        checks["client CPU <= 1.5x the lean baseline's, new and 90% duplicates, paired" + at] = cpu <= 1.5
         checks["hot-cache duplicates: no request" + at] = (
             row["atomic, duplicates, hot cache (lean)"]["requests_per_message"] == 0
         )
@@ -553,7 +561,8 @@ def write(report: dict[str, Any]) -> None:
     for delay, kinds in report["paired"].items():
         lines.append(f"- {delay} ms: " + "; ".join(
             f"{ours} / {theirs}: {kinds[kind]['ratio']:.3f} ({kinds[kind]['ours_per_s']:.0f} vs "
-            f"{kinds[kind]['theirs_per_s']:.0f} msg/s, ours {kinds[kind]['client_cpu_ms']:.2f} ms client CPU/message)"
+            f"{kinds[kind]['theirs_per_s']:.0f} msg/s; client CPU/message {kinds[kind]['client_cpu_ms']:.2f} vs "
+            f"{kinds[kind]['theirs_client_cpu_ms']:.2f} ms, {kinds[kind]['client_cpu_ratio']:.2f}x)"
             for kind, (theirs, ours) in PAIRS.items()))  # fmt: skip
     if "purge" in report:
         purge = report["purge"]

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from azure.data.tables import TableServiceClient
 
-from bench.__main__ import SCENARIOS, Bench
+from bench.__main__ import PAIRS, SCENARIOS, Bench, paired
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores._expiry import SETTLE
 from tools import purge_cost
@@ -64,6 +64,14 @@ def test_two_phase_makes_two_requests_where_the_path_it_replaced_made_three(azur
     # after the runs, each exactly-once check's scan (GET); ours: its index row, in the library's table
     assert sorted(ours.kinds) == sorted(["POST (lean)", "$batch (lean)"] * 20 + ["GET (SDK)"])
     assert sorted(before.kinds) == sorted(["POST (SDK)", "PUT (SDK)", "$batch (lean)"] * 20 + ["GET (SDK)"])
+
+
+def test_a_paired_measurement_reports_both_sides_cpu_and_checks_every_run(azurite: Azurite) -> None:
+    """The client CPU target reads a ratio of the two sides in the same rounds."""
+    result = paired(Bench(azurite, azurite.port, 20, concurrency=4), PAIRS["duplicates"], rounds=2)
+    assert result["violations"] == 0 and len(result["round_ratios"]) == 2
+    assert result["client_cpu_ms"] > 0 and result["theirs_client_cpu_ms"] > 0
+    assert result["client_cpu_ratio"] == result["client_cpu_ms"] / result["theirs_client_cpu_ms"]
 
 
 def test_the_delay_proxy_adds_its_delay_to_every_round_trip(azurite: Azurite) -> None:
