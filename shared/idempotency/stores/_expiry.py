@@ -33,6 +33,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
@@ -83,7 +84,7 @@ class ExpiryIndex:
         _live.add(self)
 
     def note(self, expires_at: datetime, notes: Sequence[Note]) -> None:
-        hour = f"{expires_at.astimezone(UTC):{_HOUR}}"
+        hour = _hour_text(int(expires_at.timestamp()) // 3600)
         full: list[tuple[Note, datetime]] = []
         with self._mutex:
             if sum(map(len, self._pending.values())) + len(notes) > MAX_PENDING:
@@ -212,6 +213,12 @@ def _fitting(notes: list[tuple[Note, datetime]]) -> Iterator[tuple[list[tuple[No
 
 def _floor(moment: datetime) -> datetime:
     return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+@lru_cache(maxsize=64)
+def _hour_text(number: int) -> str:
+    """``YYYYMMDDHH`` of the ``number``-th hour since the epoch: a lookup per note, not a strftime."""
+    return f"{datetime.fromtimestamp(number * 3600, UTC):{_HOUR}}"
 
 
 def _hour(text: object) -> datetime:

@@ -59,9 +59,10 @@ from ._transport import transaction_transport
 API_VERSION = "2019-02-02"  # what azure-data-tables 12.x sends
 STORAGE_SCOPE = "https://storage.azure.com/.default"
 _INT32 = range(-(2**31), 2**31)
-_STATUS = re.compile(rb"^HTTP/1\.1 (\d{3})", re.MULTILINE)
 _ERROR_CODE = re.compile(rb"^x-ms-error-code:[ \t]*(\S+)", re.MULTILINE | re.IGNORECASE)
-# An answer's headers (each after a line break: faster to find than ``^`` in MULTILINE mode).
+# Each answer's status line and headers, after a line break: a literal the engine finds at once,
+# where ``^`` in MULTILINE mode is tried at every position (four times slower on a changeset).
+_STATUS = re.compile(rb"\nHTTP/1\.1 (\d{3})")
 _ETAG = re.compile(rb"\nETag:[ \t]*([^\r\n]*)", re.IGNORECASE)
 _CONTENT_ID = re.compile(rb"\nContent-ID:[ \t]*(\d+)[ \t]*(?:\r|$)", re.IGNORECASE)
 # An operation as TableClient.submit_transaction takes it: ("create", entity), ("update", entity,
@@ -348,8 +349,11 @@ def entity_json(entity: Mapping[str, Any]) -> dict[str, Any]:
     binary, GUIDs and Int64 annotated; ints outside Int32 refused; None left out."""
     found: dict[str, Any] = {}
     for name, value in entity.items():
-        if type(value) is str:  # most properties: the common case first
+        if type(value) is str:  # most properties: the common cases first
             found[name], found[f"{name}@odata.type"] = value, "Edm.String"
+            continue
+        if type(value) is datetime:  # every marker's times (a subclass may carry the service's own text)
+            found[name], found[f"{name}@odata.type"] = _utc_text(value), "Edm.DateTime"
             continue
         if isinstance(value, tuple):  # (value, EdmType) or EntityProperty: the type given
             typed, kind = value[0], str(getattr(value[1], "value", value[1]))
