@@ -55,6 +55,7 @@ CONCURRENCY = 16  # deletes in flight during a purge
 FIRST_PURGE = timedelta(days=2)  # how far back a purge without a cursor starts
 SETTLE = timedelta(minutes=5)  # after an hour ends, how long a flush begun in it may take to land
 _HOUR = "%Y%m%d%H"
+_EPOCH, _ONE_HOUR = datetime(1970, 1, 1, tzinfo=UTC), timedelta(hours=1)
 _ROW_BYTES = 60_000  # an Edm.Binary property holds 64 KiB
 
 
@@ -84,7 +85,7 @@ class ExpiryIndex:
         _live.add(self)
 
     def note(self, expires_at: datetime, notes: Sequence[Note]) -> None:
-        hour = _hour_text(int(expires_at.timestamp()) // 3600)
+        hour = _hour_of(expires_at)
         full: list[tuple[Note, datetime]] = []
         with self._mutex:
             if sum(map(len, self._pending.values())) + len(notes) > MAX_PENDING:
@@ -215,10 +216,15 @@ def _floor(moment: datetime) -> datetime:
     return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
 
+def _hour_of(moment: datetime) -> str:
+    """``YYYYMMDDHH`` of an aware time's hour in UTC: exact arithmetic, then a lookup per hour
+    rather than a strftime per note."""
+    return _hour_text((moment - _EPOCH) // _ONE_HOUR)
+
+
 @lru_cache(maxsize=64)
 def _hour_text(number: int) -> str:
-    """``YYYYMMDDHH`` of the ``number``-th hour since the epoch: a lookup per note, not a strftime."""
-    return f"{datetime.fromtimestamp(number * 3600, UTC):{_HOUR}}"
+    return f"{_EPOCH + number * _ONE_HOUR:{_HOUR}}"
 
 
 def _hour(text: object) -> datetime:
