@@ -41,6 +41,7 @@ DEFAULT_RETENTION = "P30D"
 DEFAULT_TRANSIENT_WAIT = "PT2M"
 DEFAULT_OUTBOX_SWEEP_DELAY = "PT10M"
 DEFAULT_PURGE_BUDGET = "1000000"  # records per purge run: the time limit binds first (docs/operations.md)
+DEFAULT_OUTBOX_SWEEP_BUDGET = "100000"  # parked keys per sweep run: the time limit binds first
 DEFAULT_PURGE_TIME = "PT4M"  # per purge run, every 5 minutes: under functionTimeout (5 min)
 DEFAULT_MAX_DELIVERY_COUNT = "10"  # Service Bus's default maxDeliveryCount, and infra's
 

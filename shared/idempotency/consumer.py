@@ -40,7 +40,7 @@ from .messages import (
     check_result,
     utcnow,
 )
-from .outbox import Outbox, Sender, rows, rows_prefix
+from .outbox import Outbox, Parked, Sender, outgoing, rows, rows_prefix
 from .payload import fingerprint, parse_json
 from .steps import Context, settle
 from .stores._base import DedupStore
@@ -196,9 +196,10 @@ class IdempotentConsumer:
         spans = [telemetry.span(self.name, d) for d in deliveries]
         # Each delivery's token: its claims and its marker carry it, so a retry knows its own writes.
         owners = [f"{random.getrandbits(128):032x}" for _ in deliveries]
+        parked: dict[DedupKey, Parked] = {}  # keys indexed for the outbox sweep, once per delivery
         try:
             attempt_started = time.monotonic()
-            results = self._attempt(deliveries, spans, owners, retry=False)
+            results = self._attempt(deliveries, spans, owners, parked, retry=False)
             slowest = time.monotonic() - attempt_started
             pause, cap = wait.total_seconds() * FIRST_PAUSE, wait.total_seconds() * MAX_PAUSE
             while True:
@@ -210,7 +211,7 @@ class IdempotentConsumer:
                 pause = min(pause * 2, cap)
                 attempt_started = time.monotonic()
                 retried = self._attempt([deliveries[i] for i in again], [spans[i] for i in again],
-                                        [owners[i] for i in again], retry=True)  # fmt: skip
+                                        [owners[i] for i in again], parked, retry=True)  # fmt: skip
                 slowest = max(slowest, time.monotonic() - attempt_started)
                 for i, result in zip(again, retried, strict=True):
                     results[i] = result
@@ -219,8 +220,9 @@ class IdempotentConsumer:
                 if result.outcome in RETRY_OUTCOMES and self._last(delivery):
                     if self._record_refusals:
                         self._dead_letter(delivery, result)  # the broker dead-letters it next: say why
-                    if self.sender is not None and result.key is not None:  # rows an earlier delivery left
-                        self._park(self.outbox(self.sender), self.partition_of(result.key), result.key)
+                    if self.sender is not None and result.key is not None and result.key not in parked:
+                        self._park(self.outbox(self.sender), self.partition_of(result.key), result.key)  # rows an
+                        # earlier delivery may have left
                 telemetry.record(self.name, delivery, result, (time.perf_counter() - started) * 1000, span)
                 finished.append(result)
         finally:
@@ -229,12 +231,12 @@ class IdempotentConsumer:
         return finished
 
     def _attempt(self, deliveries: Sequence[Delivery], spans: Sequence[trace.Span], owners: Sequence[str],
-                 *, retry: bool) -> list[Result]:  # fmt: skip
+                 parked: dict[DedupKey, Parked], *, retry: bool) -> list[Result]:  # fmt: skip
         decided = []
         siblings: dict[DedupKey, Context] = {}  # the steps whose completion a decided message holds
         for delivery, span, owner in zip(deliveries, spans, owners, strict=True):
             with trace.use_span(span):  # current while its own handler runs: its calls are children
-                decided.append(self._decide(delivery, owner, retry, siblings))
+                decided.append(self._decide(delivery, owner, retry, parked, siblings))
         # A completion a later copy of the same message wrote already (it met the claim) no
         # longer rides with the commit: the claim's version it is fenced by has moved.
         decided = [item._replace(completions=tuple(c for c in item.completions if c.key in siblings))
@@ -244,7 +246,7 @@ class IdempotentConsumer:
         for delivery, item in zip(deliveries, decided, strict=True):
             result = next(committed) if isinstance(item, Commit) else item
             if self.sender is not None and isinstance(item, Commit) and result.outcome in _COMMITTED:
-                result = self._dispatch(self.outbox(self.sender), delivery, item, result, retry)
+                result = self._dispatch(self.outbox(self.sender), delivery, item, result, retry, parked)
             if self._record_refusals and result.outcome in _REFUSALS:
                 result = self._dead_letter(delivery, result)
             results.append(result)
@@ -259,22 +261,29 @@ class IdempotentConsumer:
         sweep before the commit."""
         return delivery.delivery_count is None or self._last(delivery)
 
-    def _dispatch(self, outbox: Outbox, delivery: Delivery, commit: Commit, result: Result, retry: bool) -> Result:
+    def _dispatch(self, outbox: Outbox, delivery: Delivery, commit: Commit, result: Result, retry: bool,
+                  parked: dict[DedupKey, Parked]) -> Result:  # fmt: skip
         """Send what the commit holds: the rows just committed, or (a duplicate, a retry)
         those the store still has. A failed send waits and retries as any transient failure;
-        a delivery nobody redelivers is parked (again: this run's handler may not have sent)
-        and acknowledged: its messages are committed, the sweep sends them."""
+        a delivery nobody redelivers is parked and acknowledged: its messages are committed,
+        the sweep sends them. A sent delivery takes its index row back: the sweep only ever
+        meets what is really left."""
         prefix = rows_prefix(commit.key)
         fresh = result.outcome is Outcome.PROCESSED and not retry
         try:
             outbox.dispatch(commit.partition, prefix, [e for e in commit.effects if e.name.startswith(prefix)]
                             if fresh else None)  # fmt: skip
         except DedupError as exc:
-            if self._parks(delivery) and self._park(outbox, commit.partition, commit.key):
-                log.warning("dedup outbox: %s left for the sweep: %s", commit.key, exc)
-                return result
+            if self._parks(delivery) and (commit.key in parked or self._park(outbox, commit.partition, commit.key)):
+                # An HTTP call's send waits for the sweep quietly; a broker's last delivery alerts
+                # (a destination missing or a role not granted fails every send until fixed).
+                log.log(logging.WARNING if delivery.delivery_count is None else logging.ERROR,
+                        "dedup outbox: %s left for the sweep: %s", commit.key, exc)  # fmt: skip
+                return replace(result, reason="outbox_parked", detail=str(exc)[:500])
             return Result(Outcome.TRANSIENT, commit.key, "dispatch_failed", str(exc)[:500],
                           fingerprint=commit.fingerprint)  # fmt: skip
+        if commit.key in parked:
+            outbox.unpark(parked.pop(commit.key))
         # Only now may a duplicate skip the store: the cache must never outlive a send that
         # did not finish (a crash in a test, an exception a sender should not raise).
         self._completed.put(commit.key, commit.fingerprint)
@@ -288,7 +297,7 @@ class IdempotentConsumer:
             return False  # not parked: the message is not acknowledged either
         return True
 
-    def _decide(self, delivery: Delivery, owner: str, retry: bool,
+    def _decide(self, delivery: Delivery, owner: str, retry: bool, parked: dict[DedupKey, Parked],
                 siblings: dict[DedupKey, Context] | None = None) -> Result | Commit:  # fmt: skip
         """Everything up to the commit: parse, key, validate, fingerprint, the cache of
         completed keys, then the handler (and its two-phase steps)."""
@@ -322,9 +331,13 @@ class IdempotentConsumer:
             if effects.messages:
                 if self.sender is None:
                     raise ValueError(f"consumer {self.name!r} has no sender for the handler's outgoing messages")
-                entities += rows(key, effects.messages)
-                if self._parks(delivery):
-                    self.outbox(self.sender).park(partition, key)
+                outgoing_rows = rows(key, effects.messages)
+                check = getattr(self.sender, "check", None)  # what the sender can never send: refused now
+                if check is not None:
+                    check([outgoing(row) for row in outgoing_rows])
+                entities += outgoing_rows
+                if self._parks(delivery) and key not in parked:
+                    parked[key] = self.outbox(self.sender).park(partition, key)
             return Commit(key, partition, fp, entities, effects.result, expires_at, owner, retry, steps)
         except Exception as exc:  # noqa: BLE001 - mapped to exactly one outcome below
             if context is not None:

@@ -20,11 +20,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from opentelemetry import metrics
 
@@ -41,6 +43,7 @@ _swept = metrics.get_meter("idempotency").create_counter(
 ROWS = "~outbox|"  # the outgoing messages' entity names, beside the business data
 DUE = "~outbox-due|"  # the sweep's index: one partition per hour, and its cursor
 CURSOR = Entity("cursor", {})
+PAGE = 1000  # index rows per read
 MAX_MESSAGES = 25  # per incoming message: they commit in its transaction (100 operations)
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # stored as is in a RowKey: a range read finds it
 _HOUR = "%Y%m%d%H"
@@ -49,7 +52,10 @@ _DUE = "%Y%m%d%H%M%S"
 
 class Sender(Protocol):
     """Sends outgoing messages, each with its ``message_id`` set. Any exception means "not
-    (surely) sent": the same messages are sent again later, with the same ids."""
+    (surely) sent": the same messages are sent again later, with the same ids. A sender may
+    also have ``check(messages)``, called before the commit: it raises InvalidMessage for a
+    message it could never send (too large, a session id or property the service refuses),
+    so that the incoming message is refused at its first delivery instead of retried."""
 
     def send(self, messages: Sequence[Outgoing]) -> None: ...
 
@@ -59,7 +65,15 @@ class Sweep:
     parked: int  # index rows read that were due
     sent: int  # messages sent
     failed: int  # parked keys whose send failed: tried again next time
-    reads: int  # range reads (the cursor and one per hour since it)
+    reads: int  # range reads (the cursor and one per page of each hour since it)
+    left: bool = False  # stopped by its budget or deadline with due keys left: a backlog
+
+
+class Parked(NamedTuple):
+    """A parked key's index row: its hour's partition and its name."""
+
+    partition: str
+    name: str
 
 
 def rows_prefix(key: DedupKey) -> str:
@@ -118,16 +132,23 @@ class Outbox:
         self.sender = sender
         self.sweep_delay = sweep_delay
 
-    def park(self, partition: str, key: DedupKey, now: datetime | None = None) -> Entity:
-        """Index the key for the sweep, before its commit. The sweep deletes the index row
-        once it found the key's rows sent (or never committed): one read and one delete per
-        parked key, later, instead of a delete on the delivery's path."""
+    def park(self, partition: str, key: DedupKey, now: datetime | None = None) -> Parked:
+        """Index the key for the sweep, before its commit; ``unpark`` once the delivery sent
+        its messages itself, so that the sweep only meets what is really left."""
         due = (now or utcnow()) + self.sweep_delay
-        index = Entity(f"{due:{_DUE}}|{rows_prefix(key)}", {"partition": partition})
-        self.store.put_entity(DUE + f"{due:{_HOUR}}", index)
-        return index
+        parked = Parked(DUE + f"{due:{_HOUR}}", f"{due:{_DUE}}|{rows_prefix(key)}")
+        self.store.put_entity(parked.partition, Entity(parked.name, {"partition": partition}))
+        return parked
 
-    def dispatch(self, partition: str, key_rows: str, committed: Sequence[Entity] | None = None) -> int:
+    def unpark(self, parked: Parked) -> None:
+        """Best effort: an index row left behind costs the sweep one read, nothing more."""
+        try:
+            self.store.delete_entities(parked.partition, [parked.name])
+        except DedupError as exc:
+            log.debug("outbox: index row %s left for the sweep: %s", parked.name, exc)
+
+    def dispatch(self, partition: str, key_rows: str, committed: Sequence[Entity] | None = None,
+                 sender: Sender | None = None) -> int:  # fmt: skip
         """Send the rows under ``key_rows`` (the ones just ``committed``, or else those the
         store still holds), then delete them. DownstreamUnavailable when the send failed:
         nothing is deleted, and the next try sends the same messages again."""
@@ -135,49 +156,61 @@ class Outbox:
         if not found:
             return 0
         try:
-            self.sender.send([outgoing(row) for row in found])
+            (sender or self.sender).send([outgoing(row) for row in found])
         except Exception as exc:  # whatever failed, the rows stay to be sent again
             raise DownstreamUnavailable(f"outgoing messages not sent: {exc!r}"[:500]) from exc
         self.store.delete_entities(partition, [row.name for row in found])
         return len(found)
 
-    def _later(self, index: Entity, hour: datetime, now: datetime) -> bool:
+    def _later(self, index: Entity, hour: str, now: datetime) -> bool:
         """Move a key whose send failed to the hour it is due again, so that one destination
         that stays down holds neither the cursor nor the reads; False if it could not move."""
-        due = now + self.sweep_delay
+        due = now + max(self.sweep_delay, timedelta(seconds=1))  # never due again in this sweep
         moved = Entity(f"{due:{_DUE}}|{index.name.partition('|')[2]}", index.data)
         try:
             self.store.put_entity(DUE + f"{due:{_HOUR}}", moved)
-            self.store.delete_entities(DUE + f"{hour:{_HOUR}}", [index.name])
+            self.store.delete_entities(hour, [index.name])
         except DedupError:
             return False
         return True
 
-    def sweep(self, now: datetime, *, since: timedelta, budget: int = 1000) -> Sweep:
+    def sweep(self, now: datetime, *, since: timedelta, budget: int = 100_000, deadline: float = math.inf,
+              senders: Mapping[str, Sender] | None = None) -> Sweep:  # fmt: skip
         """Send what parked deliveries left, hour by hour from the cursor (first run: ``since``
-        ago) to ``now``; the cursor moves past every hour left empty."""
+        ago) to ``now``, at most ``budget`` keys and until ``deadline`` (``time.monotonic()``);
+        the cursor moves past every hour left empty. ``senders``: each consumer's own sender,
+        by name (a parked key's partition names its consumer); by default this outbox's."""
         stored = self.store.read_entities(DUE + "cursor", "cursor", 1)
         first = (now - since).replace(minute=0, second=0, microsecond=0)
         start = _hour(str(stored[0].data["hour"])) if stored else first
         hour, cursor, reads = start, start, 1
         parked = sent = failed = 0
-        moving = True
-        while hour <= now and parked < budget:
-            indexes = self.store.read_entities(DUE + f"{hour:{_HOUR}}", "", budget - parked)
-            reads += 1
-            left = len(indexes) >= budget - parked
-            for index in indexes:
-                if _at(index.name[:14]) > now:  # parked, not yet due
-                    left = True
-                    continue
-                parked += 1
-                try:
-                    sent += self.dispatch(str(index.data["partition"]), index.name.partition("|")[2])
-                    self.store.delete_entities(DUE + f"{hour:{_HOUR}}", [index.name])
-                except DedupError as exc:
-                    failed += 1
-                    log.warning("outbox sweep: %s", exc)
-                    left = left or not self._later(index, hour, now)
+        moving, stopped = True, False
+        while hour <= now and not stopped:
+            partition, left = DUE + f"{hour:{_HOUR}}", False
+            while not left:
+                limit = min(PAGE, budget - parked)
+                if limit <= 0 or time.monotonic() >= deadline:
+                    stopped = left = True
+                    break
+                indexes = self.store.read_entities(partition, "", limit)
+                reads += 1
+                due = [index for index in indexes if _at(index.name[:14]) <= now]
+                left = len(due) < len(indexes)  # the rest of the hour is not due yet
+                for index in due:
+                    if time.monotonic() >= deadline:
+                        stopped = left = True
+                        break
+                    parked += 1
+                    try:
+                        sent += self._send_parked(index, senders)
+                        self.store.delete_entities(partition, [index.name])
+                    except DedupError as exc:
+                        failed += 1
+                        log.error("outbox sweep: %s not sent: %s", index.name.partition("|")[2], exc)
+                        left = left or not self._later(index, partition, now)  # stuck: do not read it again
+                if len(indexes) < limit:
+                    break
             moving = moving and not left and hour + timedelta(hours=1) <= now
             if moving:
                 cursor = hour + timedelta(hours=1)
@@ -186,7 +219,14 @@ class Outbox:
             self.store.put_entity(DUE + "cursor", replace(CURSOR, data={"hour": f"{cursor:{_HOUR}}"}))
         _swept.add(parked - failed, {"result": "sent"})
         _swept.add(failed, {"result": "failed"})  # a backlog: the alert "outbox backlog" watches it
-        return Sweep(parked, sent, failed, reads)
+        return Sweep(parked, sent, failed, reads, stopped)
+
+    def _send_parked(self, index: Entity, senders: Mapping[str, Sender] | None) -> int:
+        partition = str(index.data["partition"])
+        sender = self.sender if senders is None else senders.get(partition.partition("|")[0])
+        if sender is None:
+            raise DownstreamUnavailable(f"no consumer named {partition.partition('|')[0]!r} sends in this app")
+        return self.dispatch(partition, index.name.partition("|")[2], sender=sender)
 
 
 def _hour(text: str) -> datetime:

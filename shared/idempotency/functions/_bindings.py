@@ -272,7 +272,7 @@ def stored_response(handler: Handler, status: int, location: str) -> Handler:
         assert isinstance(effects, Effects), "an HTTP response is stored with a marker"
         safe = {name: quote(str(value), safe="") for name, value in effects.result.items()}
         headers = {"Location": location.format(**safe)}
-        return Effects(effects.entities, {"status": status, "body": effects.result, "headers": headers})
+        return replace(effects, result={"status": status, "body": effects.result, "headers": headers})
 
     return handle
 

@@ -13,8 +13,8 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..config import factory, setting
-from ..errors import ConfigurationError
+from ..config import factory, setting, whole
+from ..errors import ConfigurationError, InvalidMessage
 from ..messages import Outgoing
 from ..outbox import Sender
 
@@ -32,17 +32,49 @@ def to_servicebus(message: Outgoing) -> ServiceBusMessage:
                              session_id=message.session_id, content_type="application/json")  # fmt: skip
 
 
+# Service Bus Standard's message size; a Premium entity's is its maxMessageSizeInKilobytes
+# (1 MiB by default, infra sets the setting to match).
+DEFAULT_MAX_MESSAGE_BYTES = "262144"
+SIMPLE = (str, bool, int, float)  # AMQP application properties hold simple types only, no lists or maps
+
+
 class ServiceBusSender:
     """Sends each destination's messages in as few calls as its batches allow (a queue or a
     topic: an entity path). The SDK's senders are not thread-safe: one per destination, used
-    by one call at a time."""
+    by one call at a time. ``max_message_bytes``: the destinations' message size limit, which
+    ``check`` holds each message to before its commit."""
 
-    def __init__(self, client: ServiceBusClient) -> None:
+    def __init__(self, client: ServiceBusClient, *, max_message_bytes: int = int(DEFAULT_MAX_MESSAGE_BYTES)) -> None:
         self._client = client
         self._senders: dict[str, tuple[Any, threading.Lock]] = {}
         self._lock = threading.Lock()
+        self.max_message_bytes = max_message_bytes
+
+    def check(self, messages: Sequence[Outgoing]) -> None:
+        """InvalidMessage for a message Service Bus can never take, found as the SDK and the
+        service would find it: encoded into an empty batch of the destination's size (no
+        network). What only the service knows (a destination missing, a role not granted)
+        fails the send instead: waited for, parked and alerted, never dropped."""
+        from azure.servicebus import ServiceBusMessageBatch
+        from azure.servicebus.exceptions import MessageSizeExceededError
+
+        for message in messages:
+            what = f"an outgoing message to {message.destination!r}"
+            odd = sorted(name for name, value in message.properties.items() if not isinstance(value, SIMPLE))
+            if odd:
+                raise InvalidMessage("outgoing_refused", f"{what}: properties {odd} are not strings, numbers "
+                                     "or booleans (Service Bus application properties hold simple types)")  # fmt: skip
+            try:
+                ServiceBusMessageBatch(max_size_in_bytes=self.max_message_bytes).add_message(to_servicebus(message))
+            except MessageSizeExceededError as exc:
+                raise InvalidMessage("outgoing_refused", f"{what} is over {self.max_message_bytes} bytes once "
+                                     "encoded (DEDUP_OUTGOING_MAX_BYTES)") from exc  # fmt: skip
+            except (TypeError, ValueError) as exc:  # a session id over 128 characters, an int over 32 bits, ...
+                raise InvalidMessage("outgoing_refused", f"{what}: {exc}"[:500]) from exc
 
     def send(self, messages: Sequence[Outgoing]) -> None:
+        from azure.servicebus.exceptions import MessageSizeExceededError
+
         by_destination: dict[str, list[Outgoing]] = {}
         for message in messages:
             by_destination.setdefault(message.destination, []).append(message)
@@ -53,10 +85,12 @@ class ServiceBusSender:
                 for wire in map(to_servicebus, group):
                     try:
                         batch.add_message(wire)
-                    except ValueError:  # MessageSizeExceededError: this batch is full
-                        sender.send_messages(batch)
+                    except MessageSizeExceededError:
+                        if not len(batch):  # too large for any batch (check() refuses it before its commit)
+                            raise
+                        sender.send_messages(batch)  # this batch is full: send it, start the next
                         batch = sender.create_message_batch()
-                        batch.add_message(wire)  # one message too large for any batch raises here
+                        batch.add_message(wire)
                 sender.send_messages(batch)
 
     def _sender(self, destination: str) -> tuple[Any, threading.Lock]:
@@ -92,16 +126,17 @@ def app_sender() -> Sender:
         return _imported(name)
     from azure.servicebus import ServiceBusClient
 
+    size = whole("DEDUP_OUTGOING_MAX_BYTES", DEFAULT_MAX_MESSAGE_BYTES)
     connection = os.environ.get("ServiceBusConnection")  # noqa: SIM112 - the host's own setting name
     if connection:
-        return ServiceBusSender(ServiceBusClient.from_connection_string(connection))
+        return ServiceBusSender(ServiceBusClient.from_connection_string(connection), max_message_bytes=size)
     namespace = os.environ.get("ServiceBusConnection__fullyQualifiedNamespace")  # noqa: SIM112
     if namespace:
         from azure.identity import DefaultAzureCredential
 
         client_id = os.environ.get("ServiceBusConnection__clientId")  # noqa: SIM112
         credential = DefaultAzureCredential(managed_identity_client_id=client_id)
-        return ServiceBusSender(ServiceBusClient(namespace, credential))
+        return ServiceBusSender(ServiceBusClient(namespace, credential), max_message_bytes=size)
     raise ConfigurationError("the outbox sends with ServiceBusConnection (local) or "
                              "ServiceBusConnection__fullyQualifiedNamespace (managed identity)")  # fmt: skip
 
@@ -112,7 +147,9 @@ def check_sender_settings() -> None:
     name = setting("DEDUP_SENDER", "servicebus")
     if name == "file":
         setting("DEDUP_SENDER_FILE")
-    elif name != "servicebus":
+    elif name == "servicebus":
+        whole("DEDUP_OUTGOING_MAX_BYTES", DEFAULT_MAX_MESSAGE_BYTES)
+    else:
         factory("DEDUP_SENDER", name, "servicebus, file")
 
 

@@ -11,13 +11,18 @@ from datetime import timedelta
 import azure.functions as func
 from opentelemetry import metrics
 
-from ..config import DEFAULT_PURGE_BUDGET, DEFAULT_PURGE_TIME, duration, whole
+from ..config import DEFAULT_OUTBOX_SWEEP_BUDGET, DEFAULT_PURGE_BUDGET, DEFAULT_PURGE_TIME, duration, whole
+from ..consumer import IdempotentConsumer
 from ..messages import utcnow
+from ..outbox import Sender
 from ..reconcile import escalate_stale_claims
-from ._registry import declared, shared_sender, shared_store
+from ._registry import declared, shared_store
 
 _purges = metrics.get_meter("idempotency").create_counter(
     "dedup.purge.runs", description="Purge runs, by whether they spent their whole budget (a backlog)"
+)
+_sweeps = metrics.get_meter("idempotency").create_counter(
+    "dedup.outbox.sweep.runs", description="Outbox sweeps, by whether they stopped with due keys left (a backlog)"
 )
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
 
@@ -61,10 +66,18 @@ FIRST_SWEEP = timedelta(days=2)  # how far back a sweep without a cursor reads: 
 @bp.function_name("dispatch_outbox")
 @bp.timer_trigger(arg_name="timer", schedule="0 */5 * * * *", use_monitor=True)
 def dispatch_outbox(timer: func.TimerRequest) -> None:
-    """Sends what parked deliveries (HTTP calls, last deliveries) left unsent: reads only the
-    hours since its cursor. Nothing to do, and no sender built, while no consumer sends."""
-    senders = [c for c in declared() if c.sender is not None]
-    if not senders:
-        return
-    swept = senders[0].outbox(shared_sender()).sweep(utcnow(), since=FIRST_SWEEP)
-    logging.getLogger("idempotency").info("dedup outbox sweep: parked=%d sent=%d failed=%d reads=%d", *astuple(swept))
+    """Sends what parked deliveries (HTTP calls, last deliveries) left unsent, each with its
+    consumer's own sender: reads only the hours since its cursor, for at most DEDUP_PURGE_TIME
+    and DEDUP_OUTBOX_SWEEP_BUDGET keys. Nothing to do while no consumer sends."""
+    by_store: dict[int, tuple[IdempotentConsumer, dict[str, Sender]]] = {}
+    for built in declared():
+        if built.sender is not None:
+            by_store.setdefault(id(built.store), (built, {}))[1][built.name] = built.sender
+    budget = whole("DEDUP_OUTBOX_SWEEP_BUDGET", DEFAULT_OUTBOX_SWEEP_BUDGET)
+    deadline = time.monotonic() + duration("DEDUP_PURGE_TIME", DEFAULT_PURGE_TIME).total_seconds()
+    for first, senders in by_store.values():
+        outbox = first.outbox(senders[first.name])
+        swept = outbox.sweep(utcnow(), since=FIRST_SWEEP, budget=budget, deadline=deadline, senders=senders)
+        logging.getLogger("idempotency").info("dedup outbox sweep: parked=%d sent=%d failed=%d reads=%d left=%s",
+                                              *astuple(swept))  # fmt: skip
+        _sweeps.add(1, {"budget_spent": str(swept.left).lower()})  # true: work left (a backlog, alert)

@@ -1,0 +1,197 @@
+"""The outbox at its edges, on a real store (Azurite): what Service Bus could never take is
+refused at the first delivery with a record, nothing committed; a send that keeps failing is
+parked and alerted, never acknowledged silently; the sweep sends each key with its own
+consumer's sender, pages through any backlog and stops at its budget and deadline."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusMessageBatch
+from azure.servicebus.exceptions import MessageSizeExceededError
+
+from shared.idempotency import Context, DedupConfig, Delivery, Effects, Entity, IdempotentConsumer, Outcome, Outgoing
+from shared.idempotency import outbox as outbox_module
+from shared.idempotency.functions import ServiceBusSender
+from shared.idempotency.messages import utcnow
+from shared.idempotency.outbox import DUE, ROWS, Outbox
+from shared.idempotency.stores import DedupStore, TableStore
+from tests.conftest import new_table_store
+from tools.azurite import Azurite
+from tools.broker import PeekLockQueue
+from tools.topic import Topic
+
+NO_WAIT = DedupConfig(transient_wait=timedelta(0))
+# check() encodes messages without a connection: this client never opens one.
+OFFLINE = ServiceBusClient.from_connection_string(
+    "Endpoint=sb://localhost/;SharedAccessKeyName=k;SharedAccessKey=c2VjcmV0"
+)
+
+
+@pytest.fixture
+def store(azurite: Azurite) -> TableStore:
+    return new_table_store(azurite, lean=True)
+
+
+def new_topic(name: str = "order-events") -> Topic:
+    return Topic(name, {"billing": PeekLockQueue(60, 10, 0)})
+
+
+def sending(outgoing: Outgoing) -> Any:
+    def handle(payload: Any, context: Context) -> Effects:
+        return Effects([Entity("order", {"id": payload["orderId"]})], None, [outgoing])
+
+    return handle
+
+
+def delivery(order: str, count: int | None = 1) -> Delivery:
+    return Delivery(f'{{"orderId":"{order}"}}'.encode(), message_id=order, delivery_count=count)
+
+
+def index_rows(store: DedupStore, hours: int = 2) -> list[Entity]:
+    now = utcnow()
+    return [row for h in range(-1, hours) for row in store.read_entities(DUE + f"{now + timedelta(hours=h):%Y%m%d%H}",
+                                                                         "", 1000)]  # fmt: skip
+
+
+REFUSED = {
+    "a session id over 128 characters": Outgoing("q", {"n": 1}, "m", session_id="s" * 129),
+    "a list property": Outgoing("q", {"n": 1}, "m", {"tags": ["a", "b"]}),  # type: ignore[dict-item]
+    "a map property": Outgoing("q", {"n": 1}, "m", {"meta": {"a": 1}}),  # type: ignore[dict-item]
+    "an integer over 32 bits (the SDK sends an AMQP int)": Outgoing("q", {"n": 1}, "m", {"big": 2**31}),
+    "a body over the size limit": Outgoing("q", {"text": "x" * 5000}, "m"),
+}
+
+
+@pytest.mark.parametrize("count", [1, None], ids=["queue", "http"])
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_what_service_bus_can_never_take_is_refused_at_the_first_delivery(
+    store: TableStore, case: str, count: int | None
+) -> None:
+    """Refused before the commit, with a reason and a dead-letter record: no marker, no order,
+    no outgoing row, no index row for the sweep — never nine waits and a silent acknowledgement."""
+    sender = ServiceBusSender(OFFLINE, max_message_bytes=4096)
+    c = IdempotentConsumer("orders", store, sending(REFUSED[case]), config=NO_WAIT, sender=sender)
+    result = c.process(delivery("o-1", count))
+    assert (result.outcome, result.reason, result.acknowledge) == (Outcome.INVALID, "outgoing_refused", True)
+    [record] = store.dead_letters("orders")
+    assert (record.reason, record.message_id, record.body) == ("outgoing_refused", "o-1", b'{"orderId":"o-1"}')
+    key, partition, _ = c.identify(delivery("o-1"))
+    assert store.get(key, partition) is None
+    assert store.read_entities(partition, "", 10) == [] and index_rows(store) == []
+
+
+def test_what_service_bus_takes_passes_the_check() -> None:
+    sender = ServiceBusSender(OFFLINE, max_message_bytes=4096)
+    sender.check([Outgoing("q", {"text": "x" * 3000}, "m", {"a": "b", "n": 2**31 - 1, "f": 1.5, "t": True},
+                           session_id="s" * 128, message_id="id")])  # fmt: skip
+
+
+class Link:
+    """A Service Bus sender link that records the batches it sends (the batches are real)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.sent: list[int] = []
+
+    def create_message_batch(self) -> ServiceBusMessageBatch:
+        return ServiceBusMessageBatch(max_size_in_bytes=self.size)
+
+    def send_messages(self, batch: ServiceBusMessageBatch) -> None:
+        self.sent.append(len(batch))
+
+
+class Client:
+    def __init__(self, link: Link) -> None:
+        self.link = link
+
+    def get_queue_sender(self, destination: str) -> Link:
+        return self.link
+
+
+def test_a_full_batch_is_sent_and_a_refusal_is_never_read_as_a_full_batch() -> None:
+    link = Link(1000)
+    sender = ServiceBusSender(Client(link))  # type: ignore[arg-type]
+    sender.send([Outgoing("q", {"text": "x" * 300}, str(i), message_id=f"id-{i}") for i in range(5)])
+    assert (sum(link.sent), len(link.sent) > 1) == (5, True)  # several full batches, every message once
+    with pytest.raises(MessageSizeExceededError):  # one message larger than any batch: not an endless loop
+        sender.send([Outgoing("q", {"text": "x" * 2000}, "big", message_id="id-big")])
+    with pytest.raises(ValueError, match="session_id"):  # a refusal, raised as one: nothing sent for it
+        sender.send([Outgoing("q", {}, "s", session_id="s" * 129, message_id="id-s")])
+    assert (sum(link.sent), 0 in link.sent) == (5, False)  # never an empty batch sent
+
+
+class Refusing:
+    """A destination that does not exist (or a role not granted): every send fails."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+
+    def send(self, messages: Sequence[Outgoing]) -> None:
+        self.attempts += 1
+        raise RuntimeError("MessagingEntityNotFoundError: the messaging entity could not be found")
+
+
+def test_a_send_refused_for_a_deployment_reason_is_waited_for_parked_and_alerted(
+    store: TableStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    refusing = Refusing()
+    c = IdempotentConsumer("orders", store, sending(Outgoing("missing", {"n": 1}, "m")), config=NO_WAIT,
+                           sender=refusing)  # fmt: skip
+    for count in range(1, 10):
+        result = c.process(delivery("o-2", count))
+        assert (result.outcome, result.reason, result.acknowledge) == (Outcome.TRANSIENT, "dispatch_failed", False)
+    with caplog.at_level(logging.ERROR, logger="idempotency"):
+        last = c.process(delivery("o-2", 10))
+    assert (last.outcome, last.reason, last.acknowledge) == (Outcome.DUPLICATE, "outbox_parked", True)
+    assert [r.levelno for r in caplog.records if "left for the sweep" in r.getMessage()] == [logging.ERROR]
+    assert len(index_rows(store)) == 1  # parked for the sweep
+    later = utcnow() + timedelta(minutes=11)
+    with caplog.at_level(logging.ERROR, logger="idempotency"):
+        swept = Outbox(store, refusing).sweep(later, since=timedelta(hours=2))
+    assert (swept.parked, swept.sent, swept.failed, refusing.attempts) == (1, 0, 1, 11)
+    assert any("not sent" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
+    topic = new_topic("missing")  # the entity is created: the next sweep after the delay sends
+    swept = Outbox(store, topic).sweep(later + timedelta(minutes=11), since=timedelta(hours=2))
+    assert (swept.parked, swept.sent, topic.sent) == (1, 1, 1)
+    assert index_rows(store, hours=3) == []
+
+
+def test_the_sweep_sends_each_key_with_its_own_consumers_sender(store: TableStore) -> None:
+    down = Refusing()
+    topics = {"billing-out": new_topic("a"), "shipping-out": new_topic("b")}
+    for name, topic in topics.items():
+        c = IdempotentConsumer(name, store, sending(Outgoing(topic.name, {"n": 1}, "m")), config=NO_WAIT, sender=down)
+        assert c.process(delivery("o-3", None)).reason == "outbox_parked"  # an HTTP call: parked, answered
+    stranger = IdempotentConsumer("gone", store, sending(Outgoing("c", {"n": 1}, "m")), config=NO_WAIT, sender=down)
+    stranger.process(delivery("o-3", None))  # a consumer the app no longer has
+    swept = Outbox(store, down).sweep(utcnow() + timedelta(minutes=11), since=timedelta(hours=2),
+                                      senders=dict(topics))  # fmt: skip
+    assert (swept.parked, swept.sent, swept.failed) == (3, 2, 1)
+    assert [(t.name, t.sent) for t in topics.values()] == [("a", 1), ("b", 1)]
+    assert down.attempts == 3  # the three deliveries' own tries; the sweep never used it
+
+
+def test_the_sweep_pages_through_a_backlog_and_stops_at_its_budget_and_deadline(
+    store: TableStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(outbox_module, "PAGE", 4)
+    topic = new_topic()
+    outbox = Outbox(store, topic, sweep_delay=timedelta(0))
+    now = utcnow()
+    for i in range(11):  # parked keys whose deliveries crashed after their commit
+        key = IdempotentConsumer("orders", store, sending(Outgoing(topic.name, {}, "m")), config=NO_WAIT).identify(
+            delivery(f"o-{i}"))[0]  # fmt: skip
+        store.put_entity(f"orders|o-{i}", Entity(outbox_module.rows_prefix(key) + "m", {
+            "destination": topic.name, "messageId": f"id-{i}", "body": "{}", "properties": "{}"}))  # fmt: skip
+        outbox.park(f"orders|o-{i}", key, now - timedelta(seconds=1))
+    assert outbox.sweep(now, since=timedelta(hours=1), deadline=time.monotonic()).left is True  # no time: nothing
+    runs = [outbox.sweep(now, since=timedelta(hours=1), budget=5) for _ in range(3)]
+    assert [(r.parked, r.sent, r.left) for r in runs] == [(5, 5, True), (5, 5, True), (1, 1, False)]
+    assert topic.sent == 11 and outbox.sweep(now, since=timedelta(hours=1)).parked == 0
+    assert [store.read_entities(f"orders|o-{i}", ROWS, 5) for i in range(11)] == [[]] * 11
