@@ -63,7 +63,7 @@ from shared.idempotency.stores._expiry import NOTES_PER_ROW
 from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.stores._transport import pooled_transport
 from shared.orders import SCHEMA, order_handler
-from tools import purge_cost
+from tools import outbox_cost, purge_cost
 from tools.azurite import Azurite
 from tools.broker import PeekLockQueue
 from tools.delay_proxy import delayed
@@ -386,12 +386,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{delay:g} ms] paired: {json.dumps(rounded(pairs[f'{delay:g}']))}", file=sys.stderr)
         purge = purge_cost.measure(azurite, int(os.environ.get("BENCH_PURGE_MARKERS", "500")), repeats=5)
         print(f"[purge] {json.dumps(purge)}", file=sys.stderr)
+        sweep = outbox_cost.sustained(azurite, int(os.environ.get("BENCH_SWEEP_PARKED", "500")))
+        print(f"[outbox sweep] {json.dumps(sweep)}", file=sys.stderr)
         through = worker.measure(int(os.environ.get("BENCH_WORKER_MESSAGES", "1000")), concurrency,
                                  int(os.environ.get("BENCH_WORKER_ROUNDS", "4")), azurite=azurite)  # fmt: skip
         print(f"[worker] {json.dumps(through)}", file=sys.stderr)
     report = summarize(runs, n, repeats, concurrency, pairs)
-    report["purge"], report["worker"] = purge, through
+    report["purge"], report["outbox_sweep"], report["worker"] = purge, sweep, through
     report["targets"].update(purge_targets(purge))
+    report["targets"].update(sweep_targets(sweep))
     report["targets"].update(worker_targets(through))
     write(report)
     for target, ok in report["targets"].items():
@@ -527,6 +530,15 @@ def purge_targets(purge: dict[str, Any]) -> dict[str, bool]:
     }
 
 
+def sweep_targets(sweep: dict[str, Any]) -> dict[str, bool]:
+    """The outbox sweep keeps up with a sustained parking rate: what it sends in the 4 minutes
+    of every 5 it runs, per second, with the requests per parked key it is designed for."""
+    return {
+        f"outbox sweep: sustainable >= 100 parked deliveries/s on one store, <= {outbox_cost.REQUESTS} requests "
+        "per parked key": sweep["sustainable_per_s"] >= 100 and sweep["requests_per_parked"] <= outbox_cost.REQUESTS,
+    }
+
+
 def worker_targets(through: dict[str, Any]) -> dict[str, bool]:
     """Through the real Functions Python worker (bench/worker.py); a skip is a miss, with its reason."""
     name = f"through the worker: dedup >= {worker.TARGET}x the no-dedup function, every message once"
@@ -576,6 +588,12 @@ def write(report: dict[str, Any]) -> None:
         lines += ["", "Time per marker over Azurite's own delete cost, largest / smallest table: "
                   f"{purge['time_per_marker_ratio']:.2f}; sustainable "
                   f"(4 min of every 5): {purge['sustainable_messages_per_s']:.0f} messages/s"]  # fmt: skip
+    if "outbox_sweep" in report:
+        sweep = report["outbox_sweep"]
+        lines += ["", f"**Outbox sweep** (Azurite, no delay proxy; a backlog of {sweep['parked']} parked HTTP orders "
+                  f"whose send failed, median of {len(sweep['runs'])} runs): {sweep['parked_per_s']:.0f} parked keys/s "
+                  f"while it runs, {sweep['requests_per_parked']:.2f} store requests per key; sustainable (4 min of "
+                  f"every 5): {sweep['sustainable_per_s']:.0f} parked deliveries/s"]  # fmt: skip
     through = report.get("worker") or {}
     if "ratio" in through:
         lines += ["", f"**Through the real Functions Python worker** (one worker, {through['concurrency']} concurrent "

@@ -24,8 +24,10 @@ import math
 import re
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import NamedTuple, Protocol
 
 from opentelemetry import metrics
@@ -44,6 +46,7 @@ ROWS = "~outbox|"  # the outgoing messages' entity names, beside the business da
 DUE = "~outbox-due|"  # the sweep's index: one partition per hour, and its cursor
 CURSOR = Entity("cursor", {})
 PAGE = 1000  # index rows per read
+SWEEPERS = 8  # parked keys the sweep handles at once
 MAX_MESSAGES = 25  # per incoming message: they commit in its transaction (100 operations)
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # stored as is in a RowKey: a range read finds it
 _HOUR = "%Y%m%d%H"
@@ -52,7 +55,8 @@ _DUE = "%Y%m%d%H%M%S"
 
 class Sender(Protocol):
     """Sends outgoing messages, each with its ``message_id`` set. Any exception means "not
-    (surely) sent": the same messages are sent again later, with the same ids. A sender may
+    (surely) sent": the same messages are sent again later, with the same ids. It is called
+    from several threads at once (concurrent invocations, the sweep). A sender may
     also have ``check(messages)``, called before the commit: it raises InvalidMessage for a
     message it could never send (too large, a session id or property the service refuses),
     so that the incoming message is refused at its first delivery instead of retried."""
@@ -197,18 +201,16 @@ class Outbox:
                 reads += 1
                 due = [index for index in indexes if _at(index.name[:14]) <= now]
                 left = len(due) < len(indexes)  # the rest of the hour is not due yet
-                for index in due:
-                    if time.monotonic() >= deadline:
-                        stopped = left = True
-                        break
-                    parked += 1
-                    try:
-                        sent += self._send_parked(index, senders)
-                        self.store.delete_entities(partition, [index.name])
-                    except DedupError as exc:
-                        failed += 1
-                        log.error("outbox sweep: %s not sent: %s", index.name.partition("|")[2], exc)
-                        left = left or not self._later(index, partition, now)  # stuck: do not read it again
+                done: list[tuple[int, bool, bool] | None] = []
+                if due:
+                    one = partial(self._sweep_one, partition=partition, now=now, deadline=deadline, senders=senders)
+                    with ThreadPoolExecutor(SWEEPERS) as pool:  # keys are independent: overlap their requests
+                        done = list(pool.map(one, due))
+                parked += sum(outcome is not None for outcome in done)
+                sent += sum(outcome[0] for outcome in done if outcome is not None)
+                failed += sum(outcome[1] for outcome in done if outcome is not None)
+                stopped = None in done
+                left = left or stopped or any(outcome is not None and outcome[2] for outcome in done)
                 if len(indexes) < limit:
                     break
             moving = moving and not left and hour + timedelta(hours=1) <= now
@@ -221,12 +223,24 @@ class Outbox:
         _swept.add(failed, {"result": "failed"})  # a backlog: the alert "outbox backlog" watches it
         return Sweep(parked, sent, failed, reads, stopped)
 
-    def _send_parked(self, index: Entity, senders: Mapping[str, Sender] | None) -> int:
-        partition = str(index.data["partition"])
-        sender = self.sender if senders is None else senders.get(partition.partition("|")[0])
-        if sender is None:
-            raise DownstreamUnavailable(f"no consumer named {partition.partition('|')[0]!r} sends in this app")
-        return self.dispatch(partition, index.name.partition("|")[2], sender=sender)
+    def _sweep_one(self, index: Entity, partition: str, now: datetime, deadline: float,
+                   senders: Mapping[str, Sender] | None) -> tuple[int, bool, bool] | None:  # fmt: skip
+        """One parked key: (messages sent, whether its send failed, whether its index row is
+        stuck where it is); None when the deadline passed first."""
+        if time.monotonic() >= deadline:
+            return None
+        target = str(index.data["partition"])
+        consumer = target.partition("|")[0]  # a parked key's partition names its consumer
+        try:
+            sender = self.sender if senders is None else senders.get(consumer)
+            if sender is None:
+                raise DownstreamUnavailable(f"no consumer named {consumer!r} sends in this app")
+            sent = self.dispatch(target, index.name.partition("|")[2], sender=sender)
+            self.store.delete_entities(partition, [index.name])
+        except DedupError as exc:
+            log.error("outbox sweep: %s of %s not sent: %s", index.name.partition("|")[2], consumer, exc)
+            return 0, True, not self._later(index, partition, now)
+        return sent, False, False
 
 
 def _hour(text: str) -> datetime:

@@ -12,7 +12,7 @@ from azure.data.tables import TableServiceClient
 from bench.__main__ import PAIRS, SCENARIOS, Bench, paired
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores._expiry import SETTLE
-from tools import purge_cost
+from tools import outbox_cost, purge_cost
 from tools.azurite import Azurite
 from tools.delay_proxy import delayed
 
@@ -94,3 +94,10 @@ def test_the_purge_scenario_costs_the_same_requests_whatever_the_table_size(azur
     # index row's delete, the dead letters' page
     pages = {1 + (moment - moment.replace(minute=0, second=0, microsecond=0) < SETTLE) for moment in (before, utcnow())}
     assert purge["requests_per_marker"] in {(1 + n + 40 + 1 + 1) / 40 for n in pages}
+
+
+def test_the_sweep_scenario_sends_a_backlog_at_three_requests_per_parked_key(azurite: Azurite) -> None:
+    sweep = outbox_cost.sustained(azurite, 30, runs=1)  # each run checks all 30 were sent, none failed
+    # Per key: read its rows, delete them, delete its index row; plus the cursor's read and write and
+    # one read per hour since an hour ago (two, or three when the sweep's "now" is in the next hour).
+    assert sweep["runs"][0]["requests"] in (3 * 30 + 2 + 2, 3 * 30 + 2 + 3)
