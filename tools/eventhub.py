@@ -25,7 +25,8 @@ import threading
 import time
 import uuid
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
@@ -35,6 +36,7 @@ from azure.functions import meta
 from consumers import shipments
 from shared.idempotency.consumer import PARKED
 from shared.idempotency.functions import reset
+from shared.idempotency.functions._bindings import event_position
 from shared.idempotency.stores import TableStore
 from shared.orders.checks import tracking_by_event
 from shared.orders.tracking import tracking_handler
@@ -81,6 +83,11 @@ class _Event:
     seq: int
     body: bytes
     own: str | None
+    enqueued: datetime = field(default_factory=lambda: datetime.now(UTC))  # set by the service, kept by replays
+
+    def as_delivered(self, metadata: dict[str, Any]) -> func.EventHubEvent:
+        return func.EventHubEvent(body=self.body, trigger_metadata=metadata, sequence_number=self.seq,
+                                  enqueued_time=self.enqueued)  # fmt: skip
 
 
 class _Partition:
@@ -102,7 +109,8 @@ def run_stream(config: StreamConfig, azurite: Azurite) -> StreamReport:
         copies = 1 + (own is not None and rng.random() < config.producer_retry_rate)
         for _ in range(copies):
             part.events.append(_Event(len(part.events), body, own))
-        logical[own or f"{HUB}/{partitions.index(part)}/{len(part.events) - 1}"] = f"s-{i}"
+        last = part.events[-1].as_delivered({})
+        logical[own or event_position(f"{HUB}/{partitions.index(part)}", last)] = f"s-{i}"
     report.logical, report.sent = len(logical), sum(len(p.events) for p in partitions)
     for index, part in enumerate(partitions):
         part.owner = index % config.instances
@@ -200,7 +208,7 @@ def _invoke(index: int, batch: list[_Event], config: StreamConfig, report: Strea
         "PartitionContext": meta.Datum(json.dumps({"EventHubName": HUB, "PartitionId": str(index)}), "json"),
         "PropertiesArray": meta.Datum(json.dumps(properties), "json"),
     }
-    events = [func.EventHubEvent(body=e.body, trigger_metadata=metadata, sequence_number=e.seq) for e in batch]
+    events = [e.as_delivered(metadata) for e in batch]
     for attempt in range(config.retries + 1):
         report.invocations += 1
         context = SimpleNamespace(retry_context=SimpleNamespace(retry_count=attempt, max_retry_count=config.retries))

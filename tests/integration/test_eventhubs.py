@@ -6,6 +6,7 @@ tool applies it once the failure cleared — nothing lost, nothing twice."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -109,6 +110,31 @@ def test_a_producer_id_is_read_where_the_sdks_and_cloudevents_put_it() -> None:
     events = [func.EventHubEvent(body=b"{}", trigger_metadata=metadata, sequence_number=n) for n in range(4)]
     keys = [d.message_id for d in eventhub_deliveries(events)]
     assert keys[0] == "sdk-1" and keys[1] == keys[2] != "shipments/1/1" and keys[3] == "shipments/1/3"
+
+
+def test_events_of_a_re_created_hub_are_new_though_their_sequence_numbers_repeat(azurite: Azurite) -> None:
+    """Without a producer id the key is the event's place in its hub: hub, partition, sequence
+    number and enqueued time. A replay from a checkpoint keeps all four (a duplicate); a hub
+    re-created under the same name (or a geo-DR failover) starts its sequence numbers at 0 again,
+    with later enqueued times: new events, applied — never refused as conflicts, never dropped."""
+    import consumers.shipments as shipments
+
+    metadata = {"PartitionContext": meta.Datum(json.dumps({"EventHubName": "shipments", "PartitionId": "0"}), "json")}
+
+    def hub(start: datetime, status: str) -> list[func.EventHubEvent]:
+        return [func.EventHubEvent(body=json.dumps({"shipmentId": f"s-{n}", "orderId": "o", "status": status}).encode(),
+                                   trigger_metadata=metadata, sequence_number=n,
+                                   enqueued_time=start + timedelta(seconds=n)) for n in range(5)]  # fmt: skip
+
+    before = datetime(2026, 11, 20, 8, 0, 0, 123000, tzinfo=UTC)
+    with fresh_app(azurite):
+        consumer = shipments.tracking_consumer()
+        for events in (hub(before, "picked"), hub(before, "picked"), hub(before + timedelta(days=10), "shipped")):
+            on_eventhub_batch(shipments.tracking_consumer, events, retry(0))  # the second: a replay
+        tracked = tracking_by_event(consumer.store)
+        assert (len(tracked), set(tracked.values())) == (10, {1})  # 5 events, then 5 new ones: each once
+        assert "shipments/0/3@2026-11-20T08:00:03.123000Z" in tracked
+        assert consumer.store.dead_letters("shipments") == []
 
 
 def test_every_failing_event_is_parked_on_the_last_try_even_when_one_cannot_be(

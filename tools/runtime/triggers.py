@@ -294,6 +294,7 @@ class HubEvent:
     sequence_number: int
     properties: dict[str, Any] = field(default_factory=dict)
     partition_key: str | None = None
+    enqueued: datetime = field(default_factory=lambda: datetime.now(UTC))  # kept by every replay of the event
 
 
 def eventhub_batch(binding: Mapping[str, Any], events: list[HubEvent], *, hub: str = "shipments",
@@ -303,9 +304,8 @@ def eventhub_batch(binding: Mapping[str, Any], events: list[HubEvent], *, hub: s
     src/Triggers/EventHubTriggerBindingStrategy.cs GetBindingData for EventData[]: the
     PartitionContext, then one array per property (PartitionKey, Offset, SequenceNumber,
     EnqueuedTimeUtc, Properties, SystemProperties)."""
-    enqueued = DotNetDate(datetime.now(UTC))
     system = [{"SequenceNumber": e.sequence_number, "Offset": str(e.sequence_number * 100),
-               "PartitionKey": e.partition_key, "EnqueuedTimeUtc": enqueued} for e in events]  # fmt: skip
+               "PartitionKey": e.partition_key, "EnqueuedTimeUtc": DotNetDate(e.enqueued)} for e in events]  # fmt: skip
     metadata: dict[str, Any] = {
         "PartitionContext": {
             "ConsumerGroup": "$Default",
@@ -316,7 +316,7 @@ def eventhub_batch(binding: Mapping[str, Any], events: list[HubEvent], *, hub: s
         "PartitionKeyArray": Strings(e.partition_key or "" for e in events),
         "OffsetArray": Strings(str(e.sequence_number * 100) for e in events),
         "SequenceNumberArray": Longs(e.sequence_number for e in events),
-        "EnqueuedTimeUtcArray": [enqueued for _ in events],
+        "EnqueuedTimeUtcArray": [DotNetDate(e.enqueued) for e in events],
         "PropertiesArray": [e.properties for e in events],
         "SystemPropertiesArray": system,
     }
