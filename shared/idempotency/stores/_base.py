@@ -7,11 +7,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from ..config import DEAD_LETTER_RETENTION
 from ..errors import AlreadyClaimed, StoreRefused, VersionConflict
 from ..keys import DedupKey
 from ..messages import JSON, Entity
+from ._codec import state_fingerprint
 from ._records import (
     Commit,
     CommitResult,
@@ -149,33 +151,60 @@ class DedupStore(ABC):
 
     @abstractmethod
     def read_state(self, partition: str, name: str) -> StoredState | None:
-        """The stored version of entity ``name`` (-1 when it has none) and its ETag, or None.
+        """The stored version of entity ``name`` (-1 when it has none), its ETag and the
+        fingerprint ``write_state`` stored with it (None when it has none), or None.
 
         :raises StoreUnavailable: as every primitive."""
 
     @abstractmethod
     def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None) -> bool:
-        """Write ``entity`` with ``version``: create it (``if_etag`` None) or replace it at
-        ``if_etag``.
+        """Write ``entity`` with ``version`` and the ``state_fingerprint`` of its data (for
+        ``same_state``): create it (``if_etag`` None) or replace it at ``if_etag``.
 
         :returns: False when another writer got there first (it exists, or its ETag moved).
         :raises StoreRefused: the store can never hold this entity.
+        :raises TypeError: a value no store holds (``check_storable``); nothing written.
         :raises StoreUnavailable: as every primitive."""
+
+    def same_state(self, partition: str, entity: Entity, stored: StoredState) -> bool:
+        """Whether the state stored at ``entity``'s version holds ``entity``'s data: by the
+        fingerprint stored with it. A state written without one (before it was kept) is
+        compared by ``stored_state_data``.
+
+        :raises TypeError: a value no store holds.
+        :raises StoreUnavailable: as every primitive."""
+        if stored.fingerprint is not None:
+            return stored.fingerprint == state_fingerprint(entity.data)
+        data = self.stored_state_data(partition, entity)
+        return data is None or state_fingerprint(data) == state_fingerprint(entity.data)
+
+    def stored_state_data(self, partition: str, entity: Entity) -> dict[str, Any] | None:
+        """The data of a state stored without a fingerprint, as ``entity.data`` would hold it
+        (a store decodes what it encoded, guided by ``entity.data``'s shape), without the
+        store's own fields; None when it is gone, or the store cannot tell: this default,
+        where such a state counts as the same (what every equal version was before).
+
+        :raises StoreUnavailable: as every primitive."""
+        return None
 
     # -- operators' records --------------------------------------------------------------
 
     @abstractmethod
     def dead_letter(self, record: DeadLetter) -> None:
         """Record a refused message durably (idempotent by ``record.record_id``), to be
-        deleted ``dead_letter_retention`` after it was recorded, with its whole body (never
-        a truncated copy).
+        deleted ``dead_letter_retention`` after it was recorded, as ``_codec.kept(record)``:
+        a body of up to ``MAX_DEAD_LETTER_BODY`` bytes whole, a longer one as its head with
+        its length and SHA-256 (the record's ``truncated``). Written at once or not at all:
+        never half a record.
 
-        :raises StoreUnavailable: not recorded (unreachable, or a body too large for one
-            record): the message goes back to the broker, which keeps it."""
+        :raises StoreUnavailable: not recorded (unreachable, throttled): the delivery fails
+            and the source keeps the message, as far as it keeps any. Never for the
+            record's size."""
 
     @abstractmethod
     def dead_letters(self, scope: str) -> list[DeadLetter]:
-        """The dead-letter records of one consumer (``scope``), for operators and tests.
+        """The dead-letter records of one consumer (``scope``), each with its body as kept,
+        for operators, tools and tests.
 
         :raises StoreUnavailable: as every primitive."""
 
@@ -226,11 +255,20 @@ class DedupStore(ABC):
     def upsert_if_newer(self, partition: str, entity: Entity, version: int) -> StateStatus:
         """Write the absolute state only when ``version`` is newer than the stored one,
         with a write conditional on what was read, never a blind read-modify-write: of
-        concurrent writers the highest version wins."""
+        concurrent writers the highest version wins.
+
+        :returns: ``APPLIED`` (written), ``STALE`` (a newer version is stored), ``SAME``
+            (this version is stored with equal data: a redelivery) or ``CONFLICT`` (this
+            version is stored with other data: nothing written, the stored state kept).
+        :raises TypeError: a value no store holds; nothing written.
+        :raises StoreRefused: the store can never hold this entity.
+        :raises StoreUnavailable: as every primitive."""
         while True:  # each pass either writes conditionally or learns what is stored
             current = self.read_state(partition, entity.name)
-            if current is not None and current.version >= version:
-                return StateStatus.SAME if current.version == version else StateStatus.STALE
+            if current is not None and current.version > version:
+                return StateStatus.STALE
+            if current is not None and current.version == version:
+                return StateStatus.SAME if self.same_state(partition, entity, current) else StateStatus.CONFLICT
             if self.write_state(partition, entity, version, current.etag if current else None):
                 return StateStatus.APPLIED
 

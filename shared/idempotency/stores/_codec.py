@@ -7,13 +7,21 @@ store's own ids are the store's business."""
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping
-from datetime import datetime
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
+
+import rfc8785
 
 from ..keys import DedupKey
 from ._records import MARKER_KIND, DeadLetter, Marker, State
 
+# Bytes of a message's body a dead-letter record keeps whole, in every store: the largest
+# Event Hubs event and the default largest Service Bus Premium message (1 MiB, properties
+# included). A longer body is kept as its head, with its length and SHA-256 (``kept``).
+MAX_DEAD_LETTER_BODY = 1_048_576
 DETAIL_LIMIT = 8_000  # characters of a refusal's detail kept with a dead letter
 ID_LIMIT = 1_024  # characters of an id kept with a dead letter (a property holds 32 K; the body needs the room)
 # Every field a marker may carry (optional ones are left out when empty): a business
@@ -60,8 +68,22 @@ def marker_from(fields: Mapping[str, Any], partition: str, version: str | None) 
     )
 
 
+def kept(record: DeadLetter) -> DeadLetter:
+    """The record as a store keeps it: whole when its body fits MAX_DEAD_LETTER_BODY; else
+    the body's head, its full length and SHA-256, and a detail that says so. A store that
+    answers records every refused message, rather than leave it to a source that may not
+    keep it (an Event Hubs checkpoint moves on)."""
+    if len(record.body) <= MAX_DEAD_LETTER_BODY:
+        return record
+    digest = hashlib.sha256(record.body).hexdigest()
+    note = (f"body truncated: the first {MAX_DEAD_LETTER_BODY} of {len(record.body)} bytes are kept "
+            f"(sha256 of the whole {digest}); ")  # fmt: skip
+    return replace(record, body=record.body[:MAX_DEAD_LETTER_BODY], detail=note + record.detail,
+                   body_size=len(record.body), body_sha256=digest)  # fmt: skip
+
+
 def dead_letter_fields(record: DeadLetter, recorded_at: datetime, expires_at: datetime) -> dict[str, Any]:
-    """A dead letter's fields but its body."""
+    """A dead letter's fields but its body (of the record as ``kept``)."""
     fields: dict[str, Any] = {
         "scope": record.scope,
         "reason": record.reason,
@@ -76,6 +98,8 @@ def dead_letter_fields(record: DeadLetter, recorded_at: datetime, expires_at: da
         "keyId": bounded(record.key_id, ID_LIMIT),
         "fingerprint": record.fingerprint,
         "storedFingerprint": record.stored_fingerprint,
+        "bodySize": record.body_size,
+        "bodySha256": record.body_sha256,
     }
     fields.update({name: value for name, value in optional.items() if value is not None})
     return fields
@@ -109,4 +133,63 @@ def dead_letter_from(fields: Mapping[str, Any], body: bytes) -> DeadLetter:
         fingerprint=fields.get("fingerprint"),
         stored_fingerprint=fields.get("storedFingerprint"),
         recorded_at=fields.get("recordedAt"),
+        body_size=fields.get("bodySize"),
+        body_sha256=fields.get("bodySha256"),
     )
+
+
+# -- versioned state ----------------------------------------------------------------------
+
+_EXACT = 2**53 - 1  # RFC 8785 numbers are doubles: integers beyond are tagged, never rounded
+
+
+def state_fingerprint(data: Mapping[str, Any]) -> str:
+    """SHA-256 of an entity's data in RFC 8785 form, so that equal data match whatever its
+    members' order or its numbers' spelling (1 and 1.0, 0.10 and 0.1): what tells a
+    redelivered version from another payload under the same version. Values RFC 8785 has
+    no form for (times, bytes, integers beyond 2**53, NaN and infinities, lone surrogates)
+    are written as one-member objects named NUL and a capital letter, a name no member
+    takes (one that starts with NUL is written as NUL and its UTF-8 in hex).
+
+    :raises TypeError: a value no store holds (``check_storable``)."""
+    return hashlib.sha256(rfc8785.dumps(_canonical(data))).hexdigest()
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, str):
+        return value if _utf8(value) else {"\x00S": value.encode("utf-8", "surrogatepass").hex()}
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value if -_EXACT <= value <= _EXACT else {"\x00I": str(value)}
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"\x00F": repr(value)}
+    if isinstance(value, Mapping):
+        return {_member(name): _canonical(item) for name, item in value.items()}
+    if isinstance(value, list):
+        return [_canonical(item) for item in value]
+    if isinstance(value, datetime):  # the instant, naive taken as UTC (as Table Storage takes it)
+        at = value if value.tzinfo else value.replace(tzinfo=UTC)
+        return {"\x00T": at.astimezone(UTC).isoformat(timespec="microseconds")}
+    if isinstance(value, bytes):
+        return {"\x00B": value.hex()}
+    raise TypeError(f"a {type(value).__name__} is not a storable value")
+
+
+def _member(name: Any) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"a {type(name).__name__} member name is not storable")
+    if name.startswith("\x00") or not _utf8(name):
+        return "\x00" + name.encode("utf-8", "surrogatepass").hex()
+    return name
+
+
+def _utf8(text: str) -> bool:
+    """No lone surrogate (which has no UTF-8, so no RFC 8785 form)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

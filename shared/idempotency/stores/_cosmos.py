@@ -30,12 +30,20 @@ from azure.core import MatchConditions
 from azure.cosmos import ContainerProxy, exceptions
 
 from ..config import DEAD_LETTER_RETENTION
-from ..errors import StoreRefused, StoreUnavailable, VersionConflict
+from ..errors import StoreRefused, VersionConflict
 from ..keys import DedupKey, encode_key, guard_id, marker_id
 from ..messages import Entity, utcnow
 from ._azure import store_errors
 from ._base import DedupStore, check_storable, refused
-from ._codec import MARKER_FIELDS, dead_letter_fields, dead_letter_from, marker_fields, marker_from
+from ._codec import (
+    MARKER_FIELDS,
+    dead_letter_fields,
+    dead_letter_from,
+    kept,
+    marker_fields,
+    marker_from,
+    state_fingerprint,
+)
 from ._records import (
     GUARD_KIND,
     LIBRARY_RECORD,
@@ -52,8 +60,8 @@ from ._records import (
 
 MAX_BATCH_OPERATIONS = 100  # Cosmos transactional batch limit (and 2 MB)
 STATE_VERSION = "stateVersion"  # the version of a document written by upsert_if_newer
+STATE_FINGERPRINT = "stateFingerprint"  # and the state_fingerprint of its data
 _ITEM_FIELDS = frozenset({"id", "entity", "ttl", "_rid", "_self", "_etag", "_attachments", "_ts"})
-_MAX_BODY_BYTES = 896_000  # the same bound as the Table store: one item stays under 2 MB
 _TIME = "%Y-%m-%dT%H:%M:%S.%fZ"  # fixed width: string order is time order in queries
 
 
@@ -222,10 +230,11 @@ class CosmosStore(DedupStore):
                 current = self._container.read_item(encode_key(name), partition_key=partition)
         except exceptions.CosmosResourceNotFoundError:
             return None
-        return StoredState(int(current.get(STATE_VERSION, -1)), current["_etag"])
+        return StoredState(int(current.get(STATE_VERSION, -1)), current["_etag"], current.get(STATE_FINGERPRINT))
 
     def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None) -> bool:
-        body = {**self._document(partition, entity), STATE_VERSION: version}
+        body = {**self._document(partition, entity), STATE_VERSION: version,
+                STATE_FINGERPRINT: state_fingerprint(entity.data)}  # fmt: skip
         try:
             with store_errors():
                 if if_etag is None:
@@ -236,6 +245,15 @@ class CosmosStore(DedupStore):
         except (exceptions.CosmosResourceExistsError, exceptions.CosmosAccessConditionFailedError):
             return False
         return True
+
+    def stored_state_data(self, partition: str, entity: Entity) -> dict[str, Any] | None:
+        try:
+            with store_errors():
+                stored = self._container.read_item(encode_key(entity.name), partition_key=partition)
+        except exceptions.CosmosResourceNotFoundError:
+            return None
+        own = {*_ITEM_FIELDS, STATE_VERSION, STATE_FINGERPRINT} | ({self._pk} - entity.data.keys())
+        return {name: value for name, value in stored.items() if name not in own}
 
     # -- the library's own records beside the data ------------------------------------------
 
@@ -263,11 +281,11 @@ class CosmosStore(DedupStore):
     # -- dead letters --------------------------------------------------------------------
 
     def dead_letter(self, record: DeadLetter) -> None:
-        if len(record.body) > _MAX_BODY_BYTES:
-            raise StoreUnavailable(f"a {len(record.body)}-byte body does not fit one dead-letter item")
-        recorded = record.recorded_at or utcnow()
-        fields = _to_cosmos(dead_letter_fields(record, recorded, recorded + self.dead_letter_retention))
-        item = {**fields, "id": record.record_id, "body": base64.b64encode(record.body).decode(),
+        """One item: a body ``kept`` whole (1 MiB) is 1.4 MB of base64, beside fields of
+        at most ~50 KB, in an item of at most 2 MB."""
+        stored, recorded = kept(record), record.recorded_at or utcnow()
+        fields = _to_cosmos(dead_letter_fields(stored, recorded, recorded + self.dead_letter_retention))
+        item = {**fields, "id": record.record_id, "body": base64.b64encode(stored.body).decode(),
                 "ttl": max(1, int(self.dead_letter_retention.total_seconds()))}  # fmt: skip
         with store_errors():
             self._dead.upsert_item(item)

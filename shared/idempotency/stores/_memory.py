@@ -16,6 +16,7 @@ from ..errors import StoreUnavailable, VersionConflict
 from ..keys import DedupKey, encode_key, guard_id, marker_id
 from ..messages import Entity, utcnow
 from ._base import DedupStore, check_storable, refused
+from ._codec import kept, state_fingerprint
 from ._records import (
     GUARD_KIND,
     MARKER_KIND,
@@ -31,6 +32,7 @@ from ._records import (
 )
 
 STATE_VERSION = "stateVersion"
+STATE_FINGERPRINT = "stateFingerprint"  # of the data written with a version (state_fingerprint)
 
 
 @dataclass(frozen=True)
@@ -139,17 +141,28 @@ class MemoryStore(DedupStore):
     def read_state(self, partition: str, name: str) -> StoredState | None:
         self._check()
         item = self._items.get((partition, encode_key(name)))
-        return None if item is None else StoredState(int((item.data or {}).get(STATE_VERSION, -1)), item.etag)
+        if item is None:
+            return None
+        data = item.data or {}
+        return StoredState(int(data.get(STATE_VERSION, -1)), item.etag, data.get(STATE_FINGERPRINT))
 
     def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None) -> bool:
         self._check()
         place = (partition, encode_key(entity.name))
+        data = {**entity.data, STATE_VERSION: version, STATE_FINGERPRINT: state_fingerprint(entity.data)}
         with self._lock:
             current = self._items.get(place)
             if (current.etag if current else None) != if_etag:
                 return False
-            self._items[place] = _Item(self._etag(), entity=entity.name, data={**entity.data, STATE_VERSION: version})
+            self._items[place] = _Item(self._etag(), entity=entity.name, data=data)
             return True
+
+    def stored_state_data(self, partition: str, entity: Entity) -> dict[str, Any] | None:
+        self._check()
+        item = self._items.get((partition, encode_key(entity.name)))
+        if item is None:
+            return None
+        return {k: v for k, v in (item.data or {}).items() if k not in (STATE_VERSION, STATE_FINGERPRINT)}
 
     # -- the library's own records beside the data ------------------------------------------
 
@@ -177,7 +190,7 @@ class MemoryStore(DedupStore):
     def dead_letter(self, record: DeadLetter) -> None:
         self._check()
         recorded = record.recorded_at or utcnow()
-        stored = replace(record, recorded_at=recorded)
+        stored = replace(kept(record), recorded_at=recorded)
         self._dead[(record.scope, record.record_id)] = (stored, recorded + self.dead_letter_retention)
 
     def dead_letters(self, scope: str) -> list[DeadLetter]:

@@ -73,8 +73,9 @@ class StoredItem:
 
 class StateStatus(StrEnum):
     APPLIED = "applied"  # the incoming version was newer: written
-    SAME = "same"  # this version is already stored: a redelivery
+    SAME = "same"  # this version is already stored, with the same data: a redelivery
     STALE = "stale"  # a newer version is stored: ignored
+    CONFLICT = "conflict"  # this version is already stored with other data: nothing written
 
 
 @dataclass(frozen=True)
@@ -116,10 +117,20 @@ class DeadLetter:
     fingerprint: str | None = None
     stored_fingerprint: str | None = None
     recorded_at: datetime | None = None
+    # Set when the record keeps only the head of a body too large for it (_codec.py's
+    # MAX_DEAD_LETTER_BODY): the whole body's length and SHA-256 (hex).
+    body_size: int | None = None
+    body_sha256: str | None = None
+
+    @property
+    def truncated(self) -> bool:
+        """``body`` is only the head of the message's body: never resubmit or replay it as is."""
+        return self.body_size is not None
 
     @property
     def record_id(self) -> str:
-        """Deterministic, so that recording the same delivery twice writes one record."""
+        """Deterministic, so that recording the same delivery twice writes one record. Of
+        the record as the consumer made it: a truncated record read back has another."""
         digest = hashlib.sha256()
         for part in (self.scope, self.message_id or "", self.key_id or "", self.reason):
             digest.update(part.encode("utf-8", "surrogatepass") + b"\x00")
@@ -151,8 +162,10 @@ class Commit(NamedTuple):
 
 
 class StoredState(NamedTuple):
-    """What ``upsert_if_newer`` reads before it writes: the stored version and the ETag
-    its conditional write is fenced by."""
+    """What ``upsert_if_newer`` reads before it writes: the stored version, the ETag its
+    conditional write is fenced by, and the fingerprint of the stored data
+    (``_codec.state_fingerprint``; None for a state written before it was kept)."""
 
     version: int
     etag: str
+    fingerprint: str | None = None

@@ -11,6 +11,7 @@ marker exists).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import time
@@ -33,6 +34,7 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import (
     EdmType,
+    EntityProperty,
     TableClient,
     TableErrorCode,
     TableServiceClient,
@@ -41,12 +43,12 @@ from azure.data.tables import (
 )
 
 from ..config import DEAD_LETTER_RETENTION
-from ..errors import StoreRefused, StoreUnavailable, VersionConflict
+from ..errors import StoreRefused, VersionConflict
 from ..keys import DedupKey, encode_key, guard_id, marker_id
 from ..messages import Entity, utcnow
 from ._azure import error_code, store_errors
 from ._base import DedupStore, check_storable, refused
-from ._codec import dead_letter_fields, dead_letter_from, marker_fields, marker_from
+from ._codec import dead_letter_fields, dead_letter_from, kept, marker_fields, marker_from, state_fingerprint
 from ._expiry import ExpiryIndex, Note
 from ._records import (
     GUARD_KIND,
@@ -68,9 +70,17 @@ log = logging.getLogger("idempotency")
 MAX_TRANSACTION_OPERATIONS = 100  # Table entity-group transaction limit
 _INT32 = range(-(2**31), 2**31)  # a plain int property; beyond it, typed Edm.Int64
 STATE_VERSION = "StateVersion"  # the version of an entity written by upsert_if_newer
+STATE_FINGERPRINT = "StateFingerprint"  # and the state_fingerprint of its data
 _KEYS = ("PartitionKey", "RowKey")
-_BODY_CHUNK = 64_000  # bytes per Edm.Binary property (limit 64 KiB)
-_MAX_BODY_CHUNKS = 14  # the whole entity must stay under 1 MiB
+_STATE_FIELDS = (*_KEYS, STATE_VERSION, STATE_FINGERPRINT)
+# A dead letter's body: Edm.Binary properties of 64,000 bytes (a property holds 64 KiB), in
+# the record's entity and, past it, in parts written in the same transaction. An entity
+# holds 1 MiB, which Azurite counts on its JSON (base64: 4/3 of the bytes), so 12 chunks a
+# part (1,024,000 characters) and 10 in the record's entity, beside its fields (at most
+# ~135 KB of JSON with every text at its limit).
+_BODY_CHUNK = 64_000
+_RECORD_CHUNKS = 10
+_PART_CHUNKS = 12
 # Compact, and UTF-8 rather than ASCII escapes: "é" is one character of a property's 64 KiB, not six.
 # (json.dumps builds an encoder per call otherwise.)
 _compact_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
@@ -276,16 +286,19 @@ class TableStore(DedupStore):
     def read_state(self, partition: str, name: str) -> StoredState | None:
         try:
             with store_errors():
-                current = self._table.get_entity(encode_key(partition), encode_key(name), select=[STATE_VERSION])
+                current = self._table.get_entity(encode_key(partition), encode_key(name),
+                                                 select=[STATE_VERSION, STATE_FINGERPRINT])  # fmt: skip
         except ResourceNotFoundError:
             return None
         stored = current.get(STATE_VERSION)
         stored = getattr(stored, "value", stored)  # Edm.Int64 is read back typed
-        return StoredState(-1 if stored is None else int(stored), str(current.metadata["etag"]))
+        return StoredState(-1 if stored is None else int(stored), str(current.metadata["etag"]),
+                           current.get(STATE_FINGERPRINT))  # fmt: skip
 
     def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None) -> bool:
         # Int64 always: versions go up to 2**53 - 1 (JSON's exact integers), past Int32's range.
-        body = {**self.effect_entity(encode_key(partition), entity), STATE_VERSION: (version, EdmType.INT64)}
+        body = {**self.effect_entity(encode_key(partition), entity), STATE_VERSION: (version, EdmType.INT64),
+                STATE_FINGERPRINT: state_fingerprint(entity.data)}  # fmt: skip
         try:
             with store_errors():
                 if if_etag is None:
@@ -296,6 +309,26 @@ class TableStore(DedupStore):
         except (ResourceExistsError, ResourceModifiedError):
             return False
         return True
+
+    def stored_state_data(self, partition: str, entity: Entity) -> dict[str, Any] | None:
+        try:
+            with store_errors():
+                stored = self._table.get_entity(encode_key(partition), encode_key(entity.name))
+        except ResourceNotFoundError:
+            return None
+        given = entity.data
+        data: dict[str, Any] = {}
+        for name, value in stored.items():
+            if name in _STATE_FIELDS:
+                continue
+            if isinstance(value, EntityProperty):  # Edm.Int64, read back typed
+                value = value.value
+            if isinstance(given.get(name), dict | list) and isinstance(value, str):
+                with contextlib.suppress(ValueError):  # nested values are stored as JSON text
+                    value = json.loads(value)
+            data[name] = value
+        # the SDK writes no property for None
+        return {**{name: None for name, value in given.items() if value is None}, **data}
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -422,21 +455,45 @@ class TableStore(DedupStore):
     # -- dead letters --------------------------------------------------------------------
 
     def dead_letter(self, record: DeadLetter) -> None:
-        chunks = [record.body[i : i + _BODY_CHUNK] for i in range(0, len(record.body), _BODY_CHUNK)]
-        if len(chunks) > _MAX_BODY_CHUNKS:
-            # Refuse rather than keep a truncated copy: the broker then keeps the message.
-            raise StoreUnavailable(f"a {len(record.body)}-byte body does not fit one dead-letter entity")
-        recorded = record.recorded_at or utcnow()
-        fields = dead_letter_fields(record, recorded, recorded + self.dead_letter_retention)
-        entity = {"PartitionKey": encode_key(record.scope), "RowKey": record.record_id, **_to_table(fields),
-                  "BodyChunks": len(chunks), **{f"Body{i}": chunk for i, chunk in enumerate(chunks)}}  # fmt: skip
+        """One entity, or (a body past its 10 chunks) the record's entity and its parts
+        (RowKey ``<record id>|<n>``) in one entity-group transaction: never half a record."""
+        entities = self._dead_letter_entities(record)
         with store_errors():
-            self._dead.upsert_entity(entity, mode=UpdateMode.REPLACE)
+            if len(entities) == 1:
+                self._dead.upsert_entity(entities[0], mode=UpdateMode.REPLACE)
+            else:
+                self._dead.submit_transaction([("upsert", e, {"mode": UpdateMode.REPLACE}) for e in entities])
+
+    def _dead_letter_entities(self, record: DeadLetter) -> list[dict[str, Any]]:
+        stored, recorded = kept(record), record.recorded_at or utcnow()
+        expires = recorded + self.dead_letter_retention
+        pk, row = encode_key(record.scope), record.record_id
+        chunks = [stored.body[i : i + _BODY_CHUNK] for i in range(0, len(stored.body), _BODY_CHUNK)]
+        parts = [chunks[i : i + _PART_CHUNKS] for i in range(_RECORD_CHUNKS, len(chunks), _PART_CHUNKS)]
+        entity = {"PartitionKey": pk, "RowKey": row, **_to_table(dead_letter_fields(stored, recorded, expires)),
+                  **_body(chunks[:_RECORD_CHUNKS])}  # fmt: skip
+        if parts:
+            entity["BodyParts"] = len(parts)
+        # A part expires with its record: the purge deletes it by its ExpiresAt.
+        return [entity, *({"PartitionKey": pk, "RowKey": f"{row}|{n}", "Part": n, "ExpiresAt": expires, **_body(part)}
+                          for n, part in enumerate(parts, start=1))]  # fmt: skip
 
     def dead_letters(self, scope: str) -> list[DeadLetter]:
         query = self._dead.query_entities("PartitionKey eq @pk", parameters={"pk": encode_key(scope)})
         with store_errors():
-            return [_dead_letter(entity) for entity in query]
+            entities = list(query)
+        parts = {entity["RowKey"]: entity for entity in entities if "Part" in entity}
+        records = []
+        for entity in entities:
+            if "Part" in entity:
+                continue
+            names = [f"{entity['RowKey']}|{n}" for n in range(1, entity.get("BodyParts", 0) + 1)]
+            if not all(name in parts for name in names):  # expired and half purged (its entities go apart)
+                continue
+            whole = [entity, *(parts[name] for name in names)]
+            body = b"".join(_as_bytes(e[f"Body{i}"]) for e in whole for i in range(e.get("BodyChunks", 0)))
+            records.append(dead_letter_from(_from_table(entity), body))
+        return records
 
     def scan(self, partition: str | None = None) -> Iterator[StoredItem]:
         if partition is None:
@@ -524,9 +581,8 @@ def _from_table(entity: Any) -> dict[str, Any]:
     return fields
 
 
-def _dead_letter(entity: Any) -> DeadLetter:
-    body = b"".join(_as_bytes(entity[f"Body{i}"]) for i in range(entity.get("BodyChunks", 0)))
-    return dead_letter_from(_from_table(entity), body)
+def _body(chunks: list[bytes]) -> dict[str, Any]:
+    return {"BodyChunks": len(chunks), **{f"Body{i}": chunk for i, chunk in enumerate(chunks)}}
 
 
 def _as_bytes(value: Any) -> bytes:

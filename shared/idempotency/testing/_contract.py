@@ -16,8 +16,11 @@ Needs pytest (the ``testing`` extra). Tests assert exact outcomes and counts; no
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import random
 import threading
 import uuid
+from collections import Counter
 from dataclasses import replace
 from datetime import timedelta
 
@@ -28,6 +31,7 @@ from ..errors import AlreadyClaimed, StoreUnavailable, VersionConflict
 from ..keys import DedupKey
 from ..messages import Entity, utcnow
 from ..stores._base import DedupStore
+from ..stores._codec import MAX_DEAD_LETTER_BODY
 from ..stores._records import Commit, CommitStatus, DeadLetter, Marker, State, StateStatus
 
 HOUR = timedelta(hours=1)
@@ -74,6 +78,11 @@ class StoreContract:
     def unreachable_store(self) -> DedupStore:
         """The same store pointed at a server that does not answer."""
         pytest.skip(f"{type(self).__name__} does not provide unreachable_store()")
+
+    def forget_state_fingerprint(self, store: DedupStore, partition: str, name: str) -> None:
+        """Make a state written by ``upsert_if_newer`` look as one written before states kept
+        their fingerprint: remove the store's fingerprint field from it."""
+        pytest.skip(f"{type(self).__name__} does not provide forget_state_fingerprint()")
 
     def assert_dead_letters_expire(self, store: DedupStore, scope: str) -> None:
         """Written with a 10-minute retention just now: gone once expired."""
@@ -327,6 +336,31 @@ class StoreContract:
         assert len(stored) == 1
         assert stored[0].body == body and stored[0].reason == "invalid_json" and stored[0].delivery_count == 3
 
+    @pytest.mark.parametrize("size", [1_000_000, MAX_DEAD_LETTER_BODY], ids=["1,000,000 bytes", "the bound"])
+    def test_a_body_up_to_the_bound_is_kept_whole(self, store: DedupStore, size: int) -> None:
+        """An Event Hubs event of up to 1 MiB refused or parked: its source will not deliver it
+        again, so the record is all there is. Written again (a redelivery): still one record."""
+        body = random.Random(size).randbytes(size)
+        record = DeadLetter("orders", "invalid_json", "bad", body, message_id="big", delivery_count=1)
+        store.dead_letter(record)
+        store.dead_letter(replace(record, delivery_count=2))
+        [stored] = store.dead_letters("orders")
+        assert stored.body == body and not stored.truncated and stored.body_size is None
+        assert (stored.message_id, stored.delivery_count, stored.detail) == ("big", 2, "bad")
+
+    def test_a_body_past_the_bound_is_recorded_truncated_with_its_length_and_hash(self, store: DedupStore) -> None:
+        """Never StoreUnavailable for a record's size: a store that answers records the message."""
+        body = random.Random(2).randbytes(2_000_000)
+        digest = hashlib.sha256(body).hexdigest()
+        record = DeadLetter("orders", "invalid_json", "not JSON", body, message_id="huge")
+        store.dead_letter(record)
+        store.dead_letter(record)  # recorded again: the same record
+        [stored] = store.dead_letters("orders")
+        assert stored.truncated and (stored.body_size, stored.body_sha256) == (2_000_000, digest)
+        assert stored.body == body[:MAX_DEAD_LETTER_BODY] and stored.reason == "invalid_json"
+        assert stored.detail == (f"body truncated: the first {MAX_DEAD_LETTER_BODY} of 2000000 bytes are kept "
+                                 f"(sha256 of the whole {digest}); not JSON")  # fmt: skip
+
     def test_dead_letter_records_expire_after_their_retention(self, store: DedupStore) -> None:
         """Refused bodies may hold personal data: each record is deleted
         DEDUP_DEAD_LETTER_RETENTION after it was written (by the purge, or natively)."""
@@ -355,6 +389,65 @@ class StoreContract:
         assert store.upsert_if_newer(partition, Entity("status", {"s": "shipped"}), 3) is StateStatus.APPLIED
         [status] = [item.data for item in store.scan(partition) if item.entity == "status"]
         assert status["s"] == "shipped"
+
+    def test_an_equal_version_with_other_data_is_a_conflict_and_keeps_the_stored_state(self, store: DedupStore) -> None:
+        partition = uuid.uuid4().hex
+        assert store.upsert_if_newer(partition, Entity("status", {"s": "paid"}), 3) is StateStatus.APPLIED
+        assert store.upsert_if_newer(partition, Entity("status", {"s": "cancelled"}), 3) is StateStatus.CONFLICT
+        assert store.upsert_if_newer(partition, Entity("status", {"s": "paid"}), 3) is StateStatus.SAME
+        assert [item.data["s"] for item in store.scan(partition) if item.entity == "status"] == ["paid"]
+        assert store.upsert_if_newer(partition, Entity("status", {"s": "shipped"}), 4) is StateStatus.APPLIED
+
+    def test_an_equal_version_with_equal_data_in_another_form_is_the_same(self, store: DedupStore) -> None:
+        """Equal data compare equal (RFC 8785): members in another order, 1 and 1.0, 0.10 and 0.1."""
+        partition = uuid.uuid4().hex
+        first = {"s": "paid", "amount": 1, "rate": 0.1, "lines": [{"sku": "a", "qty": 2.0}], "note": None}
+        again = {"note": None, "lines": [{"qty": 2, "sku": "a"}], "rate": float("0.10"), "amount": 1.0, "s": "paid"}
+        assert store.upsert_if_newer(partition, Entity("status", first), 7) is StateStatus.APPLIED
+        assert store.upsert_if_newer(partition, Entity("status", again), 7) is StateStatus.SAME
+        other_sku = {**again, "lines": [{"qty": 2, "sku": "b"}]}
+        assert store.upsert_if_newer(partition, Entity("status", other_sku), 7) is StateStatus.CONFLICT
+        one_more = {**first, "lines": [{"sku": "a", "qty": 2.0}, {"sku": "a", "qty": 2.0}]}
+        assert store.upsert_if_newer(partition, Entity("status", one_more), 7) is StateStatus.CONFLICT
+
+    def test_a_state_stored_without_a_fingerprint_is_compared_by_its_data(self, store: DedupStore) -> None:
+        """A state written before states kept their fingerprint: its stored data decides."""
+        partition = uuid.uuid4().hex
+        data = {"s": "paid", "n": 1, "lines": [{"sku": "a", "qty": 2}], "meta": {"b": 1, "a": 0.5}, "note": None}
+        assert store.upsert_if_newer(partition, Entity("status", data), 3) is StateStatus.APPLIED
+        self.forget_state_fingerprint(store, partition, "status")
+        stored = store.read_state(partition, "status")
+        assert stored is not None and (stored.version, stored.fingerprint) == (3, None)
+        same = {"note": None, "meta": {"a": 0.5, "b": 1.0}, "lines": [{"qty": 2, "sku": "a"}], "n": 1.0, "s": "paid"}
+        assert store.upsert_if_newer(partition, Entity("status", same), 3) is StateStatus.SAME
+        assert store.upsert_if_newer(partition, Entity("status", {**data, "s": "cancelled"}), 3) is (
+            StateStatus.CONFLICT)  # fmt: skip
+        assert store.upsert_if_newer(partition, Entity("status", {**data, "meta": {"b": 2, "a": 0.5}}), 3) is (
+            StateStatus.CONFLICT)  # fmt: skip
+        assert store.upsert_if_newer(partition, Entity("status", {**data, "s": "shipped"}), 4) is StateStatus.APPLIED
+        newer = store.read_state(partition, "status")
+        assert newer is not None and newer.version == 4 and newer.fingerprint is not None
+
+    def test_concurrent_writers_of_one_version_apply_one_payload(self, store: DedupStore) -> None:
+        """8 writers of version 5, half "paid" and half "cancelled": one applies, the rest
+        are the same as the stored one or a conflict with it, never written over it."""
+        partition = uuid.uuid4().hex
+        barrier = threading.Barrier(8)
+        answers: list[tuple[str, StateStatus]] = []
+
+        def write(status: str) -> None:
+            barrier.wait()
+            answers.append((status, store.upsert_if_newer(partition, Entity("status", {"s": status}), 5)))
+
+        threads = [threading.Thread(target=write, args=(s,)) for s in ["paid", "cancelled"] * 4]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        [stored] = [item.data["s"] for item in store.scan(partition) if item.entity == "status"]
+        other = "cancelled" if stored == "paid" else "paid"
+        assert Counter(answers) == {(stored, StateStatus.APPLIED): 1, (stored, StateStatus.SAME): 3,
+                                    (other, StateStatus.CONFLICT): 4}  # fmt: skip
 
     def test_concurrent_versioned_writers_leave_the_highest_version(self, store: DedupStore) -> None:
         partition = uuid.uuid4().hex
