@@ -1,15 +1,19 @@
 """What would resubmitting dead-lettered messages do? Reads the store only, and judges
-each message by the consumer's own rules (key source, schema, partition), as processing would.
+each message by the consumer's own code, as processing would.
 
     python -m shared.idempotency.resubmit --consumer orders --ids o-1 o-2
     python -m shared.idempotency.resubmit --consumer orders --bodies dead-letters.jsonl [--message-id-field orderId]
 
 With ids it tells completed / refused / in progress / not processed; with bodies (one JSON
-message body per line, as exported from the dead-letter queue) it also validates them and
-compares fingerprints, so it can tell a resubmit that would be a duplicate from one that
-would be a conflict, or dead-lettered again as invalid (with the reason). The consumer comes from
-the module that declares the app's consumers (``--consumers``, default ``consumers``: never
-the function app itself), its store from the app settings.
+message body per line, as exported from the dead-letter queue) it also runs what processing
+runs — key, schema, fingerprint, then the handler — on a store it never writes and a sender
+that sends nothing (``DryRun``): a duplicate, a conflict, a message refused again (by the
+schema, the handler, a service, the store's check of the values) and one whose handler
+fails are each told apart. A step the handler calls that has not run yet is not called:
+what it would answer is known only by calling, and the line says so; so are the store's
+size limits, which only a commit meets. The consumer comes from the module that declares
+the app's consumers (``--consumers``, default ``consumers``: never the function app
+itself), its store from the app settings.
 
 It prints one line per id or body, then a JSON summary; what it cannot do (a setting, the
 file, the store, an unknown consumer) is one line on stderr and exit status 2.
@@ -18,37 +22,59 @@ file, the store, an unknown consumer) is one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import copy
 import io
 import json
 import logging
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from datetime import datetime, timedelta
 
 from azure.core.exceptions import AzureError, ResourceNotFoundError
 
 from .config import setting
-from .errors import ConfigurationError, DedupError, InvalidMessage
+from .consumer import CompletedKeys, IdempotentConsumer
+from .errors import (
+    AlreadyClaimed,
+    ConfigurationError,
+    DedupError,
+    InFlight,
+    InvalidMessage,
+    StoreRefused,
+    StoreUnavailable,
+)
 from .functions import declared_consumer, using_store
 from .keys import DedupKey, consumer_partition
-from .messages import Delivery
+from .messages import Delivery, Entity, Outcome, Outgoing
 from .payload import parse_json
 from .stores import app_store
-from .stores._records import Marker, State
-
-if TYPE_CHECKING:
-    from .consumer import IdempotentConsumer
+from .stores._base import DedupStore, check_storable, refused
+from .stores._records import (
+    Commit,
+    CommitResult,
+    CommitStatus,
+    DeadLetter,
+    Marker,
+    State,
+    StoredItem,
+    StoredState,
+)
 
 VERDICTS = {
     "duplicate": "completed with this payload: a resubmit is acknowledged as a duplicate",
     "conflict": "completed with another payload: a resubmit is refused as a conflict",
     "completed": "completed: a resubmit is acknowledged as a duplicate if its payload is the same",
     "in_progress": "in progress (two-phase): a resubmit waits for or takes over the claim",
-    "refused": "a step was refused for good downstream: a resubmit is dead-lettered again",
+    "refused": "refused for good downstream: a resubmit is dead-lettered again",
     "new": "not processed: a resubmit is processed",
-    "invalid": "not a valid message: a resubmit is dead-lettered again",
+    "invalid": "refused as sent: a resubmit is dead-lettered again",
+    "stale": "an older version than the state stored: a resubmit is acknowledged as stale, not applied",
+    "fails": "its processing fails, by a bug or an unavailable call, not a refusal: a resubmit is retried "
+    "until its source gives up",
 }
+BY_ID = "judged by its id only: --bodies also runs its checks and its handler"
+UNSTORED = "its handler ran without effects; the store's size limits are met only when it commits"
 
 
 _ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -101,7 +127,8 @@ def check_ids(consumer: IdempotentConsumer, ids: Iterable[str]) -> list[Line]:
         except InvalidMessage as exc:
             lines.append(Line(message_id[:60], "invalid", exc.reason))
             continue
-        lines.append(Line(message_id, _state(consumer, key, consumer.partition_of(key))[0]))
+        verdict = _state(consumer, key, consumer.partition_of(key))[0]
+        lines.append(Line(message_id, verdict, BY_ID if verdict == "new" else ""))
     return lines
 
 
@@ -111,15 +138,144 @@ def check_bodies(consumer: IdempotentConsumer, bodies: Iterable[bytes], message_
     lines = []
     for body in bodies:
         try:
-            key, partition, fp = consumer.identify(Delivery(body=body, message_id=_field(body, message_id_field)))
+            delivery = Delivery(body=body, message_id=_field(body, message_id_field), wait=timedelta(0))
+            key, partition, fp = consumer.identify(delivery)
         except InvalidMessage as exc:
             lines.append(Line(body[:60].decode("utf-8", "replace"), "invalid", f"{exc.reason}: {exc.detail[:200]}"))
             continue
         verdict, marker = _state(consumer, key, partition)
+        reason = ""
         if marker is not None and verdict == "completed":
             verdict = "duplicate" if marker.fingerprint == fp else "conflict"
-        lines.append(Line(key.id, verdict))
+        elif verdict == "new":
+            verdict, reason = dry_run(consumer, delivery)
+        lines.append(Line(key.id, verdict, reason))
     return lines
+
+
+def dry_run(consumer: IdempotentConsumer, delivery: Delivery) -> tuple[str, str]:
+    """The verdict and its reason for a message that was never processed, decided by the
+    consumer's own ``process`` (its checks, its handler, its commit's checks) on a copy of
+    it whose store is never written (``DryRun``) and whose sender sends nothing."""
+    dry, store = copy.copy(consumer), DryRun(consumer.store)
+    dry.store, dry.sender = store, (_Unsent() if consumer.sender is not None else None)
+    dry._completed = CompletedKeys(0)  # a dry commit completes nothing: never remember it
+    result = dry.process(delivery)
+    if store.calls:  # whatever the handler did with it: the step would have called out
+        return "new", (f"its step {store.calls[0]!r} calls out first, unless a resubmit finds it done: what "
+                       "it answers, and what the handler then decides, is known only by calling")  # fmt: skip
+    why = f"{result.reason}: {(result.detail or '')[:200]}"
+    match result.outcome:
+        case Outcome.PROCESSED:
+            return "new", UNSTORED
+        case Outcome.DUPLICATE:  # versioned state (LatestState): this version is stored
+            return "duplicate", "this version of the state is stored"
+        case Outcome.STALE:
+            return "stale", ""
+        case Outcome.CONFLICT:
+            return "conflict", ""
+        case Outcome.IN_FLIGHT:
+            return "in_progress", ""
+        case Outcome.INVALID:
+            return ("refused" if result.reason == "downstream_rejected" else "invalid"), why
+    if result.reason == "store_unavailable":  # a read failed: no verdict at all
+        raise StoreUnavailable(result.detail or "")
+    return "fails", why
+
+
+class _NotCalled(DedupError):
+    """Raised from a dry step's claim: the call is not made."""
+
+
+class _Unsent:
+    """The dry run's sender: what a handler sends is checked by ``process`` (the outbox's
+    rows), never sent."""
+
+    def send(self, messages: Sequence[Outgoing]) -> None:
+        pass
+
+
+class DryRun(DedupStore):
+    """``store`` as a resubmit would meet it, read for real and never written: each write
+    answers what ``store`` would from what it holds — a commit the store's own check of its
+    values refuses is refused, another is new (unless its marker exists); a step's claim
+    returns a step done or refused (the handler then goes on, or is refused, as on a
+    redelivery) and stops at a step not done, whose call is never made (``calls``)."""
+
+    def __init__(self, store: DedupStore) -> None:
+        self._store = store
+        self.max_effects = store.max_effects
+        self.folds_completions = store.folds_completions
+        self.calls: list[str] = []
+
+    # -- reads: the store's ------------------------------------------------------------------
+
+    def get(self, key: DedupKey, partition: str) -> Marker | None:
+        return self._store.get(key, partition)
+
+    def stale_claims(self, lease_expired_before: datetime, limit: int) -> list[Marker]:
+        return self._store.stale_claims(lease_expired_before, limit)
+
+    def read_state(self, partition: str, name: str) -> StoredState | None:
+        return self._store.read_state(partition, name)
+
+    def dead_letters(self, scope: str) -> list[DeadLetter]:
+        return self._store.dead_letters(scope)
+
+    def read_entities(self, partition: str, prefix: str, limit: int) -> list[Entity]:
+        return self._store.read_entities(partition, prefix, limit)
+
+    def scan(self, partition: str | None = None) -> Iterator[StoredItem]:
+        return self._store.scan(partition)
+
+    # -- writes: answered, never made --------------------------------------------------------
+
+    def commit_many(self, commits: Sequence[Commit]) -> list[CommitResult]:
+        return [self._commit(commit) for commit in commits]
+
+    def _commit(self, commit: Commit) -> CommitResult:
+        try:
+            check_storable(commit.effects)  # what every store checks before it sends anything
+        except TypeError as exc:
+            return refused(exc)
+        if self._store.get(commit.key, commit.partition) is not None:
+            return self.conflict(commit, guard_exists=False)
+        return CommitResult(CommitStatus.NEW, commit.fingerprint)
+
+    def claim(self, marker: Marker, now: datetime) -> Marker:
+        existing = self._store.get(marker.key, marker.partition)
+        if existing is not None and (existing.final or existing.fingerprint != marker.fingerprint):
+            raise AlreadyClaimed(existing)  # the step's own answer: done, refused, or another payload's
+        if existing is not None and not existing.reclaimable(now):
+            raise InFlight(existing)
+        self.calls.append(marker.key.step)
+        raise _NotCalled(f"step {marker.key.step!r} not called: a dry run")
+
+    def insert(self, marker: Marker) -> Marker | None:
+        return None if self._store.get(marker.key, marker.partition) is not None else marker
+
+    def replace(self, marker: Marker, if_version: str) -> Marker:
+        return marker
+
+    def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None) -> bool:
+        _storable(entity)
+        return True
+
+    def put_entity(self, partition: str, entity: Entity) -> None:
+        _storable(entity)
+
+    def delete_entities(self, partition: str, names: Sequence[str]) -> None:
+        pass
+
+    def dead_letter(self, record: DeadLetter) -> None:
+        pass
+
+
+def _storable(entity: Entity) -> None:
+    try:
+        check_storable([entity])
+    except TypeError as exc:
+        raise StoreRefused(f"cannot be stored: {exc}"[:500]) from exc
 
 
 def _field(body: bytes, name: str | None) -> str | None:

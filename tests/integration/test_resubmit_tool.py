@@ -1,12 +1,13 @@
-"""The resubmission tool as operators run it (``main``), on a real Azurite: one escaped line
-per id or body plus a summary, never a table created, and one line on stderr (exit 2) for
-whatever it cannot do."""
+"""The resubmission tool as operators run it — ``python -m shared.idempotency.resubmit`` in a
+new process from the app's root, the app settings in its environment — on a real Azurite:
+one escaped line per id or body plus a summary, never a table created, and one line on
+stderr (exit 2) for whatever it cannot do. (``main`` in this process only where a test
+replaces part of the library.)"""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from shared.idempotency import consumer as consumer_module
 from shared.idempotency.functions import reset, shared_store
 from shared.idempotency.resubmit import main
 from tests.functions import app_settings, fresh_app, servicebus_message, user_function
+from tests.integration.operators import run_tool
 from tools.azurite import KEY, Azurite, free_port
 
 Output = tuple[int, str, str]
@@ -42,7 +44,12 @@ def process(order: dict[str, Any]) -> None:
     user_function("orders")(servicebus_message(order, order["orderId"]))
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> Output:
+def run(*argv: str, consumer: str = "orders") -> Output:
+    done = run_tool("shared.idempotency.resubmit", "--consumer", consumer, *argv)
+    return done.returncode, done.stdout, done.stderr
+
+
+def run_here(capsys: pytest.CaptureFixture[str], *argv: str) -> Output:
     code = main(["--consumer", "orders", *argv])
     out, err = capsys.readouterr()
     return code, out, err
@@ -99,10 +106,10 @@ HOSTILE_IDS = {
 }
 
 
-def test_ids_with_control_characters_print_escaped_one_line_each(app: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_ids_with_control_characters_print_escaped_one_line_each(app: str) -> None:
     done = an_order()
     process(done)
-    code, out, err = run(capsys, "--ids", done["orderId"], *HOSTILE_IDS)
+    code, out, err = run("--ids", done["orderId"], *HOSTILE_IDS)
     assert (code, err) == (0, "")
     columns = verdict_lines(out, 1 + len(HOSTILE_IDS))
     assert [c[0] for c in columns] == [done["orderId"], *HOSTILE_IDS.values()]
@@ -110,14 +117,12 @@ def test_ids_with_control_characters_print_escaped_one_line_each(app: str, capsy
     assert json.loads(out.splitlines()[-1]) == {"completed": 1, "new": len(HOSTILE_IDS)}
 
 
-def test_bodies_with_control_characters_print_escaped_one_line_each(
-    app: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_bodies_with_control_characters_print_escaped_one_line_each(app: str, tmp_path: Path) -> None:
     forged = an_order("o-y\n" + "o-z\tduplicate\tcompleted with this payload")
     escape = an_order("o-\x1b[2J\x1b[H\u202e")
     bodies = [json.dumps(forged).encode(), json.dumps(escape).encode(),
               b"\x1b[2J\x1b]0;pwned\x07\x9b\x7f not json", b'{"orderId": "\\u0000\\u001b\\u2028"}']  # fmt: skip
-    code, out, err = run(capsys, "--bodies", bodies_file(tmp_path, *bodies), "--message-id-field", "orderId")
+    code, out, err = run("--bodies", bodies_file(tmp_path, *bodies), "--message-id-field", "orderId")
     assert (code, err) == (0, "")
     columns = verdict_lines(out, len(bodies))
     assert [c[1] for c in columns] == ["new", "new", "invalid", "invalid"]
@@ -152,7 +157,8 @@ def test_bodies_that_are_not_utf8_or_hold_lone_surrogates_are_invalid_and_the_ru
     member = json.dumps({**an_order(), "\ud800": 1}).encode()  # a lone surrogate in a member name
     value = json.dumps(an_order("o-\udc80")).encode()  # ... in the key itself
     bodies = [b"\xff\xfe\x80 latin-1 \xe9", member, value, b'{"orderId": "\xed\xa0\x80"}', json.dumps(done).encode()]
-    code, out, err = run(capsys, "--bodies", bodies_file(tmp_path, *bodies), "--message-id-field", "orderId")
+    argv = ("--bodies", bodies_file(tmp_path, *bodies), "--message-id-field", "orderId")
+    code, out, err = run_here(capsys, *argv) if parser == "lenient" else run(*argv)
     assert (code, err) == (0, "")
     columns = verdict_lines(out, len(bodies))
     assert [c[1] for c in columns] == ["invalid", "invalid", "invalid", "invalid", "duplicate"]
@@ -165,25 +171,23 @@ def test_bodies_that_are_not_utf8_or_hold_lone_surrogates_are_invalid_and_the_ru
 
 @pytest.mark.parametrize("source", ["ids", "bodies"])
 def test_a_missing_table_is_one_error_line_and_no_table_is_created(
-    azurite: Azurite, capsys: pytest.CaptureFixture[str], tmp_path: Path, source: str
+    azurite: Azurite, tmp_path: Path, source: str
 ) -> None:
     typo = "t" + uuid.uuid4().hex[:16]
     argv = ["--ids", "o-1"] if source == "ids" else ["--bodies", bodies_file(tmp_path, b"not json")]
     before = tables(azurite)
     with fresh_app(azurite), app_settings(DEDUP_TABLE=typo):
-        result = run(capsys, *argv)
+        result = run(*argv)
     assert_one_error_line(result, f"table '{typo}' does not exist")
     assert tables(azurite) == before
 
 
-def test_reading_an_existing_store_creates_no_table(
-    azurite: Azurite, app: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_reading_an_existing_store_creates_no_table(azurite: Azurite, app: str) -> None:
     done = an_order()
     process(done)
     before = tables(azurite)
     with app_settings(DEDUP_DEADLETTER_TABLE="t" + uuid.uuid4().hex[:16]):  # not read by the tool: never created
-        code, out, err = run(capsys, "--ids", done["orderId"])
+        code, out, err = run("--ids", done["orderId"])
     assert (code, err) == (0, "")
     assert [c[1] for c in verdict_lines(out, 1)] == ["completed"]
     assert tables(azurite) == before and app in before
@@ -192,62 +196,59 @@ def test_reading_an_existing_store_creates_no_table(
 # -- 3. settings, file, store: one line, exit 2 ------------------------------------------
 
 
-def test_a_missing_setting_is_one_error_line(
-    app: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_missing_setting_is_one_error_line(app: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DEDUP_STORAGE_CONNECTION")
     monkeypatch.delenv("DEDUP_STORAGE_ENDPOINT", raising=False)
     reset()
-    assert_one_error_line(run(capsys, "--ids", "o-1"), "DEDUP_STORAGE_CONNECTION")
+    assert_one_error_line(run("--ids", "o-1"), "DEDUP_STORAGE_CONNECTION")
 
 
-def test_a_bad_setting_is_one_escaped_error_line(app: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bad_setting_is_one_escaped_error_line(app: str) -> None:
     with app_settings(DEDUP_LEASE="PT1M\n\x1b[2Jforged"):
-        assert_one_error_line(run(capsys, "--ids", "o-1"), "DEDUP_LEASE")
+        assert_one_error_line(run("--ids", "o-1"), "DEDUP_LEASE")
 
 
-def test_a_missing_or_unreadable_bodies_file_is_one_error_line(
-    app: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_a_missing_or_unreadable_bodies_file_is_one_error_line(app: str, tmp_path: Path) -> None:
     missing = tmp_path / "dead\x1b[2J\nletters.jsonl"
-    err = assert_one_error_line(run(capsys, "--bodies", str(missing)), "No such file or directory")
+    err = assert_one_error_line(run("--bodies", str(missing)), "No such file or directory")
     assert "dead\\x1b[2J\\nletters.jsonl" in err
-    assert_one_error_line(run(capsys, "--bodies", str(tmp_path)), "Is a directory")
+    assert_one_error_line(run("--bodies", str(tmp_path)), "Is a directory")
 
 
 @pytest.mark.parametrize("fault", ["closed port", "wrong key"])
-def test_an_unreachable_or_refusing_store_is_one_error_line(
-    azurite: Azurite, app: str, capsys: pytest.CaptureFixture[str], fault: str
-) -> None:
+def test_an_unreachable_or_refusing_store_is_one_error_line(azurite: Azurite, app: str, fault: str) -> None:
     if fault == "closed port":
         connection = azurite.connection_string.replace(f":{azurite.port}/", f":{free_port()}/")
     else:
         connection = azurite.connection_string.replace(f"AccountKey={KEY}", "AccountKey=" + "A" * 86 + "==")
     with app_settings(DEDUP_STORAGE_CONNECTION=connection):
-        assert_one_error_line(run(capsys, "--ids", "o-1"), "cannot read the store")
+        assert_one_error_line(run("--ids", "o-1"), "cannot read the store")
 
 
 # -- 4. an unknown consumer --------------------------------------------------------------
 
 
-def test_an_unknown_consumer_lists_the_known_ones(app: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["--consumer", "nosuch\x1b[2J", "--ids", "o-1"])
-    out, err = capsys.readouterr()
-    err = assert_one_error_line((code, out, err), "nosuch\\x1b[2J")
+def test_an_unknown_consumer_lists_the_known_ones(app: str) -> None:
+    err = assert_one_error_line(run("--ids", "o-1", consumer="nosuch\x1b[2J"), "nosuch\\x1b[2J")
     known = err.split("known: ")[1].strip().split(", ")
     assert {"orders", "orders-api", "order-events", "billing", "shipping", "order-status", "ledger"} <= set(known)
     assert os.environ["DEDUP_TABLE"] == app
 
 
-def test_a_consumers_module_that_cannot_be_imported_is_one_line(app: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["--consumer", "orders", "--consumers", "no_such_consumers", "--ids", "o-1"])
-    assert_one_error_line((code, *capsys.readouterr()), "cannot import --consumers no_such_consumers")
+def test_a_consumers_module_that_cannot_be_imported_is_one_line(app: str) -> None:
+    result = run("--consumers", "no_such_consumers", "--ids", "o-1")
+    assert_one_error_line(result, "cannot import --consumers no_such_consumers")
 
 
-def test_the_tool_never_imports_the_function_app(app: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_tool_never_imports_the_function_app(app: str) -> None:
     """It reads the consumers' declarations, not the app: function_app would configure
-    telemetry and register the functions (the library never depends on the app)."""
-    sys.modules.pop("function_app", None)
-    assert main(["--consumer", "orders", "--ids", "o-1"]) == 0
-    assert "function_app" not in sys.modules
-    assert capsys.readouterr().out.startswith("o-1\tnew")
+    telemetry and register the functions (the library never depends on the app). The
+    tool runs as ``-m`` runs it; then the process lists what it imported."""
+    listing = ("import runpy, sys\ntry:\n    runpy.run_module('shared.idempotency.resubmit', run_name='__main__', "
+               "alter_sys=True)\nexcept SystemExit:\n    print(*sorted(m for m in sys.modules if m.partition('.')[0] "
+               "in ('consumers', 'function_app')))")  # fmt: skip
+    done = run_tool("--consumer", "orders", "--ids", "o-1", python=["-c", listing])
+    *verdicts, last = done.stdout.splitlines()
+    imported = set(last.split())
+    assert done.returncode == 0 and verdicts[0].startswith("o-1\tnew"), done.stderr
+    assert "function_app" not in imported and {"consumers.orders", "consumers.shipments"} <= imported

@@ -13,12 +13,21 @@ every consumer on a store of your choice (an in-memory one in unit tests).
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Generic, TypeVar
 
-from ..config import DEFAULT_PURGE_BUDGET, DEFAULT_PURGE_TIME, dead_letter_retention, duration, problems, whole
+from ..config import (
+    DEFAULT_OUTBOX_SWEEP_BUDGET,
+    DEFAULT_PURGE_BUDGET,
+    DEFAULT_PURGE_TIME,
+    dead_letter_retention,
+    duration,
+    problems,
+    whole,
+)
 from ..consumer import IdempotentConsumer
 from ..errors import ConfigurationError
 from ..outbox import Sender
@@ -75,18 +84,29 @@ def shared_sender() -> Sender:
     return _sender_substitute[-1] if _sender_substitute else _app_sender()
 
 
-def declared() -> list[IdempotentConsumer]:
-    """Every declared consumer, built: what operators' tools look consumers up in."""
+def declared(module: str | None = None) -> list[IdempotentConsumer]:
+    """Every declared consumer, built; with ``module``, after importing it (``declaring``)."""
+    if module is not None:
+        declaring(module)
     return [build() for build in _declared]
 
 
+def declaring(module: str) -> None:
+    """Import ``module`` and, when it is a package, every module in it, however deep: what a
+    fresh process (an operator's tool) must do to see the consumers the app declares, since
+    importing a package does not import its modules. ImportError names what failed."""
+    found = importlib.import_module(module)
+    for info in pkgutil.walk_packages(getattr(found, "__path__", []), prefix=f"{module}."):
+        importlib.import_module(info.name)
+
+
 def declared_consumer(name: str, module: str = "consumers") -> IdempotentConsumer:
-    """The consumer ``name`` that ``module`` declares (importing it declares them), built:
-    what operators' tools use, never the function app itself. Consumers are built in turn
-    until the one named: another that cannot be built here (a setting only it reads) does
-    not stop the tool. ConfigurationError naming the known ones, and what failed, when none
-    is; ImportError when the module cannot be imported."""
-    importlib.import_module(module)
+    """The consumer ``name`` that ``module`` declares (``declaring`` imports it, and every
+    module of a package), built: what operators' tools use, never the function app itself.
+    Consumers are built in turn until the one named: another that cannot be built here (a
+    setting only it reads) does not stop the tool. ConfigurationError naming the known
+    ones, and what failed, when none is; ImportError when a module cannot be imported."""
+    declaring(module)
     known, failed = [], []
     for build in _declared:
         try:
@@ -108,7 +128,8 @@ def check_app_settings() -> None:
     with it in the host log, instead of a healthy-looking app that fails every message."""
     found = problems()
     timers = (lambda: duration("DEDUP_STALE_AFTER", "PT1H"), lambda: whole("DEDUP_PURGE_BUDGET", DEFAULT_PURGE_BUDGET),
-              lambda: duration("DEDUP_PURGE_TIME", DEFAULT_PURGE_TIME))  # fmt: skip
+              lambda: duration("DEDUP_PURGE_TIME", DEFAULT_PURGE_TIME),
+              lambda: whole("DEDUP_OUTBOX_SWEEP_BUDGET", DEFAULT_OUTBOX_SWEEP_BUDGET))  # fmt: skip
     for check in (dead_letter_retention, check_store_settings, check_sender_settings, *timers):
         try:
             check()
