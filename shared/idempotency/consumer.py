@@ -317,6 +317,9 @@ class IdempotentConsumer:
             if isinstance(effects, LatestState):
                 context.settle()
                 status = self.store.upsert_if_newer(partition, effects.entity, effects.version)
+                if status is StateStatus.CONFLICT:  # recorded as a dead letter and alerted, as any conflict
+                    detail = f"version {effects.version} is already applied with other data; the stored state is kept"
+                    return Result(Outcome.CONFLICT, key, "version_conflict", detail, fingerprint=fp)
                 return Result(_STATE_OUTCOMES[status], key, response=effects.result, fingerprint=fp)
             if not isinstance(effects, Effects):
                 raise InvalidMessage("handler_result", f"the handler returned {type(effects).__name__}, "

@@ -1,19 +1,27 @@
 """Scheduled jobs on a real store (Azurite): each item once per occurrence, through a restart
-mid-run and a second instance running the same occurrence at once."""
+mid-run and a second instance running the same occurrence at once; an occurrence whose every
+try failed is caught up by the next run."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from azure.data.tables import TableServiceClient
 
-from shared.idempotency import Context, DedupConfig, Effects, IdempotentConsumer, Outcome
+from shared.idempotency import Context, DedupConfig, Effects, IdempotentConsumer, Outcome, StoreUnavailable
+from shared.idempotency.functions import _bindings as bindings
+from shared.idempotency.functions import on_schedule
 from shared.idempotency.jobs import occurrence, run_job
 from shared.idempotency.stores import TableStore
 from shared.orders.reminders import SCHEMA, due, reminder_handler
+from tools.azurite import Azurite
 
 DAY, SIX = timedelta(days=1), timedelta(hours=6)
 
@@ -82,3 +90,42 @@ def test_the_next_occurrence_reminds_again(table_store: TableStore) -> None:
     for day in (at("2026-12-01T06:00"), at("2026-12-02T06:00")):
         assert run_job(consumer(table_store), day, due(day)).count(Outcome.PROCESSED) == 5
     assert len(reminders(table_store)) == 10 and set(reminders(table_store).values()) == {1}
+
+
+def retry(count: int, most: int = 3) -> Any:
+    return SimpleNamespace(retry_context=SimpleNamespace(retry_count=count, max_retry_count=most))
+
+
+def test_a_day_whose_every_try_failed_is_caught_up_by_the_next_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store down through all four tries of a day: nothing could be parked, the day's
+    reminders never went out. The next day's run does that day's items first, then its own;
+    past the catch-up bound, the occurrences left out are logged as lost, with their count."""
+    with Azurite(location=tmp_path) as server:
+        service = TableServiceClient.from_connection_string(server.connection_string, retry_total=0)
+        store = TableStore(service, "jobs", "jobsdl")
+        store.create_tables()
+        c = consumer(store)
+
+        def run(now: str, tries: Any) -> None:
+            monkeypatch.setattr(bindings, "utcnow", lambda: at(now))
+            on_schedule(lambda: c, DAY, SIX, due, tries)
+
+        run("2026-12-01T06:00:10", retry(0))
+        server.stop()
+        for attempt in range(4):  # the retry policy's four tries, every one failing
+            with pytest.raises(StoreUnavailable):
+                run(f"2026-12-02T06:0{attempt}:10", retry(attempt))
+        server.start()
+        run("2026-12-03T06:00:10", retry(0))
+        days = Counter(day for day, _ in reminders(store))
+        assert days == {"2026-12-01T06:00:00Z": 5, "2026-12-02T06:00:00Z": 5, "2026-12-03T06:00:00Z": 5}
+        run("2026-12-03T07:00:00", retry(0))  # a past-due run of the same day: nothing more
+        assert sum(reminders(store).values()) == 15 and set(reminders(store).values()) == {1}
+        with caplog.at_level(logging.ERROR, logger="idempotency"):
+            run("2026-12-13T06:00:10", retry(0))  # 9 days missed, 7 caught up
+        assert sum(reminders(store).values()) == 15 + 8 * 5 and set(reminders(store).values()) == {1}
+        assert "2026-12-04T06:00:00Z" not in Counter(day for day, _ in reminders(store))
+        [lost] = caplog.records
+        assert lost.getMessage().startswith("dedup job reminders: 2 occurrences after 2026-12-03T06:00:00Z")

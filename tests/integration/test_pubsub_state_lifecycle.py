@@ -96,6 +96,24 @@ def test_newer_versions_win_and_older_ones_are_stale(store: TableStore, caplog: 
     assert [item for item in store.scan(partition) if item.kind is not None] == []  # no marker at all
 
 
+def test_the_same_version_with_other_data_is_a_recorded_conflict(
+    store: TableStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """v3 "paid", then v3 "cancelled": the stored state is kept, the second message is a
+    conflict with a dead-letter record (and the alert), never a silent duplicate."""
+    order_id = f"o-{uuid.uuid4().hex[:8]}"
+    cancelled = status_change(order_id, "cancelled", 3)
+    with caplog.at_level("DEBUG", logger="idempotency"):
+        order_status(status_change(order_id, "paid", 3))
+        order_status(cancelled)  # acknowledged: recorded first
+        order_status(status_change(order_id, "paid", 3))  # a redelivery of the first: a duplicate
+    assert stored_status(store, order_id) == ("paid", 3)
+    outcomes = [(r.dedup["outcome"], r.dedup["reason"]) for r in caplog.records if hasattr(r, "dedup")]  # type: ignore[attr-defined]
+    assert outcomes == [("processed", None), ("conflict", "version_conflict"), ("duplicate", None)]
+    [record] = [d for d in store.dead_letters("order-status") if d.key_id == order_id]
+    assert (record.reason, record.message_id) == ("version_conflict", cancelled.message_id)
+
+
 def test_concurrent_writers_of_different_versions_end_with_the_highest(store: TableStore) -> None:
     order_id = f"o-{uuid.uuid4().hex[:8]}"
     versions = list(range(1, 17))

@@ -18,9 +18,9 @@ from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 
 from ..consumer import Handler, IdempotentConsumer
 from ..errors import DedupError, InvalidMessage, StoreUnavailable
-from ..jobs import occurrence, run_job
+from ..jobs import CATCH_UP, complete, pending, run_job
 from ..keys import joined_identity
-from ..messages import Delivery, Effects, Outcome, Result
+from ..messages import Delivery, Effects, Outcome, Result, utcnow
 from ..payload import parse_json
 from ..steps import Context
 
@@ -359,16 +359,20 @@ def on_servicebus_batch(consumer: Consumer, messages: list[func.ServiceBusMessag
 
 
 def on_schedule(consumer: Consumer, every: timedelta, at: timedelta,
-                items: Callable[[datetime], Iterable[tuple[str, Any]]], context: Any = None) -> None:  # fmt: skip
+                items: Callable[[datetime], Iterable[tuple[str, Any]]], context: Any = None, *,
+                catch_up: int = CATCH_UP) -> None:  # fmt: skip
     """Run a timer's occurrence: each (id, item) that ``items(occurrence)`` returns, once per
-    occurrence (``shared.idempotency.jobs``). An item still failing raises while the timer's
-    retry policy has tries left (the occurrence runs again; what was done is not done
-    twice); on the last try it is parked for ``python -m shared.idempotency.replay``."""
-    when = occurrence(datetime.now(UTC), every, at)
+    occurrence (``shared.idempotency.jobs``), after the occurrences since the last completed
+    one that no run finished (at most ``catch_up``). An item still failing raises while the
+    timer's retry policy has tries left (the occurrences run again; what was done is not done
+    twice); on the last try it is parked for ``python -m shared.idempotency.replay``, and the
+    occurrence counts as completed. A run that cannot even park leaves it to the next run."""
     built = consumer()
-    run = run_job(built, when, items(when))
-    settle_or_park(built, [(d, r) for d, r in zip(run.deliveries, run.results, strict=True) if not r.acknowledge],
-                   context)  # fmt: skip
+    due = pending(built, utcnow(), every, at, catch_up=catch_up)
+    runs = [run_job(built, when, items(when)) for when in due]
+    settle_or_park(built, [(d, r) for run in runs for d, r in zip(run.deliveries, run.results, strict=True)
+                           if not r.acknowledge], context)  # fmt: skip
+    complete(built, due[-1])
 
 
 def on_eventgrid(consumer: Consumer, event: func.CloudEvent) -> None:
