@@ -30,6 +30,7 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from azure.core.exceptions import AzureError, ResourceNotFoundError
 
@@ -41,7 +42,6 @@ from .errors import (
     DedupError,
     InFlight,
     InvalidMessage,
-    StoreRefused,
     StoreUnavailable,
 )
 from .functions import declared_consumer, using_store
@@ -219,6 +219,9 @@ class DryRun(DedupStore):
     def read_state(self, partition: str, name: str) -> StoredState | None:
         return self._store.read_state(partition, name)
 
+    def stored_state_data(self, partition: str, entity: Entity) -> dict[str, Any] | None:
+        return self._store.stored_state_data(partition, entity)
+
     def dead_letters(self, scope: str) -> list[DeadLetter]:
         return self._store.dead_letters(scope)
 
@@ -258,24 +261,17 @@ class DryRun(DedupStore):
         return marker
 
     def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None) -> bool:
-        _storable(entity)
+        check_storable([entity])  # TypeError, as every store raises it
         return True
 
     def put_entity(self, partition: str, entity: Entity) -> None:
-        _storable(entity)
+        check_storable([entity])
 
     def delete_entities(self, partition: str, names: Sequence[str]) -> None:
         pass
 
     def dead_letter(self, record: DeadLetter) -> None:
         pass
-
-
-def _storable(entity: Entity) -> None:
-    try:
-        check_storable([entity])
-    except TypeError as exc:
-        raise StoreRefused(f"cannot be stored: {exc}"[:500]) from exc
 
 
 def _field(body: bytes, name: str | None) -> str | None:
