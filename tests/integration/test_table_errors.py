@@ -1,10 +1,11 @@
 """The lean transaction path raises what the Azure SDK raises when the service refuses a
 transaction as a whole — above all for authentication and authorization (a wrong key, an
 expired token, a managed identity without the "Storage Table Data Contributor" role) — and
-when it refuses one operation of a changeset: the same status_code and error_code, an
-exception class at least as precise. Both clients talk to one local server answering each
-request with a canned response, in the shapes the Azure Table service sends (JSON, either
-XML shape, only the x-ms-error-code header, nothing at all)."""
+when it refuses one operation of a changeset: the same status_code and error_code, the
+SDK's exception class or a subclass of it (an authentication error for a 401/403). Both
+clients talk to one local server answering each request with a canned response, in the
+shapes the Azure Table service sends (JSON, either XML shape, only the x-ms-error-code
+header, nothing at all)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 from azure.core.credentials import AzureNamedKeyCredential
 from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ResourceNotFoundError
-from azure.data.tables import TableServiceClient, TableTransactionError
+from azure.data.tables import RequestTooLargeError, TableServiceClient, TableTransactionError
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -231,12 +232,36 @@ def test_an_operation_refused_403_raises_an_authentication_error_with_its_code(
     server: Canned, headers: dict[str, str], body: bytes
 ) -> None:
     """The SDK raises TableTransactionError for any refused operation, whatever its status:
-    the lean path, ClientAuthenticationError for a 401/403 one; status and code the same."""
+    the lean path too, and for a 401/403 one an error that is also a ClientAuthenticationError;
+    status, code and index the same."""
     sdk, lean = both_raise(server, *changeset_answer("403 Forbidden", headers, body))
     assert type(sdk) is TableTransactionError
-    assert type(lean) is ClientAuthenticationError
+    assert isinstance(lean, TableTransactionError) and isinstance(lean, ClientAuthenticationError)
     assert lean.status_code == sdk.status_code == 403  # the operation's, not the 202's
     assert lean.error_code == sdk.error_code == "AuthorizationPermissionMismatch"
+    assert lean.index == sdk.index == 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "kind"),
+    [("404 Not Found", "TableNotFound", TableTransactionError), ("409 Conflict", "TableBeingDeleted",
+     TableTransactionError), ("412 Precondition Failed", "ConditionNotMet", TableTransactionError),
+     ("413 Request Entity Too Large", "RequestBodyTooLarge", RequestTooLargeError)],
+    ids=["404 missing table", "409 other code", "412 other code", "413"],
+)  # fmt: skip
+def test_an_operation_refused_otherwise_raises_the_sdks_class(
+    server: Canned, status: str, code: str, kind: type[HttpResponseError]
+) -> None:
+    """Any other refused operation the caller does not decide on: the SDK's own class (a
+    TableTransactionError, whose index the message leads with), the operation's status (the
+    SDK says 202 for a 413: the store maps its class) and code."""
+    sdk, lean = both_raise(server, *changeset_answer(status, {"Content-Type": JSON},
+                                                     json_error(code, f"1:{code}{TRACE}")))  # fmt: skip
+    assert type(lean) is type(sdk) is kind
+    assert lean.status_code == int(status[:3]) and lean.error_code == code
+    if kind is TableTransactionError:  # the SDK's 413 says neither (its message is its own)
+        assert (sdk.status_code, sdk.error_code) == (int(status[:3]), code)
+        assert lean.index == sdk.index == 1  # type: ignore[attr-defined]
 
 
 def test_a_conflict_given_by_its_header_and_an_xml_body_is_a_conflict() -> None:

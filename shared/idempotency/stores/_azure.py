@@ -53,8 +53,9 @@ class store_errors:  # lower case: used as ``with store_errors():``, as the func
     - unreachable, throttled, 5xx → StoreUnavailable: wait, then let the broker redeliver;
     - 401/403 → StoreUnavailable too, logged with the role the app's identity most likely
       lacks: a missing role assignment is fixed by an operator, not by dead-lettering;
-    - 413, or a 400 whose code says the data is too large (REFUSED_FOR_GOOD) → StoreRefused:
-      this message's data can never be stored; dead-letter it;
+    - 413 (the Table SDK's RequestTooLargeError too, which says 202 for a changeset's 413), or
+      a 400 whose code says the data is too large (REFUSED_FOR_GOOD) → StoreRefused: this
+      message's data can never be stored; dead-letter it;
     - any other 400 → StoreUnavailable, logged: likely the deployment's, not the message's;
     - anything else (404 on a read, 409, 412) passes through: the callers read those.
 
@@ -76,11 +77,22 @@ class store_errors:  # lower case: used as ``with store_errors():``, as the func
             log.error("dedup store refused access (%s %s): grant the app's identity a data role (%s)",
                       exc.status_code, code, DATA_ROLES)  # fmt: skip
             raise StoreUnavailable(f"{exc.status_code} {code}: access refused ({DATA_ROLES})") from exc
-        if exc.status_code == 413 or (exc.status_code == 400 and code in REFUSED_FOR_GOOD):
-            raise StoreRefused(f"{exc.status_code} {code}: {exc.message}"[:500]) from exc
+        too_large = exc.status_code == 413 or (exc.status_code == 202 and _too_large(exc))  # 202: see _too_large
+        if too_large or (exc.status_code == 400 and code in REFUSED_FOR_GOOD):
+            raise StoreRefused(f"{413 if too_large else 400} {code}: {exc.message}"[:500]) from exc
         if exc.status_code == 400:
             log.error("dedup store answered 400 %s, not about a message's data: check the deployment", code)
             raise StoreUnavailable(f"400 {code}: {exc.message}"[:500]) from exc
+
+
+def _too_large(exc: HttpResponseError) -> bool:
+    """The Table SDK's RequestTooLargeError, which carries the status of the 202 around a
+    changeset's 413 (imported here: that SDK is an optional extra)."""
+    try:
+        from azure.data.tables import RequestTooLargeError
+    except ImportError:
+        return False
+    return isinstance(exc, RequestTooLargeError)
 
 
 # Fail fast so that the broker, not the SDK, does the long waiting: a failed call is
@@ -100,10 +112,12 @@ def table_service() -> TableServiceClient:
     DEDUP_STORAGE_ENDPOINT (https://<account>.table.core.windows.net, managed identity)."""
     from azure.data.tables import TableServiceClient
 
+    from ._table_batch import check_changeset
     from ._transport import pooled_transport
 
     timeouts = {name: TRANSPORT[name] for name in ("connection_timeout", "read_timeout")}
-    options = {**TRANSPORT, "transport": pooled_transport(**timeouts)}  # more connections than concurrent calls
+    # More connections than concurrent calls; a transaction's answer checked as the lean path checks it.
+    options = {**TRANSPORT, "transport": pooled_transport(**timeouts), "raw_response_hook": check_changeset}
     connection, endpoint = table_account()
     if connection:
         return TableServiceClient.from_connection_string(connection, **options)

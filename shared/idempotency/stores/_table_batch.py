@@ -7,7 +7,10 @@ Why: in the Azure SDK a transaction costs ~4 ms fixed + ~0.5 ms per operation of
 what the dedup flow itself costs. The wire format is the documented one ("Performing entity
 group transactions", OData JSON, ``multipart/mixed``), the same bytes as the SDK's modulo
 boundaries and ids (tests/integration/test_table_batch.py compares them); entities are
-encoded by the SDK's type rules (``Edm.*`` annotations, Int32 range, UTC times). The shared
+encoded by the SDK's type rules (``Edm.*`` annotations, Int32 range, UTC times). Answers are
+read as the SDK reads them, each refusal returned or raised as the store gets it from the SDK
+(tests/integration/test_table_batch_parity.py feeds both the same answers); ``check_changeset``
+gives the SDK's clients this path's reading of a 202 that is not a whole changeset. The shared
 key (Azurite) or a ``TokenCredential`` (managed identity) authenticates, as the SDK's client
 it is built from; retries are azure-core's, with the store's settings; the transport is
 urllib3's connection pools (transport.py), requests' behind a proxy.
@@ -37,6 +40,8 @@ from azure.core.credentials import AzureNamedKeyCredential, TokenCredential
 from azure.core.exceptions import (
     ClientAuthenticationError,
     HttpResponseError,
+    ResourceExistsError,
+    ResourceModifiedError,
     ResourceNotFoundError,
     ServiceResponseError,
 )
@@ -52,7 +57,7 @@ from azure.core.pipeline.policies import (
 )
 from azure.core.pipeline.transport import HttpTransport
 from azure.core.rest import HttpRequest
-from azure.data.tables import TableEntity, TableErrorCode, UpdateMode
+from azure.data.tables import RequestTooLargeError, TableEntity, TableErrorCode, TableTransactionError, UpdateMode
 
 from ._transport import transaction_transport
 
@@ -64,19 +69,30 @@ _ERROR_CODE = re.compile(rb"^x-ms-error-code:[ \t]*(\S+)", re.MULTILINE | re.IGN
 # where ``^`` in MULTILINE mode is tried at every position (four times slower on a changeset).
 _STATUS = re.compile(rb"\nHTTP/1\.1 (\d{3})")
 _ETAG = re.compile(rb"\nETag:[ \t]*([^\r\n]*)", re.IGNORECASE)
-_CONTENT_ID = re.compile(rb"\nContent-ID:[ \t]*(\d+)[ \t]*(?:\r|$)", re.IGNORECASE)
+_CONTENT_ID = re.compile(rb"\nContent-ID:[ \t]*(\d+)[ \t]*(?:\r|\n|$)", re.IGNORECASE)
+# Where a part's headers end, and its body: CRLF, or LF alone (Cosmos DB's Table API answers so).
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_BOUNDARY = re.compile(rb"\r?\n--")
+_OPERATION = b"\r\nContent-Transfer-Encoding: binary\r\n"  # once per operation of a request (JSON escapes CR LF)
 # An operation as TableClient.submit_transaction takes it: ("create", entity), ("update", entity,
 # {"mode": UpdateMode.REPLACE, "etag": …, "match_condition": …}), ("delete", entity[, {"etag": …, …}]);
 # or a bare entity, an insert.
 Operation = Mapping[str, Any] | tuple[Any, ...]
-# Refusals' classes by status. The SDK goes by code: ClientAuthenticationError for AuthenticationFailed and
-# InvalidAuthenticationInfo only, so a missing role's 403 (AuthorizationPermissionMismatch) is a plain
-# HttpResponseError there. Subclasses of it: an ``except`` written for the SDK's errors still catches these.
-_REFUSALS: dict[int, type[HttpResponseError]] = {
-    401: ClientAuthenticationError,
-    403: ClientAuthenticationError,
-    404: ResourceNotFoundError,
-}
+# A refusal of the whole request: its class by code, as the SDK's (_decode_error). The SDK's is a plain
+# HttpResponseError for a 401/403 of another code (a missing role's AuthorizationPermissionMismatch); this
+# path's, ClientAuthenticationError, a subclass: an ``except`` written for the SDK's errors still catches it.
+_BY_CODE: dict[str, type[HttpResponseError]] = {
+    **dict.fromkeys(["ConditionNotMet", "UpdateConditionNotSatisfied"], ResourceModifiedError),
+    **dict.fromkeys(["InvalidAuthenticationInfo", "AuthenticationFailed"], ClientAuthenticationError),
+    **dict.fromkeys(["ResourceNotFound", "TableNotFound", "EntityNotFound"], ResourceNotFoundError),
+    **dict.fromkeys(["ResourceAlreadyExists", "TableAlreadyExists", "AccountAlreadyExists", "EntityAlreadyExists"],
+                    ResourceExistsError),
+}  # fmt: skip
+
+
+class TransactionAuthenticationError(TableTransactionError, ClientAuthenticationError):
+    """An operation of a changeset refused 401/403: the SDK's TableTransactionError, and an
+    authentication error."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +127,12 @@ class TransactionFailure:
         """An update or delete of an entity that does not exist (404 ResourceNotFound; a
         missing table is TableNotFound, and raises)."""
         return self.status == 404 and self.code == TableErrorCode.RESOURCE_NOT_FOUND
+
+    @property
+    def decided(self) -> bool:
+        """Returned for the caller to decide on (any other refusal raises): what the store reads
+        from the SDK's TableTransactionError too, whatever the operation at ``index``."""
+        return self.already_exists or self.version_conflict or self.not_found
 
 
 class SharedKeyPolicy(SansIOHTTPPolicy):  # type: ignore[type-arg]
@@ -198,24 +220,29 @@ class TableTransactions:
         other options raise ValueError, before anything is sent.
 
         All applied: each operation's new ETag, in the operations' order ("" for a delete).
-        Refused, nothing written: the TransactionFailure when the caller decides on it — an
-        insert met an existing entity (``already_exists``), an ETag no longer matched
-        (``version_conflict``), an update or delete found no entity (``not_found``); ``index``
-        is the refused operation's. Any other refusal raises as the SDK's do (HttpResponseError
-        with the status and the service's error_code). ``options``: per-request pipeline
-        options, e.g. ``retry_total``."""
+        Refused, nothing written: the TransactionFailure when the caller decides on it
+        (``decided``) — an insert met an existing entity (``already_exists``), an ETag no longer
+        matched (``version_conflict``), an update or delete found no entity (``not_found``);
+        ``index`` is the refused operation's, as the service states it. Any other refusal raises
+        the SDK's class with the status and the service's error_code: TableTransactionError for
+        an operation of the changeset (RequestTooLargeError for a 413), the class by code for
+        the whole request. ``options``: per-request pipeline options, e.g. ``retry_total``."""
         body = encode(self._table_url, operations, self._boundary, self._changeset)
         request = HttpRequest("POST", f"{self._base}/$batch", content=body,
                               headers={"Content-Type": f"multipart/mixed; boundary={self._boundary}"})  # fmt: skip
         response = self._client.send_request(request, **{**self._timeouts, **options})
         if response.status_code != 202:
             code, message = _error_body(response.content.strip())
-            raise _refused(response, response.status_code, response.headers.get("x-ms-error-code") or code, message)
+            too_large = RequestTooLargeError if response.status_code == 413 else None
+            raise _refused(response, response.status_code, response.headers.get("x-ms-error-code") or code, message,
+                           too_large)  # fmt: skip
         if not response.headers.get("Content-Type", "").startswith("multipart/mixed"):
             raise ServiceResponseError(f"a transaction was answered with {response.headers.get('Content-Type')!r}")
         answer = decode(response.content, len(operations))
-        if isinstance(answer, TransactionFailure) and not _decided(answer, operations):
-            raise _refused(response, answer.status, answer.code, answer.message)  # the operation's status
+        if isinstance(answer, TransactionFailure) and not answer.decided:  # the SDK's class for an operation's
+            kind = {413: RequestTooLargeError, 401: TransactionAuthenticationError, 403: TransactionAuthenticationError}
+            raise _refused(response, answer.status, answer.code, answer.message,
+                           kind.get(answer.status, TableTransactionError))  # fmt: skip
         return answer
 
     def sibling(self, table: str) -> TableTransactions:
@@ -443,8 +470,8 @@ def decode(body: bytes, operations: int) -> list[str] | TransactionFailure:
     etags: list[str] = []
     ids: list[int] = []
     for end in ends:
-        stop = body.find(b"\r\n\r\n", end)  # the answer's headers: from its status to there
-        stop = stop if stop >= 0 else len(body)
+        head_end = _HEAD_END.search(body, end)  # the answer's headers: from its status to there
+        stop = head_end.start() if head_end else len(body)
         etag, content_id = _ETAG.search(body, end, stop), _CONTENT_ID.search(body, end, stop)
         etags.append(etag.group(1).strip().decode("latin-1") if etag else "")
         if content_id:
@@ -454,26 +481,25 @@ def decode(body: bytes, operations: int) -> list[str] | TransactionFailure:
     return etags
 
 
-def _decided(failure: TransactionFailure, operations: Sequence[Operation]) -> bool:
-    """Whether ``submit`` returns this refusal, for the caller to decide on, or raises it."""
-    if failure.already_exists or failure.version_conflict:
-        return True
-    if not failure.not_found:
-        return False
-    if failure.index is not None:
-        return 0 <= failure.index < len(operations) and _kind(operations[failure.index]) != "create"
-    return any(_kind(operation) != "create" for operation in operations)
-
-
-def _kind(operation: Operation) -> str:
-    return "create" if isinstance(operation, Mapping) else str(getattr(operation[0], "value", operation[0])).lower()
+def check_changeset(pipeline_response: Any) -> None:
+    """A ``raw_response_hook`` for the SDK's table clients: a 202 to ``$batch`` that is not a
+    changeset answering every operation (not multipart, fewer answers, none) raises
+    ServiceResponseError, as ``submit`` does. The SDK would raise a ValueError for the first
+    and return fewer answers than operations for the others; either may have been applied."""
+    request, response = pipeline_response.http_request, pipeline_response.http_response
+    if response.status_code != 202 or not request.url.endswith("/$batch"):
+        return
+    if not (response.headers.get("Content-Type") or "").startswith("multipart/mixed"):
+        raise ServiceResponseError(f"a transaction was answered with {response.headers.get('Content-Type')!r}")
+    decode(response.read(), bytes(request.content or b"").count(_OPERATION))  # its refusals are the SDK's to read
 
 
 def _error(part: bytes) -> tuple[str, str]:
     """(code, message) of a changeset part's answer: its headers (x-ms-error-code first,
-    as the service sends it), then its error body."""
-    head, _, rest = part.partition(b"\r\n\r\n")
-    code, message = _error_body((rest or part).split(b"\r\n--", 1)[0].strip())
+    as the service sends it), then its error body, up to the next boundary."""
+    head_end = _HEAD_END.search(part)
+    head, rest = (part[: head_end.start()], part[head_end.end() :]) if head_end else (part, b"")
+    code, message = _error_body(_BOUNDARY.split(rest or part, 1)[0].strip())
     header = _ERROR_CODE.search(head) if rest else None
     return (header.group(1).decode("ascii", "replace") if header else code), message
 
@@ -505,11 +531,15 @@ def _error_body(body: bytes) -> tuple[str, str]:
         return "", body[:500].decode("utf-8", "replace")
 
 
-def _refused(response: Any, status: int, code: str, message: str) -> HttpResponseError:
-    """The error for a refusal, as the SDK's: its class by status, ``status_code`` and the
-    service's ``error_code`` (None when it gave none)."""
+def _refused(
+    response: Any, status: int, code: str, message: str, kind: type[HttpResponseError] | None = None
+) -> HttpResponseError:
+    """The error for a refusal, as the SDK's: ``kind``, else its class by code (any 401/403 an
+    authentication error); its message (the service's, then the code: an operation's index
+    leads), ``status_code`` and the service's ``error_code`` (None when it gave none)."""
+    kind = kind or _BY_CODE.get(code, ClientAuthenticationError if status in (401, 403) else HttpResponseError)
     text = message or f"Operation returned an invalid status {status}"  # azure-core's words, a part's status
-    error = _REFUSALS.get(status, HttpResponseError)(message=f"{code}: {text}" if code else text, response=response)
-    error.status_code = status  # a part's own, not the 202 around it
+    error = kind(message=f"{text}\nErrorCode:{code}" if code else text, response=response)
+    error.status_code = status  # a part's own, not the 202 around it (the SDK says 202 for a 413 part)
     error.error_code = code or None  # type: ignore[attr-defined]  # the SDK's errors carry it undeclared
     return error
