@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from shared.idempotency import Delivery, Outcome, Result
+from shared.idempotency.functions import declared
 from shared.orders.checks import tracking_by_event
 from tests.functions import fresh_app, servicebus_message, user_function
 from tests.integration.operators import ROOT, run_tool
@@ -112,5 +113,5 @@ def test_an_unknown_consumer_in_a_fresh_process_lists_every_consumer_of_the_app(
             done = run_tool(tool, "--consumer", "nosuch", *ids)
             assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
             known = set(done.stderr.split("known: ")[1].strip().split(", "))
-            assert known == {"orders", "orders-api", "order-events", "billing", "shipping", "order-status", "ledger",
-                             "shipments", "reminders"}, done.stderr  # fmt: skip
+            assert known == {c.name for c in declared("consumers")}, done.stderr  # the app's, whichever they are
+            assert {"orders", "shipments"} <= known

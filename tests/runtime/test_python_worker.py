@@ -155,15 +155,22 @@ EXPECTED = {  # function: (trigger type, the binding fields Azure needs)
 }
 
 
+def declared_functions() -> set[str]:
+    """The functions the app's own modules declare, as function_app registers them (indexed
+    in this process): the example's and any consumer added since."""
+    from tools.host import indexed
+
+    return {f.get_function_name() for f in indexed()}
+
+
 def test_the_worker_indexes_and_loads_every_function(worker: WorkerHost) -> None:
     """Every function the app declares (read from function_app in this process, not a list
     kept here: a new consumer is checked too) is indexed by the worker; the example's
     triggers carry the fields Azure needs."""
-    from tools.host import indexed
-
-    assert set(worker.functions) == {f.get_function_name() for f in indexed()}
-    assert set(EXPECTED) <= set(worker.functions)
+    assert set(worker.functions) == declared_functions()
     for name, (trigger_type, fields) in EXPECTED.items():
+        if name not in worker.functions:  # the app removed this example (the equality above holds)
+            continue
         trigger = worker.trigger(name)
         assert trigger["type"] == trigger_type and trigger["direction"] == "IN", name
         assert {key: trigger.get(key) for key in fields} == fields, name
@@ -502,7 +509,7 @@ def test_a_flex_consumption_placeholder_specialises_into_the_app(
     settings = app_settings(store_server, table)
     with WorkerHost(runtime, settings, placeholder=True, hash_seed=SPECIALISES) as host:
         host.start_app()
-        assert set(host.functions) == set(EXPECTED)
+        assert set(host.functions) == declared_functions()  # whatever consumers the app has
         order_id = new_id()
         assert deliver(host, "orders", an_order(order_id), order_id) is None
     assert effects(store, order_id).orders == 1
