@@ -27,6 +27,7 @@ import requests
 import urllib3
 from azure.core import MatchConditions
 from azure.core.exceptions import (
+    HttpResponseError,
     ResourceExistsError,
     ResourceModifiedError,
     ResourceNotFoundError,
@@ -448,9 +449,26 @@ class TableStore(DedupStore):
             self._table.upsert_entity(self.effect_entity(encode_key(partition), entity), mode=UpdateMode.REPLACE)
 
     def delete_entities(self, partition: str, names: Sequence[str]) -> None:
+        """Several names: one transaction per 100 (the outbox sweep's index rows), each name on
+        its own when one of them is gone already (a transaction is all or nothing)."""
+        key = encode_key(partition)
+        for start in range(0, len(names), 100) if len(names) > 1 else ():
+            chunk = names[start : start + 100]
+            try:
+                with store_errors():
+                    self._table.submit_transaction([("delete", {"PartitionKey": key, "RowKey": encode_key(name)})
+                                                    for name in chunk])  # fmt: skip
+            except HttpResponseError as exc:
+                if exc.status_code != 404:  # an entity already gone refuses the whole transaction
+                    raise
+                self._delete_each(key, chunk)
+        if len(names) == 1:
+            self._delete_each(key, names)
+
+    def _delete_each(self, key: str, names: Sequence[str]) -> None:
         for name in names:
             with store_errors():
-                self._table.delete_entity(encode_key(partition), encode_key(name))  # a missing one is no error
+                self._table.delete_entity(key, encode_key(name))  # a missing one is no error
 
     # -- dead letters --------------------------------------------------------------------
 
