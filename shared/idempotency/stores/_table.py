@@ -173,7 +173,7 @@ class TableStore(DedupStore):
             raise ServiceResponseError(f"the transaction's answer was cut short: {exc}", error=exc) from exc
         except TableTransactionError as exc:
             failure = TransactionFailure.of(exc.status_code or 0, error_code(exc), exc.message or "")
-            if not (failure.already_exists or failure.version_conflict or failure.not_found):
+            if not failure.decided:
                 raise
             return failure
         return [str(answer.get("etag") or "") for answer in answers]
@@ -203,7 +203,7 @@ class TableStore(DedupStore):
                     return {**results, chunk[0]: refused(exc)}
                 answer = TransactionFailure(None, 400, "", str(exc))
             if isinstance(answer, TransactionFailure):
-                failed = answer.index
+                failed = answer.index if answer.index is not None and 0 <= answer.index < len(owners) else None
                 if failed is None and len(chunk) > 1:  # the service did not say which: one by one
                     for i in chunk:
                         results.update(self._transact(commits, partition, [i]))
@@ -378,7 +378,7 @@ class TableStore(DedupStore):
                 if not isinstance(answer, TransactionFailure):
                     deleted += len(operations)
                     break
-                if answer.index is None:
+                if answer.index is None or not 0 <= answer.index < len(operations):
                     break  # the service did not say which: the full sweep will
                 failed = operations[answer.index]
                 if answer.version_conflict:  # the marker was rewritten: keep it and its guard
