@@ -224,6 +224,9 @@ module functionApp 'modules/functionapp.bicep' = {
       DEDUP_STORAGE_ENDPOINT: storage.outputs.tableEndpoint
       DEDUP_RETENTION: 'P${dedupRetentionDays}D'
       DEDUP_MAX_DELIVERY_COUNT: '${maxDeliveryCount}' // the last delivery records why before the broker dead-letters
+      // The outbox refuses, before its commit, a message larger than its destination takes:
+      // Standard's 256 KiB, a Premium entity's 1 MiB (its default maxMessageSizeInKilobytes).
+      DEDUP_OUTGOING_MAX_BYTES: vnetEnabled ? '1048576' : '262144'
       // Sync functions run on the worker's thread pool (min(32, CPUs + 4) threads by default): every
       // call that waits out a store outage holds one (make check-leases counts them).
       PYTHON_THREADPOOL_THREAD_COUNT: '128'

@@ -91,6 +91,14 @@ var logAlerts = [
     query: 'customMetrics | where name == "dedup.outbox.swept" and tostring(customDimensions.result) == "failed" | summarize value = sum(valueSum)'
   }
   {
+    name: 'dedup-outbox-sweep-behind'
+    description: 'Every outbox sweep of the last hour stopped at its budget or deadline with due keys left: messages are parked faster than they are sent.'
+    severity: 3
+    window: 'PT1H'
+    threshold: 11
+    query: 'customMetrics | where name == "dedup.outbox.sweep.runs" and tostring(customDimensions.budget_spent) == "true" | summarize value = sum(valueSum)'
+  }
+  {
     name: 'dedup-purge-backlog'
     description: 'Every purge run of the last hour (one per 5 min) stopped with work left: expired markers pile up faster than they are deleted.'
     severity: 3
