@@ -219,6 +219,36 @@ def test_purge_respects_its_budget_and_resumes(store: TableStore) -> None:
     assert kinds(store) == {"marker": 5, "guard": 5, "business": 605}
 
 
+@pytest.mark.parametrize(("budget", "expired"), [(1, 3), (7, 260), (250, 260), (499, 260), (520, 260), (600, 260)])
+def test_every_purge_run_deletes_exactly_its_budget_and_forgets_nothing(
+    store: TableStore, budget: int, expired: int
+) -> None:
+    """DEDUP_PURGE_BUDGET is a limit in records: a marker and its guard are two, an index row
+    holds 250 notes (here 250 + 10). A run that runs out inside a row purges part of it and
+    rewrites it with the rest — for an odd budget, a guard now and its marker next run —
+    so every run deletes exactly its budget until what expired is gone, and no more."""
+    seed(store, expired=expired, live=3)
+    records, runs = 2 * expired, []
+    while not runs or runs[-1]:
+        runs.append(store.purge_expired(utcnow(), budget).deleted)
+        left = records - sum(runs)
+        assert kinds(store) == {"marker": 3 + (left + 1) // 2, "guard": 3 + left // 2, "business": expired + 3}
+    assert runs == [budget] * (records // budget) + ([records % budget] if records % budget else []) + [0]
+
+
+def test_the_timer_deletes_exactly_DEDUP_PURGE_BUDGET_records(azurite: Azurite) -> None:
+    """The setting, through the timer function: 7 of the 2 x 260 expired records, then 7 more."""
+    with fresh_app(azurite, DEDUP_PURGE_BUDGET="7"):
+        store = orders.queue_consumer().store
+        assert isinstance(store, TableStore)
+        seed(store, expired=260, live=0)
+        purge = user_function("purge_markers")
+        purge(None)
+        assert kinds(store) == {"marker": 260 - 3, "guard": 260 - 4, "business": 260}
+        purge(None)
+        assert kinds(store) == {"marker": 260 - 7, "guard": 260 - 7, "business": 260}
+
+
 def test_purge_keeps_a_marker_rewritten_since_it_was_noted(store: TableStore) -> None:
     now = utcnow()
     key = DedupKey("orders", "taken-over")

@@ -14,8 +14,9 @@ marker it writes in an *expiry index*, and the purge follows the index.
 - **The purge** reads the hours from a cursor (the first hour not yet emptied) to now, a row
   at a time (the deadline is checked before each), hands the notes of every row that fell
   due to the store to delete in parallel, deletes the row, and moves the cursor past each
-  emptied hour once no flush can still file a note there. Its cost follows the expired
-  markers, not the table.
+  emptied hour once no flush can still file a note there. Its budget is exact: the row it
+  runs out in is purged in part and rewritten with the notes left. Its cost follows the
+  expired markers, not the table.
 - What the index does not hold (notes of an instance that died before writing them, markers
   written before the index existed, claims never final, deletes the service refused): the
   rare full sweep, ``sweep_expired``.
@@ -139,8 +140,9 @@ class ExpiryIndex:
     def purge(self, now: datetime, budget: int, deadline: float,
               delete: Callable[[str, list[Note]], tuple[int, int]]) -> Purge:  # fmt: skip
         """Delete what the index rows of the hours from the cursor to ``now`` noted, for rows
-        whose every marker expired, a row at a time, until about ``budget`` records or
-        ``deadline`` (time.monotonic()). The cursor moves past an hour once it is empty and
+        whose every marker expired, a row at a time, until ``budget`` records are deleted (never
+        one more: a row is purged in part, and keeps the rest of its notes for the next run)
+        or ``deadline`` (time.monotonic()). The cursor moves past an hour once it is empty and
         settled. ``delete(partition, notes)`` deletes one partition's noted markers and guards:
         (records deleted, requests)."""
         requests = self.flush()
@@ -169,15 +171,15 @@ class ExpiryIndex:
                     # A note written twice (a retried write) is deleted once: a transaction
                     # holds each entity once.
                     notes = list(dict.fromkeys(Note(*n) for n in json.loads(row["Notes"])))
-                    scanned += len(notes)
+                    taken, kept = within(notes, budget - deleted)
+                    scanned += len(notes) - len(kept)
                     by_partition: dict[str, list[Note]] = {}
-                    for n in notes:
+                    for n in taken:
                         by_partition.setdefault(n.partition, []).append(n)
                     for done, made in pool.map(lambda item: delete(*item), by_partition.items()):
                         deleted, requests = deleted + done, requests + made
-                    with store_errors():
-                        self._table.delete_entity(str(row["PartitionKey"]), str(row["RowKey"]))
-                    requests += 1
+                    requests += self._keep(row, kept)
+                    emptied = emptied and not kept
                 moving = moving and emptied and hour <= settled
                 if moving:
                     cursor = hour + timedelta(hours=1)
@@ -187,6 +189,20 @@ class ExpiryIndex:
                 self._table.upsert_entity({**self._cursor, "Hour": f"{cursor:{_HOUR}}"}, mode=UpdateMode.REPLACE)
             requests += 1
         return Purge(scanned, deleted, requests)
+
+    def _keep(self, row: dict[str, Any], kept: list[Note]) -> int:
+        """Delete a row whose notes were all purged, or rewrite it with those ``kept`` for the
+        next run; the request made. A row another run deleted meanwhile needs neither."""
+        keys = {"PartitionKey": str(row["PartitionKey"]), "RowKey": str(row["RowKey"])}
+        try:
+            with store_errors():
+                if kept:
+                    self._table.update_entity({**keys, "Notes": json.dumps(kept).encode()}, mode=UpdateMode.MERGE)
+                else:
+                    self._table.delete_entity(keys["PartitionKey"], keys["RowKey"])
+        except ResourceNotFoundError:
+            pass  # an overlapping run purged it: every note it held is deleted or noted in its rewrite
+        return 1
 
     def _rows(self, hour: datetime) -> Iterator[dict[str, Any] | int]:
         """An hour's index rows in the order written, read ``PAGE`` rows at a time; before each
@@ -198,6 +214,23 @@ class ExpiryIndex:
             for page in found.by_page():
                 yield 1
                 yield from (dict(row) for row in page)
+
+
+def within(notes: Sequence[Note], room: int) -> tuple[list[Note], list[Note]]:
+    """The notes whose records (a marker, and its guard) fit in ``room``, and those left for a
+    later run. When one record is left for a note with a guard, the guard goes now (as a
+    note of its own, deleted at any version, as guards are) and its marker stays noted."""
+    taken: list[Note] = []
+    for i, note in enumerate(notes):
+        size = 2 if note.guard else 1
+        if size <= room:
+            taken.append(note)
+            room -= size
+        elif room == 1:  # the guard only: the marker still decides a late duplicate alone
+            return [*taken, Note(note.partition, note.guard, "", "")], [note._replace(guard=""), *notes[i + 1 :]]
+        else:
+            return taken, list(notes[i:])
+    return taken, []
 
 
 def _fitting(notes: list[tuple[Note, datetime]]) -> Iterator[tuple[list[tuple[Note, datetime]], bytes]]:
