@@ -6,7 +6,9 @@ the meantime is a duplicate, the rest is processed.
     python -m shared.idempotency.replay --consumer shipments [--consumers consumers]
 
 One line per record (message id, outcome, reason), then a JSON summary; exit 1 when some
-still fail (run it again later), 2 when it cannot run (settings, store, unknown consumer).
+still fail (run it again later) or cannot be replayed from their record (``truncated``: it
+kept only the head of the body; replay those from their source), 2 when it cannot run
+(settings, store, unknown consumer).
 Records stay until DEDUP_DEAD_LETTER_RETENTION: a second replay is only duplicates.
 """
 
@@ -25,6 +27,8 @@ from .functions import declared_consumer
 from .messages import Delivery
 from .resubmit import printable
 
+TRUNCATED = "truncated"  # a record keeping only the head of a body too large for it: never replayed
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -36,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         parked = [r for r in consumer.store.dead_letters(consumer.name) if r.reason == PARKED]
         outcomes: Counter[str] = Counter()
         for record in parked:
+            if record.truncated:  # only its head is kept: processing it would refuse or change it
+                outcomes[TRUNCATED] += 1
+                why = f"{len(record.body)} of its {record.body_size} bytes kept (SHA-256 {record.body_sha256})"
+                print(f"{printable(record.message_id or '')}\t{TRUNCATED}\t{why}: replay it from its source")
+                continue
             result = consumer.process(Delivery(record.body, message_id=record.message_id,
                                                correlation_id=record.correlation_id))  # fmt: skip
             outcomes[result.outcome.value] += 1
@@ -47,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"replay: error: cannot read the store: {printable(str(exc).splitlines()[0])}", file=sys.stderr)
         return 2
     print(json.dumps({"parked": len(parked), **outcomes}))
-    return 1 if outcomes["transient"] or outcomes["in_flight"] else 0
+    return 1 if outcomes["transient"] or outcomes["in_flight"] or outcomes[TRUNCATED] else 0
 
 
 if __name__ == "__main__":

@@ -115,3 +115,24 @@ def test_an_unknown_consumer_in_a_fresh_process_lists_every_consumer_of_the_app(
             known = set(done.stderr.split("known: ")[1].strip().split(", "))
             assert known == {c.name for c in declared("consumers")}, done.stderr  # the app's, whichever they are
             assert {"orders", "shipments"} <= known
+
+
+def test_a_parked_record_that_kept_only_the_head_of_its_body_is_never_replayed(azurite: Azurite) -> None:
+    """Processing a head would refuse it, or apply something else: the line says to replay it
+    from its source, and the run exits 1 (not everything was applied)."""
+    [(argv, _)] = documented("shared.idempotency.replay")
+    with fresh_app(azurite):
+        from consumers.shipments import tracking_consumer
+
+        built = tracking_consumer()
+        event = {"shipmentId": "s-big", "orderId": "o-1", "status": "x" * (1 << 20)}  # over the 1 MiB a record keeps
+        failed = Result(Outcome.TRANSIENT, reason="store_unavailable", detail="503")
+        built.park(Delivery(json.dumps(event).encode(), message_id="e-big"), failed)
+        [record] = built.store.dead_letters("shipments")
+        assert record.truncated
+        done = run_tool(*argv)
+        assert tracking_by_event(built.store) == {}
+    assert (done.returncode, done.stderr) == (1, "")
+    [line, summary] = columns(done.stdout)
+    assert line[:2] == ["e-big", "truncated"] and line[2].endswith("replay it from its source")
+    assert summary == ['{"parked": 1, "truncated": 1}']
