@@ -160,7 +160,7 @@ def test_every_alert_and_chart_reads_telemetry_the_code_emits(azurite: Azurite) 
     names = {name for name, _ in emitted}
     pairs = {(name, key, str(value)) for name, attributes in emitted for key, value in attributes}
     found = queries()
-    assert len(found) == 7 + 4
+    assert len(found) == 7 + 5
     for query in found:
         wanted = {n.strip('"') for group in NAMES.findall(query) for n in group.split(", ")}
         assert wanted and wanted <= names, (query, wanted - names)
@@ -175,7 +175,7 @@ def emit_every_alerted_situation(azurite: Azurite) -> None:
     from datetime import timedelta
     from types import SimpleNamespace
 
-    from shared.idempotency.functions import using_store
+    from shared.idempotency.functions import using_sender, using_store
     from shared.idempotency.messages import utcnow
     from shared.idempotency.outbox import Outbox
     from shared.idempotency.reconcile import escalate_stale_claims
@@ -211,3 +211,9 @@ def emit_every_alerted_situation(azurite: Azurite) -> None:
     with using_store(store), pytest.MonkeyPatch.context() as patch:
         patch.setenv("DEDUP_PURGE_BUDGET", "1")
         user_function("purge_markers")(SimpleNamespace(past_due=False))  # spends its budget: a backlog
+    for order in ("o-1", "o-2"):  # two keys parked by the app's orders consumer, due
+        outbox.park(f"orders|{order}", DedupKey("orders", order), utcnow() - outbox.sweep_delay)  # due now
+    with using_store(store), using_sender(Down()), pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ORDER_ACCEPTED_TOPIC", "order-events")
+        patch.setenv("DEDUP_OUTBOX_SWEEP_BUDGET", "1")
+        user_function("dispatch_outbox")(SimpleNamespace(past_due=False))  # stops at its budget: behind
