@@ -42,6 +42,7 @@ from .errors import (
     DedupError,
     InFlight,
     InvalidMessage,
+    StoreRefused,
     StoreUnavailable,
 )
 from .functions import declared_consumer, using_store
@@ -74,7 +75,7 @@ VERDICTS = {
     "until its source gives up",
 }
 BY_ID = "judged by its id only: --bodies also runs its checks and its handler"
-UNSTORED = "its handler ran without effects; the store's size limits are met only when it commits"
+UNSTORED = "its handler ran without effects, and the store would hold what it writes"
 
 
 _ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -238,8 +239,8 @@ class DryRun(DedupStore):
 
     def _commit(self, commit: Commit) -> CommitResult:
         try:
-            check_storable(commit.effects)  # what every store checks before it sends anything
-        except TypeError as exc:
+            self._store.check_effects(commit.effects)  # what the store checks before it sends anything
+        except (TypeError, StoreRefused) as exc:
             return refused(exc)
         if self._store.get(commit.key, commit.partition) is not None:
             return self.conflict(commit, guard_exists=False)

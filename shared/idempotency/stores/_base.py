@@ -231,6 +231,14 @@ class DedupStore(ABC):
 
         :raises StoreUnavailable: as every primitive; some may have been deleted."""
 
+    def check_effects(self, effects: Sequence[Entity]) -> None:
+        """What this store can never hold, found before anything is sent: a commit calls it
+        for each message (only that message is refused), and so does a resubmit's dry run.
+
+        :raises TypeError: a value no store holds (``check_storable``).
+        :raises StoreRefused: an entity over this store's own limits."""
+        check_storable(effects)
+
     # -- lifecycle and verification ------------------------------------------------------
 
     def purge_expired(self, now: datetime, budget: int, *, deadline: float | None = None) -> Purge:

@@ -19,6 +19,7 @@ Ids reuse the Table encoding (``dedup|<scope>|<id>``; documents by their encoded
 from __future__ import annotations
 
 import base64
+import json
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -59,6 +60,8 @@ from ._records import (
 )
 
 MAX_BATCH_OPERATIONS = 100  # Cosmos transactional batch limit (and 2 MB)
+MAX_ITEM_BYTES = 2 * 1024 * 1024  # an item, as JSON
+_OWN_FIELDS_BYTES = 1024  # room for the store's own fields (id, partition key, entity, ttl, _etag, ...)
 STATE_VERSION = "stateVersion"  # the version of a document written by upsert_if_newer
 STATE_FINGERPRINT = "stateFingerprint"  # and the state_fingerprint of its data
 _ITEM_FIELDS = frozenset({"id", "entity", "ttl", "_rid", "_self", "_etag", "_attachments", "_ts"})
@@ -107,7 +110,7 @@ class CosmosStore(DedupStore):
         results = []
         for commit in commits:  # one partition key per batch
             try:
-                check_storable(commit.effects)
+                self.check_effects(commit.effects)
                 results.append(self._commit(commit))
             except (StoreRefused, TypeError) as exc:  # the data, checked before sending, or the service's answer
                 results.append(refused(exc))
@@ -320,8 +323,20 @@ class CosmosStore(DedupStore):
             raise ValueError(f"entity {effect.name!r}: id, ttl, entity and {self._pk} are the store's to set")
         return {**effect.data, "id": encode_key(effect.name), self._pk: partition, "entity": effect.name, "ttl": -1}
 
+    def check_effects(self, effects: Sequence[Entity]) -> None:
+        """Cosmos DB's limit: an item of at most 2 MB of JSON, the store's own fields included."""
+        check_storable(effects)
+        for effect in effects:
+            size = _item_bytes(effect.data) + _OWN_FIELDS_BYTES
+            if size > MAX_ITEM_BYTES:
+                raise StoreRefused(f"{effect.name}: about {size} bytes of JSON; an item holds {MAX_ITEM_BYTES}")
+
     def _marker_from(self, item: dict[str, Any]) -> Marker:
         return marker_from(_from_cosmos(item), item[self._pk], item.get("_etag"))
+
+
+def _item_bytes(data: dict[str, Any]) -> int:
+    return len(json.dumps(data, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass"))
 
 
 def _to_cosmos(fields: dict[str, Any]) -> dict[str, Any]:

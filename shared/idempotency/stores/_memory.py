@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..config import DEAD_LETTER_RETENTION
-from ..errors import StoreUnavailable, VersionConflict
+from ..errors import StoreRefused, StoreUnavailable, VersionConflict
 from ..keys import DedupKey, encode_key, guard_id, marker_id
 from ..messages import Entity, utcnow
 from ._base import DedupStore, check_storable, refused
@@ -78,8 +78,8 @@ class MemoryStore(DedupStore):
         if len(effects) > self.max_effects or len(set(names)) < len(names):
             raise ValueError(f"a commit holds at most {self.max_effects} entities, each name once")
         try:
-            check_storable(effects)  # what the real stores' encoders refuse
-        except TypeError as exc:
+            self.check_effects(effects)  # what the real stores' encoders refuse
+        except (TypeError, StoreRefused) as exc:
             return refused(exc)
         guard = guard_id(key, fingerprint)
         with self._lock:

@@ -68,6 +68,10 @@ from ._records import (
 from ._table_batch import TableTransactions, TransactionFailure
 
 log = logging.getLogger("idempotency")
+# Table Storage's limits (learn: understanding-the-table-service-data-model).
+MAX_PROPERTY_BYTES = 64 * 1024
+MAX_ENTITY_BYTES = 1024 * 1024
+MAX_PROPERTIES = 252  # 255 with PartitionKey, RowKey and Timestamp
 MAX_TRANSACTION_OPERATIONS = 100  # Table entity-group transaction limit
 _INT32 = range(-(2**31), 2**31)  # a plain int property; beyond it, typed Edm.Int64
 STATE_VERSION = "StateVersion"  # the version of an entity written by upsert_if_newer
@@ -136,9 +140,9 @@ class TableStore(DedupStore):
         remaining = []
         for i, commit in enumerate(commits):
             try:
-                check_storable(commit.effects)
+                self.check_effects(commit.effects)
                 remaining.append(i)
-            except TypeError as exc:  # refused before anything is sent
+            except (TypeError, StoreRefused) as exc:  # refused before anything is sent
                 results[i] = refused(exc)
         while remaining:
             keys: set[DedupKey] = set()
@@ -535,6 +539,25 @@ class TableStore(DedupStore):
     def _marker_entity(marker: Marker) -> dict[str, Any]:
         return {"PartitionKey": encode_key(marker.partition), "RowKey": marker_id(marker.key),
                 **_to_table(marker_fields(marker))}  # fmt: skip
+
+    def check_effects(self, effects: Sequence[Entity]) -> None:
+        """Table Storage's limits, counted as the service counts them (strings in UTF-16):
+        a property of at most 64 KiB, at most 252 of one's own, an entity of at most 1 MiB."""
+        check_storable(effects)
+        for effect in effects:
+            entity = self.effect_entity("", effect)
+            if len(entity) - 2 > MAX_PROPERTIES:
+                raise StoreRefused(f"{effect.name}: {len(entity) - 2} properties; an entity holds {MAX_PROPERTIES}")
+            size = 4 + 2 * len(encode_key(effect.name))
+            for name, value in list(entity.items())[2:]:
+                value = value[0] if isinstance(value, tuple) else value
+                held = len(value.encode("utf-16-le", "surrogatepass")) if isinstance(value, str) else (
+                    len(value) if isinstance(value, bytes) else 8)  # fmt: skip
+                if held > MAX_PROPERTY_BYTES:
+                    raise StoreRefused(f"{effect.name}.{name}: {held} bytes; a property holds {MAX_PROPERTY_BYTES}")
+                size += 8 + 2 * len(name) + held
+            if size > MAX_ENTITY_BYTES:
+                raise StoreRefused(f"{effect.name}: about {size} bytes; an entity holds {MAX_ENTITY_BYTES}")
 
     @staticmethod
     def effect_entity(pk: str, effect: Entity) -> dict[str, Any]:
