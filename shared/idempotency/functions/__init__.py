@@ -17,7 +17,8 @@ each function's body one call:
   occurrence, each item once); ``BODY_AS_BYTES`` for the
   Service Bus triggers, ``stored_response`` for what an HTTP handler answers;
 - the app's consumers, their store and their outbox sender: ``consumer``, ``shared_store``,
-  ``shared_sender`` (a ``ServiceBusSender``), ``declared``, ``declared_consumer`` (for
+  ``shared_sender`` (a ``ServiceBusSender``), ``declared`` (with a package: after importing
+  each of its modules), ``declared_consumer`` (for
   operators' tools), ``reset``, ``using_store``, ``using_sender``; ``check_app_settings``
   (every setting, checked when the app starts);
 - ``timers``: the store's housekeeping (reconcile stale claims, purge expired markers, sweep

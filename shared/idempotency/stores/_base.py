@@ -243,7 +243,7 @@ class DedupStore(ABC):
 
     def purge_expired(self, now: datetime, budget: int, *, deadline: float | None = None) -> Purge:
         """Delete markers, guards and dead-letter records that expired before ``now`` (a store
-        may wait for whole hours to pass), about ``budget`` of them at most, stopping at
+        may wait for whole hours to pass), ``budget`` of them at most, stopping at
         ``deadline`` (``time.monotonic()``); never a business entity. Its cost must follow
         what expired, not the store's size. This default is for stores with native TTL."""
         return Purge(0, 0, 0)
