@@ -274,7 +274,9 @@ class IdempotentConsumer:
             outbox.dispatch(commit.partition, prefix, [e for e in commit.effects if e.name.startswith(prefix)]
                             if fresh else None)  # fmt: skip
         except DedupError as exc:
-            if self._parks(delivery) and (commit.key in parked or self._park(outbox, commit.partition, commit.key)):
+            # Parked again: the row written before the commit may be gone already (a sweep that
+            # met it before the commit found nothing to send, and took it).
+            if self._parks(delivery) and self._park(outbox, commit.partition, commit.key):
                 # An HTTP call's send waits for the sweep quietly; a broker's last delivery alerts
                 # (a destination missing or a role not granted fails every send until fixed).
                 log.log(logging.WARNING if delivery.delivery_count is None else logging.ERROR,

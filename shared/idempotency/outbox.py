@@ -47,6 +47,7 @@ DUE = "~outbox-due|"  # the sweep's index: one partition per hour, and its curso
 CURSOR = Entity("cursor", {})
 PAGE = 1000  # index rows per read
 SWEEPERS = 8  # parked keys the sweep handles at once
+BODY_PART = 16_000  # characters of an outgoing body's JSON per stored property
 MAX_MESSAGES = 25  # per incoming message: they commit in its transaction (100 operations)
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # stored as is in a RowKey: a range read finds it
 _HOUR = "%Y%m%d%H"
@@ -104,8 +105,9 @@ def rows(key: DedupKey, messages: Sequence[Outgoing]) -> list[Entity]:
     for name, message in zip(names, messages, strict=True):
         if not message.destination:
             raise InvalidMessage("outgoing_destination", f"outgoing message {name!r} has no destination")
+        body = _json(message.body, name)
         data = {"destination": message.destination, "messageId": message_id(key, name),
-                "body": _json(message.body, name), "properties": _json(dict(message.properties), name)}  # fmt: skip
+                **_parts(body), "properties": _json(dict(message.properties), name)}  # fmt: skip
         if message.session_id is not None:
             data["sessionId"] = message.session_id
         found.append(Entity(prefix + name, data))
@@ -119,9 +121,19 @@ def _json(value: object, name: str) -> str:
         raise InvalidMessage("outgoing_not_json", f"outgoing message {name!r}: {exc}"[:500]) from exc
 
 
+def _parts(body: str) -> dict[str, str]:
+    """The body's JSON in properties of at most BODY_PART characters (``body``, ``body1``, …):
+    a Table property holds 64 KiB of UTF-16, and a character takes up to 4 bytes of it."""
+    parts = [body[i : i + BODY_PART] for i in range(0, len(body), BODY_PART)] or [""]
+    return {f"body{i or ''}": part for i, part in enumerate(parts)}
+
+
 def outgoing(row: Entity) -> Outgoing:
     data = row.data
-    return Outgoing(str(data["destination"]), json.loads(str(data["body"])), row.name.rpartition("|")[2],
+    parts = [str(data["body"])]
+    while f"body{len(parts)}" in data:
+        parts.append(str(data[f"body{len(parts)}"]))
+    return Outgoing(str(data["destination"]), json.loads("".join(parts)), row.name.rpartition("|")[2],
                     json.loads(str(data.get("properties") or "{}")), data.get("sessionId") or None,
                     str(data["messageId"]))  # fmt: skip
 

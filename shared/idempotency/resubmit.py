@@ -10,8 +10,8 @@ runs — key, schema, fingerprint, then the handler — on a store it never writ
 that sends nothing (``DryRun``): a duplicate, a conflict, a message refused again (by the
 schema, the handler, a service, the store's check of the values) and one whose handler
 fails are each told apart. A step the handler calls that has not run yet is not called:
-what it would answer is known only by calling, and the line says so; so are the store's
-size limits, which only a commit meets. The consumer comes from the module that declares
+what it would answer is known only by calling, and the line says so. The store's limits
+and the sender's are checked as a commit checks them. The consumer comes from the module that declares
 the app's consumers (``--consumers``, default ``consumers``: never the function app
 itself), its store from the app settings.
 
@@ -159,7 +159,7 @@ def dry_run(consumer: IdempotentConsumer, delivery: Delivery) -> tuple[str, str]
     consumer's own ``process`` (its checks, its handler, its commit's checks) on a copy of
     it whose store is never written (``DryRun``) and whose sender sends nothing."""
     dry, store = copy.copy(consumer), DryRun(consumer.store)
-    dry.store, dry.sender = store, (_Unsent() if consumer.sender is not None else None)
+    dry.store, dry.sender = store, (_Unsent(consumer.sender) if consumer.sender is not None else None)
     dry._completed = CompletedKeys(0)  # a dry commit completes nothing: never remember it
     result = dry.process(delivery)
     if store.calls:  # whatever the handler did with it: the step would have called out
@@ -189,8 +189,15 @@ class _NotCalled(DedupError):
 
 
 class _Unsent:
-    """The dry run's sender: what a handler sends is checked by ``process`` (the outbox's
-    rows), never sent."""
+    """The dry run's sender: what a handler sends is checked as the consumer's own sender
+    checks it (``check``: what it could never send), never sent."""
+
+    def __init__(self, sender: Any) -> None:
+        self._check = getattr(sender, "check", None)
+
+    def check(self, messages: Sequence[Outgoing]) -> None:
+        if self._check is not None:
+            self._check(messages)
 
     def send(self, messages: Sequence[Outgoing]) -> None:
         pass

@@ -5,6 +5,7 @@ consumer's sender, pages through any backlog and stops at its budget and deadlin
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -195,3 +196,51 @@ def test_the_sweep_pages_through_a_backlog_and_stops_at_its_budget_and_deadline(
     assert [(r.parked, r.sent, r.left) for r in runs] == [(5, 5, True), (5, 5, True), (1, 1, False)]
     assert topic.sent == 11 and outbox.sweep(now, since=timedelta(hours=1)).parked == 0
     assert [store.read_entities(f"orders|o-{i}", ROWS, 5) for i in range(11)] == [[]] * 11
+
+
+def test_a_failed_send_parks_again_whatever_a_sweep_did_with_the_first_index_row(store: TableStore) -> None:
+    """A sweep that meets the index row between the park and the commit finds nothing to send
+    and takes the row: the delivery whose send then fails must index its key again."""
+    topic, down = new_topic(), Refusing()
+    outbox = Outbox(store, topic, sweep_delay=timedelta(0))
+    commit_many = store.commit_many
+
+    def swept_first(commits: Any) -> Any:
+        assert outbox.sweep(utcnow() + timedelta(seconds=5), since=timedelta(hours=1)).parked == 1  # took the row
+        return commit_many(commits)
+
+    c = IdempotentConsumer("orders", store, sending(Outgoing(topic.name, {"n": 1}, "m")),
+                           config=DedupConfig(transient_wait=timedelta(0), outbox_sweep_delay=timedelta(0)),
+                           sender=down)  # fmt: skip
+    store.commit_many = swept_first  # type: ignore[method-assign]
+    assert c.process(delivery("o-4", None)).reason == "outbox_parked"
+    store.commit_many = commit_many  # type: ignore[method-assign]
+    swept = outbox.sweep(utcnow() + timedelta(seconds=5), since=timedelta(hours=1))
+    assert (swept.parked, swept.sent, topic.sent) == (1, 1, 1)
+
+
+def test_a_dry_run_sees_what_the_sender_could_never_send(store: TableStore) -> None:
+    from shared.idempotency.resubmit import dry_run
+
+    sender = ServiceBusSender(OFFLINE, max_message_bytes=4096)
+    c = IdempotentConsumer("orders", store, sending(REFUSED["a session id over 128 characters"]), config=NO_WAIT,
+                           sender=sender)  # fmt: skip
+    verdict, reason = dry_run(c, delivery("o-5"))
+    assert (verdict, reason.split(":")[0]) == ("invalid", "outgoing_refused")
+    assert store.dead_letters("orders") == [] and list(store.scan()) == []
+
+
+@pytest.mark.parametrize("text", ["x" * 200_000, "é" * 100_000, "😀" * 50_000], ids=["ascii", "latin", "astral"])
+def test_an_outgoing_body_up_to_the_standard_size_is_stored_and_sent_whole(store: TableStore, text: str) -> None:
+    """An outgoing row keeps its body in properties a Table holds (64 KiB of UTF-16 each):
+    a 200 KB body commits with the marker, and the sweep sends it byte for byte."""
+    topic, down = new_topic(), Refusing()
+    sender = ServiceBusSender(OFFLINE)  # the check at Standard's 256 KiB
+    body = {"text": text}
+    c = IdempotentConsumer("orders", store, sending(Outgoing(topic.name, body, "m")), config=NO_WAIT, sender=down)
+    sender.check([Outgoing(topic.name, body, "m", message_id="id")])
+    assert c.process(delivery("o-6", None)).reason == "outbox_parked"  # committed; its send failed
+    swept = Outbox(store, topic).sweep(utcnow() + timedelta(minutes=11), since=timedelta(hours=2))
+    assert (swept.sent, topic.sent) == (1, 1)
+    [queued] = topic.subscriptions["billing"]._ready
+    assert json.loads(queued.body) == body
