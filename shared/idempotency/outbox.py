@@ -27,7 +27,6 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from typing import NamedTuple, Protocol
 
 from opentelemetry import metrics
@@ -195,68 +194,87 @@ class Outbox:
         """Send what parked deliveries left, hour by hour from the cursor (first run: ``since``
         ago) to ``now``, at most ``budget`` keys and until ``deadline`` (``time.monotonic()``);
         the cursor moves past every hour left empty. ``senders``: each consumer's own sender,
-        by name (a parked key's partition names its consumer); by default this outbox's."""
-        stored = self.store.read_entities(DUE + "cursor", "cursor", 1)
-        first = (now - since).replace(minute=0, second=0, microsecond=0)
-        start = _hour(str(stored[0].data["hour"])) if stored else first
-        hour, cursor, reads = start, start, 1
-        parked = sent = failed = 0
-        moving, stopped = True, False
-        while hour <= now and not stopped:
-            partition, left = DUE + f"{hour:{_HOUR}}", False
-            while not left:
-                limit = min(PAGE, budget - parked)
-                if limit <= 0 or time.monotonic() >= deadline:
-                    stopped = left = True
-                    break
-                indexes = self.store.read_entities(partition, "", limit)
-                reads += 1
-                due = [index for index in indexes if _at(index.name[:14]) <= now]
-                left = len(due) < len(indexes)  # the rest of the hour is not due yet
-                done: list[tuple[int, bool, bool] | None] = []
-                if due:
-                    one = partial(self._sweep_one, partition=partition, now=now, deadline=deadline, senders=senders)
-                    with ThreadPoolExecutor(SWEEPERS) as pool:  # keys are independent: overlap their requests
-                        done = list(pool.map(one, due))
-                sent_rows = [i.name for i, outcome in zip(due, done, strict=False) if outcome and not outcome[1]]
-                if sent_rows:  # their index rows, together (one request per 100 on Table Storage)
-                    self.store.delete_entities(partition, sent_rows)
-                parked += sum(outcome is not None for outcome in done)
-                sent += sum(outcome[0] for outcome in done if outcome is not None)
-                failed += sum(outcome[1] for outcome in done if outcome is not None)
-                stopped = None in done
-                left = left or stopped or any(outcome is not None and outcome[2] for outcome in done)
-                if len(indexes) < limit:
-                    break
-            moving = moving and not left and hour + timedelta(hours=1) <= now
-            if moving:
-                cursor = hour + timedelta(hours=1)
-            hour += timedelta(hours=1)
-        if cursor != start or not stored:
-            self.store.put_entity(DUE + "cursor", replace(CURSOR, data={"hour": f"{cursor:{_HOUR}}"}))
-        _swept.add(parked - failed, {"result": "sent"})
-        _swept.add(failed, {"result": "failed"})  # a backlog: the alert "outbox backlog" watches it
-        return Sweep(parked, sent, failed, reads, stopped)
-
-    def _sweep_one(self, index: Entity, partition: str, now: datetime, deadline: float,
-                   senders: Mapping[str, Sender] | None) -> tuple[int, bool, bool] | None:  # fmt: skip
-        """Send one parked key's messages: (messages sent, whether its send failed, whether its
-        index row is stuck where it is); None when the deadline passed first. The sweep deletes
-        the index rows of the keys sent, a page at a time: a crash before leaves them to the next
-        sweep, which finds nothing to send."""
-        if time.monotonic() >= deadline:
-            return None
-        target = str(index.data["partition"])
-        consumer = target.partition("|")[0]  # a parked key's partition names its consumer
+        by name (a parked key's partition names its consumer); by default this outbox's.
+        A store that fails mid-way stops the sweep where it is: nothing is lost, the next
+        sweep reads from its cursor again."""
+        tally = Sweep(0, 0, 0, 1)
         try:
+            stored = self.store.read_entities(DUE + "cursor", "cursor", 1)
+            first = (now - since).replace(minute=0, second=0, microsecond=0)
+            start = _hour(str(stored[0].data["hour"])) if stored else first
+            hour, cursor, moving = start, start, True
+            while hour <= now and not tally.left:
+                partition, left = DUE + f"{hour:{_HOUR}}", False
+                while not left:
+                    if time.monotonic() >= deadline:
+                        tally = replace(tally, left=True)
+                        break
+                    room = budget - tally.parked
+                    limit = min(PAGE, room + 1)  # one row past the budget tells whether one is left
+                    indexes = self.store.read_entities(partition, "", limit)
+                    due = [index for index in indexes if _at(index.name[:14]) <= now]
+                    page = self._sweep_page(partition, due[:room], now, senders)
+                    tally = Sweep(tally.parked + page.parked, tally.sent + page.sent, tally.failed + page.failed,
+                                  tally.reads + 1 + page.reads, len(due) > room)  # fmt: skip
+                    left = len(due) < len(indexes) or page.left or tally.left  # rows not due, stuck, or budget
+                    if len(indexes) < limit:
+                        break
+                moving = moving and not left and hour + timedelta(hours=1) <= now
+                if moving:
+                    cursor = hour + timedelta(hours=1)
+                hour += timedelta(hours=1)
+            if cursor != start or not stored:
+                self.store.put_entity(DUE + "cursor", replace(CURSOR, data={"hour": f"{cursor:{_HOUR}}"}))
+        except DedupError as exc:  # the store failed: stop here; what was done is done
+            log.error("outbox sweep stopped: %s", exc)
+            tally = replace(tally, left=True)
+        _swept.add(tally.parked - tally.failed, {"result": "sent"})
+        _swept.add(tally.failed, {"result": "failed"})  # a backlog: the alert "outbox backlog" watches it
+        return tally
+
+    def _sweep_page(self, partition: str, due: Sequence[Entity], now: datetime,
+                    senders: Mapping[str, Sender] | None) -> Sweep:  # fmt: skip
+        """One page of due index rows: each key's rows read once (a key parked twice has two
+        index rows), SWEEPERS at a time; each consumer's messages sent together (its sender
+        batches them per destination: a page costs a few sends, not one per key); the rows of
+        what was sent deleted, then their index rows together. ``left``: an index row could not
+        be moved (it must not be read again)."""
+        if not due:
+            return Sweep(0, 0, 0, 0)
+        keys = list(dict.fromkeys(_parked_key(index) for index in due))
+        with ThreadPoolExecutor(SWEEPERS) as pool:
+            found = dict(zip(keys, pool.map(lambda key: self.store.read_entities(key[0], key[1], MAX_MESSAGES), keys),
+                             strict=True))  # fmt: skip
+        by_consumer: dict[str, list[tuple[str, str]]] = {}
+        for key in keys:
+            by_consumer.setdefault(key[0].partition("|")[0], []).append(key)  # a partition names its consumer
+        sent: set[tuple[str, str]] = set()
+        for consumer, mine in by_consumer.items():
             sender = self.sender if senders is None else senders.get(consumer)
-            if sender is None:
-                raise DownstreamUnavailable(f"no consumer named {consumer!r} sends in this app")
-            sent = self.dispatch(target, index.name.partition("|")[2], sender=sender)
-        except DedupError as exc:
-            log.error("outbox sweep: %s of %s not sent: %s", index.name.partition("|")[2], consumer, exc)
-            return 0, True, not self._later(index, partition, now)
-        return sent, False, False
+            messages = [outgoing(row) for key in mine for row in found[key]]
+            try:
+                if messages:
+                    if sender is None:
+                        raise LookupError(f"no consumer named {consumer!r} sends in this app")
+                    sender.send(messages)
+            except Exception as exc:  # noqa: BLE001 - whatever failed, the rows stay to be sent again
+                log.error("outbox sweep: %d parked keys of %s not sent: %r", len(mine), consumer, exc)
+                continue
+            sent.update(mine)
+        with ThreadPoolExecutor(SWEEPERS) as pool:
+            list(pool.map(lambda key: self.store.delete_entities(key[0], [row.name for row in found[key]]),
+                          [key for key in keys if key in sent and found[key]]))  # fmt: skip
+        done = [index for index in due if _parked_key(index) in sent]
+        if done:
+            self.store.delete_entities(partition, [index.name for index in done])
+        failed = [index for index in due if _parked_key(index) not in sent]
+        stuck = [index for index in failed if not self._later(index, partition, now)]
+        return Sweep(len(due), sum(len(found[key]) for key in sent), len(failed), 0, bool(stuck))
+
+
+def _parked_key(index: Entity) -> tuple[str, str]:
+    """An index row's key: its rows' partition and their name prefix."""
+    return str(index.data["partition"]), index.name.partition("|")[2]
 
 
 def _hour(text: str) -> datetime:

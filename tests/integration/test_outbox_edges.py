@@ -16,7 +16,17 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessageBatch
 from azure.servicebus.exceptions import MessageSizeExceededError
 
-from shared.idempotency import Context, DedupConfig, Delivery, Effects, Entity, IdempotentConsumer, Outcome, Outgoing
+from shared.idempotency import (
+    Context,
+    DedupConfig,
+    Delivery,
+    Effects,
+    Entity,
+    IdempotentConsumer,
+    Outcome,
+    Outgoing,
+    StoreUnavailable,
+)
 from shared.idempotency import outbox as outbox_module
 from shared.idempotency.functions import ServiceBusSender
 from shared.idempotency.messages import utcnow
@@ -244,3 +254,63 @@ def test_an_outgoing_body_up_to_the_standard_size_is_stored_and_sent_whole(store
     assert (swept.sent, topic.sent) == (1, 1)
     [queued] = topic.subscriptions["billing"]._ready
     assert json.loads(queued.body) == body
+
+
+def backlog(store: TableStore, topic: Topic, n: int) -> tuple[Outbox, Any]:
+    """``n`` HTTP orders committed and parked, whose send failed; the outbox to sweep them."""
+    c = IdempotentConsumer("orders", store, sending(Outgoing(topic.name, {"n": 1}, "m")),
+                           config=DedupConfig(transient_wait=timedelta(0), outbox_sweep_delay=timedelta(0)),
+                           sender=Refusing())  # fmt: skip
+    for i in range(n):
+        assert c.process(delivery(f"o-{i}", None)).reason == "outbox_parked"
+    return Outbox(store, topic, sweep_delay=timedelta(0)), utcnow() + timedelta(seconds=5)
+
+
+def test_a_page_of_parked_keys_is_sent_in_one_call_per_consumer(store: TableStore) -> None:
+    topic = new_topic()
+    outbox, later = backlog(store, topic, 12)
+    swept = outbox.sweep(later, since=timedelta(hours=1))
+    assert (swept.parked, swept.sent, topic.attempts, topic.sent) == (12, 12, 1, 12)
+
+
+def test_a_budget_met_exactly_leaves_no_backlog(store: TableStore) -> None:
+    topic = new_topic()
+    outbox, later = backlog(store, topic, 6)
+    swept = outbox.sweep(later, since=timedelta(hours=1), budget=6)
+    assert (swept.parked, swept.left) == (6, False)
+
+
+def test_a_store_failing_mid_sweep_stops_it_cleanly_and_the_next_sweep_finishes(
+    store: TableStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The index rows' delete fails after the send: the sweep stops and says work is left;
+    the next one finds those keys' rows sent and deleted, and takes their index rows."""
+    topic = new_topic()
+    outbox, later = backlog(store, topic, 3)
+    delete = store.delete_entities
+
+    def failing(partition: str, names: Any) -> None:
+        if partition.startswith(DUE):
+            raise StoreUnavailable("503 injected")
+        delete(partition, names)
+
+    monkeypatch.setattr(store, "delete_entities", failing)
+    swept = outbox.sweep(later, since=timedelta(hours=1))
+    assert (swept.parked, swept.left, topic.sent) == (0, True, 3)
+    monkeypatch.setattr(store, "delete_entities", delete)
+    again = outbox.sweep(later, since=timedelta(hours=1))
+    assert (again.parked, again.sent, again.left) == (3, 0, False)  # their rows were sent and deleted
+    assert (topic.sent, topic.dropped_by_detection) == (3, 0)
+
+
+def test_a_key_parked_twice_is_sent_once_by_a_sweep(store: TableStore) -> None:
+    """A last delivery parks before its commit and again when its send fails: two index rows
+    (in other seconds), one key, one page: its messages go out once."""
+    topic = new_topic()
+    outbox, later = backlog(store, topic, 1)
+    key = IdempotentConsumer("orders", store, sending(Outgoing(topic.name, {}, "m")), config=NO_WAIT).identify(
+        delivery("o-0"))[0]  # fmt: skip
+    outbox.park("orders|o-0", key, utcnow() - timedelta(seconds=3))
+    assert len(index_rows(store)) == 2
+    swept = outbox.sweep(later, since=timedelta(hours=1))
+    assert (swept.parked, swept.sent, topic.sent, topic.dropped_by_detection) == (2, 1, 1, 0)

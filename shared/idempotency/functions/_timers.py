@@ -69,15 +69,20 @@ def dispatch_outbox(timer: func.TimerRequest) -> None:
     """Sends what parked deliveries (HTTP calls, last deliveries) left unsent, each with its
     consumer's own sender: reads only the hours since its cursor, for at most DEDUP_PURGE_TIME
     and DEDUP_OUTBOX_SWEEP_BUDGET keys. Nothing to do while no consumer sends."""
-    by_store: dict[int, tuple[IdempotentConsumer, dict[str, Sender]]] = {}
-    for built in declared():
-        if built.sender is not None:
-            by_store.setdefault(id(built.store), (built, {}))[1][built.name] = built.sender
+    sending = [built for built in declared() if built.sender is not None]
+    # Every sender to every store's sweep: consumers on separate store objects may share a table.
+    senders: dict[str, Sender] = {built.name: built.sender for built in sending if built.sender is not None}
+    stores: dict[int, IdempotentConsumer] = {}  # one sweep per store, with its first consumer's delay
+    for built in sending:
+        stores.setdefault(id(built.store), built)
     budget = whole("DEDUP_OUTBOX_SWEEP_BUDGET", DEFAULT_OUTBOX_SWEEP_BUDGET)
     deadline = time.monotonic() + duration("DEDUP_PURGE_TIME", DEFAULT_PURGE_TIME).total_seconds()
-    for first, senders in by_store.values():
-        outbox = first.outbox(senders[first.name])
-        swept = outbox.sweep(utcnow(), since=FIRST_SWEEP, budget=budget, deadline=deadline, senders=senders)
+    left = False
+    for first in stores.values():
+        swept = first.outbox(senders[first.name]).sweep(utcnow(), since=FIRST_SWEEP, budget=budget,
+                                                        deadline=deadline, senders=senders)  # fmt: skip
         logging.getLogger("idempotency").info("dedup outbox sweep: parked=%d sent=%d failed=%d reads=%d left=%s",
                                               *astuple(swept))  # fmt: skip
-        _sweeps.add(1, {"budget_spent": str(swept.left).lower()})  # true: work left (a backlog, alert)
+        left = left or swept.left
+    if stores:
+        _sweeps.add(1, {"budget_spent": str(left).lower()})  # true: work left (a backlog, alert)
