@@ -66,7 +66,7 @@ class Sender(Protocol):
 
 @dataclass(frozen=True)
 class Sweep:
-    parked: int  # index rows read that were due
+    parked: int  # parked keys that were due (a key parked twice has two index rows)
     sent: int  # messages sent
     failed: int  # parked keys whose send failed: tried again next time
     reads: int  # range reads (the cursor and one per page of each hour since it)
@@ -267,9 +267,8 @@ class Outbox:
         done = [index for index in due if _parked_key(index) in sent]
         if done:
             self.store.delete_entities(partition, [index.name for index in done])
-        failed = [index for index in due if _parked_key(index) not in sent]
-        stuck = [index for index in failed if not self._later(index, partition, now)]
-        return Sweep(len(due), sum(len(found[key]) for key in sent), len(failed), 0, bool(stuck))
+        stuck = [index for index in due if _parked_key(index) not in sent and not self._later(index, partition, now)]
+        return Sweep(len(keys), sum(len(found[key]) for key in sent), len(keys) - len(sent), 0, bool(stuck))
 
 
 def _parked_key(index: Entity) -> tuple[str, str]:

@@ -39,6 +39,7 @@ from shared.idempotency.functions import REPLAYED, RetryLater, eventgrid_deliver
 from shared.idempotency.messages import MAX_RESULT_CHARACTERS
 from shared.idempotency.stores import DeadLetter, DedupStore, TableStore
 from shared.idempotency.stores._azure import TRANSPORT, store_errors
+from shared.idempotency.stores._base import check_storable
 from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.testing import entities
 from shared.orders import SHIPPED
@@ -124,13 +125,16 @@ def test_a_value_over_the_stores_limit_is_refused_at_the_first_delivery(azurite:
         return Effects([Entity("note", {"text": "é" * 40_000})])  # 40 K characters: a property holds 32 K
 
     for lean in (False, True):
-        store = new_table_store(azurite, lean=lean)
-        consumer = IdempotentConsumer("notes", store, handler, config=DedupConfig())
-        result = consumer.process(Delivery(body=b"{}", message_id="n-1", delivery_count=1))
-        assert (result.outcome, result.reason) == (Outcome.INVALID, "store_refused")
-        assert "PropertyValueTooLarge" in (result.detail or "")
-        [record] = store.dead_letters("notes")
-        assert record.reason == "store_refused" and entities(store) == []
+        for checked in (True, False):  # the store's own check before sending, and the service's answer
+            store = new_table_store(azurite, lean=lean)
+            if not checked:
+                store.check_effects = check_storable  # type: ignore[method-assign]
+            consumer = IdempotentConsumer("notes", store, handler, config=DedupConfig())
+            result = consumer.process(Delivery(body=b"{}", message_id="n-1", delivery_count=1))
+            assert (result.outcome, result.reason) == (Outcome.INVALID, "store_refused")
+            assert ("a property holds 65536" if checked else "PropertyValueTooLarge") in (result.detail or "")
+            [record] = store.dead_letters("notes")
+            assert record.reason == "store_refused" and entities(store) == []
 
 
 RESULTS: dict[str, Any] = {
