@@ -102,7 +102,8 @@ def pending(consumer: IdempotentConsumer, now: datetime, every: timedelta, at: t
     if last is None or last >= current:
         return [current]
     missed = (current - last) // every - 1  # occurrences strictly between the last completed and this one
-    if missed > catch_up:
-        log.error("dedup job %s: %d occurrences after %s are not caught up (at most %d are): their items were "
-                  "never run", consumer.name, missed - catch_up, f"{last:{_STAMP}}", catch_up)  # fmt: skip
+    if missed > catch_up:  # a job that opted out (catch_up=0: a schedule that skips days) is told less loudly
+        log.log(logging.ERROR if catch_up else logging.WARNING, "dedup job %s: %d occurrences after %s are not "
+                "caught up (at most %d are): their items were never run", consumer.name, missed - catch_up,
+                f"{last:{_STAMP}}", catch_up)  # fmt: skip
     return [current - every * n for n in range(min(missed, catch_up), 0, -1)] + [current]

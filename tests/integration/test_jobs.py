@@ -16,9 +16,9 @@ import pytest
 from azure.data.tables import TableServiceClient
 
 from shared.idempotency import Context, DedupConfig, Effects, IdempotentConsumer, Outcome, StoreUnavailable
+from shared.idempotency.functions import RetryLater, on_schedule
 from shared.idempotency.functions import _bindings as bindings
-from shared.idempotency.functions import on_schedule
-from shared.idempotency.jobs import occurrence, run_job
+from shared.idempotency.jobs import complete, occurrence, run_job
 from shared.idempotency.stores import TableStore
 from shared.orders.reminders import SCHEMA, due, reminder_handler
 from tools.azurite import Azurite
@@ -129,3 +129,34 @@ def test_a_day_whose_every_try_failed_is_caught_up_by_the_next_run(
         assert "2026-12-04T06:00:00Z" not in Counter(day for day, _ in reminders(store))
         [lost] = [record for record in caplog.records if record.levelno >= logging.ERROR]
         assert lost.getMessage().startswith("dedup job reminders: 2 occurrences after 2026-12-03T06:00:00Z")
+
+
+def test_an_occurrence_whose_items_cannot_be_listed_never_stops_the_others(
+    table_store: TableStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its items' query fails for one caught-up day: the other days run; that day is tried
+    again by the retries, then by the next runs, until it can be listed."""
+    c = consumer(table_store)
+    broken = {"2026-12-02T06:00:00Z"}
+
+    def items(when: datetime) -> Any:
+        if f"{when:%Y-%m-%dT%H:%M:%SZ}" in broken:
+            raise ConnectionError("the customers' database is down")
+        return due(when)
+
+    def run(now: str, tries: Any) -> None:
+        monkeypatch.setattr(bindings, "utcnow", lambda: at(now))
+        on_schedule(lambda: c, DAY, SIX, items, tries)
+
+    run("2026-12-01T06:00:10", retry(0))
+    complete(c, at("2026-12-01T06:00"))  # then two days with no run at all
+    with pytest.raises(RetryLater):  # retries left: the host runs it again
+        run("2026-12-04T06:00:10", retry(0))
+    run("2026-12-04T06:03:10", retry(3))  # the last try: the other days are done, the broken one waits
+    days = Counter(day for day, _ in reminders(table_store))
+    assert days == {"2026-12-01T06:00:00Z": 5, "2026-12-03T06:00:00Z": 5, "2026-12-04T06:00:00Z": 5}
+    broken.clear()
+    run("2026-12-05T06:00:10", retry(0))  # the next run does the missed day, the done ones are duplicates
+    days = Counter(day for day, _ in reminders(table_store))
+    assert set(days) == {f"2026-12-0{d}T06:00:00Z" for d in range(1, 6)} and set(days.values()) == {5}
+    assert set(reminders(table_store).values()) == {1}

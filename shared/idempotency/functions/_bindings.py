@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
@@ -23,6 +24,8 @@ from ..keys import joined_identity
 from ..messages import Delivery, Effects, Outcome, Result, utcnow
 from ..payload import parse_json
 from ..steps import Context
+
+log = logging.getLogger("idempotency")
 
 # Service Bus bodies reach the function as the producer's bytes. With the default (string)
 # the host also merges a JSON body's top-level fields into the trigger metadata, where a body
@@ -144,6 +147,12 @@ def on_eventhub_batch(consumer: Consumer, events: list[func.EventHubEvent], cont
     settle_or_park(built, failing, context)
 
 
+def retries_left(context: Any) -> bool:
+    """Whether the function's retry policy runs it again if it fails now (-1: without end)."""
+    retry = getattr(context, "retry_context", None)
+    return retry is not None and (retry.max_retry_count < 0 or retry.retry_count < retry.max_retry_count)
+
+
 def settle_or_park(consumer: IdempotentConsumer, failing: list[tuple[Delivery, Result]], context: Any) -> None:
     """For a source that moves on whatever the function answers (an Event Hubs checkpoint, a
     timer's occurrence): raise while the function's retry policy has tries left (the host
@@ -151,9 +160,8 @@ def settle_or_park(consumer: IdempotentConsumer, failing: list[tuple[Delivery, R
     after one could not be recorded — then raise if one could not."""
     if not failing:
         return
-    retry = getattr(context, "retry_context", None)
-    if retry is not None and (retry.max_retry_count < 0 or retry.retry_count < retry.max_retry_count):
-        raise RetryLater(failing[0][1])  # -1: retries without end
+    if retries_left(context):
+        raise RetryLater(failing[0][1])
     unrecorded = [r for r in (consumer.park(d, r) for d, r in failing) if not r.acknowledge]
     if unrecorded:  # the store is down too: nothing more can be done here (docs/triggers.md)
         raise RetryLater(unrecorded[0])
@@ -369,10 +377,22 @@ def on_schedule(consumer: Consumer, every: timedelta, at: timedelta,
     occurrence counts as completed. A run that cannot even park leaves it to the next run."""
     built = consumer()
     due = pending(built, utcnow(), every, at, catch_up=catch_up)
-    runs = [run_job(built, when, items(when)) for when in due]
+    runs, unlisted = [], []
+    for when in due:
+        try:
+            listed = list(items(when))
+        except Exception:  # one occurrence's items never stop the others'
+            log.exception("dedup job %s: the items of %s could not be listed", built.name, when)
+            unlisted.append(when)
+            continue
+        runs.append(run_job(built, when, listed))
     settle_or_park(built, [(d, r) for run in runs for d, r in zip(run.deliveries, run.results, strict=True)
                            if not r.acknowledge], context)  # fmt: skip
-    complete(built, due[-1])
+    if unlisted and retries_left(context):
+        raise RetryLater(Result(Outcome.TRANSIENT, None, "items_failed", f"{len(unlisted)} occurrence(s)"))
+    done = [when for when in due if when < min(unlisted, default=due[-1] + every)]  # the next run tries the rest
+    if done:
+        complete(built, done[-1])
 
 
 def on_eventgrid(consumer: Consumer, event: func.CloudEvent) -> None:
