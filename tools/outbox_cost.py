@@ -4,9 +4,11 @@
   sent), 20 parked HTTP orders whose send failed are left for the sweep; the sweep's reads and
   its time per parked order are reported, as ratios to the smallest table's (this machine is
   shared and noisy). Flat ratios: the cost follows what was parked, not the table.
-- Its rate (``throughput``, part of `make bench`): a backlog of parked HTTP orders whose send
-  failed, swept in one run once the destination is back: parked orders per second and store
-  requests per parked order — the sustained parking rate one sweep keeps up with."""
+- Its rate (``--rate N``, and part of `make bench`): a backlog of N parked HTTP orders whose
+  send failed, swept in one run once the destination is back: parked orders per second and
+  store requests per parked order — the sustained parking rate one sweep keeps up with. The
+  sender is the in-memory topic (tools/topic.py): a page's messages go to it in one call, as
+  ``ServiceBusSender`` sends them in as few batches as fit (one AMQP send per batch)."""
 
 from __future__ import annotations
 
@@ -114,9 +116,13 @@ def sustained(azurite: Azurite, parked: int = 500, runs: int = 3) -> dict[str, A
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sizes", nargs="*", type=int, default=[100, 1000, 10000])
-    sizes = parser.parse_args(argv).sizes
+    parser.add_argument("--rate", type=int, metavar="PARKED", help="only the sweep's rate, on a backlog of PARKED")
+    args = parser.parse_args(argv)
     with Azurite() as azurite:
-        rows = [measure(azurite, n) for n in sizes]
+        if args.rate:
+            print(json.dumps(sustained(azurite, args.rate)))
+            return 0
+        rows = [measure(azurite, n) for n in args.sizes]
     for row in rows:
         for name in ("sweep_ms_per_parked_order", "control_ms_per_partition_read"):
             row[name.replace("ms", "x_smallest", 1)] = round(row[name] / rows[0][name], 2)
