@@ -99,7 +99,6 @@ def test_an_event_near_the_1_mb_limit_is_recorded_at_its_first_delivery(azurite:
     assert record.reason == ("store_refused" if valid else "invalid_json")
 
 
-
 @pytest.mark.parametrize("size", [640_000, 1_048_576], ids=["one entity, full", "a record and a part"])
 def test_every_text_at_its_limit_still_fits_beside_the_body(azurite: Azurite, size: int) -> None:
     """The record's entity at its largest: 10 chunks and each text at its limit in characters
