@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint typecheck chaos bench check-retention check-leases scan-infra worker clean
+.PHONY: install demo test lint typecheck chaos bench check-retention check-leases scan-infra worker recipe clean
 
 install: $(VENV)/.installed node_modules/.installed
 
@@ -28,6 +28,11 @@ node_modules/.installed: package.json package-lock.json
 demo: install
 	$(PY) -m tools.demo
 
+# Switch a recipe on (recipes/README.md): its module moves into consumers/, its name into
+# infra/recipes.json (what the next deployment creates for it). make recipe NAME=eventhubs
+recipe: install
+	$(PY) -m tools.recipe $(NAME)
+
 # The long fault-injection run; knobs: CHAOS_MESSAGES CHAOS_WORKERS CHAOS_DUP_RATE
 # CHAOS_FAULT_RATE CHAOS_SEED CHAOS_OUTAGE (see README, Reliability).
 chaos: install
@@ -38,7 +43,7 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 
 typecheck: install
-	$(VENV)/bin/mypy shared consumers function_app.py tools bench client
+	$(VENV)/bin/mypy shared consumers recipes function_app.py tools bench client
 
 # Store round trips and throughput per scenario, the purge, and the consumer through the real
 # Functions worker (fetched by `make worker` unless FUNCTIONS_PYTHON_WORKER names it);

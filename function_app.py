@@ -1,6 +1,6 @@
 """Azure Functions entry point (Python v2 programming model): the app registers the
-Blueprint of every module in consumers/ and the store's housekeeping timers. Each function is
-thin — binding → dedup module → settlement; the flow lives in shared/idempotency."""
+Blueprint of every module in consumers/ and the store's housekeeping timers they need. Each
+function is thin — binding → dedup module → settlement; the flow lives in shared/idempotency."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import azure.functions as func
 
 import consumers
-from shared.idempotency.functions import check_app_settings, timers
+from shared.idempotency.functions import check_app_settings, housekeeping
 
 # The worker logs at INFO: keep the SDKs' per-request HTTP logging out of the app's logs.
 logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
@@ -43,5 +43,5 @@ ensure_telemetry()
 if "azure_functions_worker" in sys.modules:  # loaded by the Functions worker: bad settings fail the start
     check_app_settings()
 app = func.FunctionApp()
-for blueprint in [*consumers.blueprints(), timers]:
+for blueprint in [*consumers.blueprints(), *housekeeping(consumers.housekeeping())]:
     app.register_functions(blueprint)

@@ -23,7 +23,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from consumers import order_topic, orders
+import recipes
+from consumers import orders
 from shared.idempotency import Outgoing
 from shared.idempotency.functions import reset, using_sender
 from shared.idempotency.messages import utcnow
@@ -36,6 +37,8 @@ from tools.faults import Crash, FaultPlan
 from tools.findings import Findings
 from tools.harness import RunConfig, Timing, _attach_store, _configure, _counting_outcomes, _run_workers
 from tools.topic import SendFailed, Topic
+
+order_topic = recipes.module("order_topic")
 
 HOPS = ("orders", "billing", "shipping")
 SEND_FAULTS = ("send_failed", "send_answer_lost", "crash_before_send")

@@ -33,7 +33,7 @@ from typing import Any
 import azure.functions as func
 from azure.functions import meta
 
-from consumers import shipments
+import recipes
 from shared.idempotency.consumer import PARKED
 from shared.idempotency.functions import reset
 from shared.idempotency.functions._bindings import event_position
@@ -44,6 +44,8 @@ from tools.azurite import Azurite
 from tools.faults import Crash, FaultPlan
 from tools.findings import Findings
 from tools.harness import _attach_store, _counting_outcomes
+
+shipments = recipes.module("shipments")
 
 HUB = "shipments"
 
@@ -153,7 +155,7 @@ def run_stream(config: StreamConfig, azurite: Azurite) -> StreamReport:
             failing.clear()
             plan.rate = 0.0  # and the store is calm: the replay is an operator's, not the fault run's
             with contextlib.redirect_stdout(io.StringIO()):  # its line per record: the counts below say it
-                replay(["--consumer", "shipments", "--consumers", "consumers.shipments"])
+                replay(["--consumer", "shipments", "--consumers", shipments.__name__])
             report.replayed_by_operator = report.parked
             applied = tracking_by_event(store)
     report.faults = plan.injected

@@ -12,18 +12,29 @@ from typing import Any
 import azure.functions as func
 from azure.functions.servicebus import ServiceBusMessage
 
+import consumers
 import function_app
+import recipes
+from shared.idempotency.functions import housekeeping
+from shared.idempotency.functions._timers import NEEDS
 
 
 @functools.cache
 def indexed() -> tuple[Any, ...]:
-    """The app's functions as the worker's indexing sees them. get_functions() validates the
-    app and may only be called once per app object."""
+    """The app's functions as the worker's indexing sees them, and every recipe's that is not
+    switched on (an app with all of them, for their tests). get_functions() validates the app
+    and may only be called once per app object."""
+    everything = func.FunctionApp()
+    switched_on = set(consumers.modules())
+    for blueprint in [*consumers.blueprints(), *(m.bp for m in recipes.every() if m not in switched_on),
+                      *housekeeping(NEEDS)]:  # fmt: skip
+        everything.register_functions(blueprint)
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # it warns that auth levels apply to HTTP functions only
     try:
-        return tuple(function_app.app.get_functions())
+        function_app.app.get_functions()  # the app itself must index
+        return tuple(everything.get_functions())
     finally:
         root.setLevel(level)
 

@@ -24,7 +24,7 @@ from collections import deque
 from contextlib import ExitStack
 from dataclasses import dataclass
 
-from consumers.order_status import status_consumer
+import recipes
 from shared.idempotency import Delivery, IdempotentConsumer
 from shared.idempotency.functions import reset
 from shared.idempotency.stores import TableStore
@@ -32,6 +32,8 @@ from tools.azurite import Azurite
 from tools.faults import Crash, FaultPlan
 from tools.findings import Findings
 from tools.harness import _attach_store, _counting_outcomes
+
+status_consumer = recipes.module("order_status").status_consumer
 
 STATUSES = ("placed", "paid", "packed", "shipped", "delivered")
 

@@ -9,6 +9,7 @@ is configured, the charge is made there first, as a two-phase step.
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,17 @@ SCHEMA: dict[str, Any] = json.loads((Path(__file__).with_name("schema.json")).re
 
 ORDER = "order"
 CHARGE_PREFIX = "charge|"
+
+
+def payments() -> IdempotentHttp | None:
+    """The payment API the orders charge through, when PAYMENT_API_URL is set (recipe ``payments``)."""
+    url = os.environ.get("PAYMENT_API_URL")
+    return IdempotentHttp(url) if url else None
+
+
+def accepted_topic() -> str | None:
+    """Where the orders publish ``OrderAccepted`` (recipe ``outbox``), when ORDER_ACCEPTED_TOPIC is set."""
+    return os.environ.get("ORDER_ACCEPTED_TOPIC") or None
 
 
 def order_handler(payments: IdempotentHttp | None = None, *, key_is_order_id: bool = True,

@@ -10,12 +10,14 @@ from typing import Any
 import pytest
 from azure.data.tables import TableServiceClient
 
-from consumers import ledger
+import recipes
 from shared.idempotency.functions import RetryLater
 from shared.idempotency.stores import DedupStore, TableStore
 from shared.ledger import message_id
 from tests.functions import fresh_app, servicebus_message, store_down, user_function
 from tools.azurite import Azurite
+
+ledger = recipes.module("ledger")
 
 ledger_batch = user_function("ledger_batch")
 

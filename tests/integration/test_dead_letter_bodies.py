@@ -16,6 +16,7 @@ import pytest
 from azure.data.tables import TableClient
 from azure.functions import meta
 
+import recipes
 from shared.idempotency.errors import DedupError
 from shared.idempotency.functions import on_eventhub_batch
 from shared.idempotency.keys import encode_key
@@ -84,7 +85,7 @@ def test_a_record_half_purged_is_not_read_as_a_shorter_body(azurite: Azurite) ->
 def test_an_event_near_the_1_mb_limit_is_recorded_at_its_first_delivery(azurite: Azurite, valid: bool) -> None:
     """950 KB: not JSON, or JSON whose tracking record no Table property holds (refused). Either
     is recorded whole at once, and the batch returns (no retry: nothing would change)."""
-    import consumers.shipments as shipments
+    shipments = recipes.module("shipments")
 
     event = {"shipmentId": "s-1", "orderId": "o", "status": "picked", "note": "x" * 950_000}
     body = json.dumps(event).encode() if valid else b"{" + b"x" * 950_000

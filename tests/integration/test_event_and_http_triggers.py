@@ -14,6 +14,7 @@ from typing import Any
 import azure.functions as func
 import pytest
 
+import recipes
 from consumers import order_events as events_app
 from consumers import orders as orders_app
 from shared.idempotency import DedupKey, fingerprint
@@ -264,7 +265,7 @@ def test_a_forged_principal_header_is_ignored_without_easy_auth(store: DedupStor
 
 def test_a_request_in_flight_is_409_with_retry_after(azurite: Azurite) -> None:
     with PaymentService() as payments, fresh_app(azurite, PAYMENT_API_URL=payments.url, DEDUP_IN_FLIGHT_WAIT="PT0S"):
-        consumer = orders_app.api_consumer()
+        consumer = recipes.module("orders_api").api_consumer()
         order = an_order()
         caller = "key:" + hashlib.sha256(b"client-a-key").hexdigest()[:32]
         step = DedupKey(consumer.name, order["orderId"], "charge")

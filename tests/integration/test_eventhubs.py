@@ -14,12 +14,14 @@ import azure.functions as func
 import pytest
 from azure.functions import meta
 
-from shared.idempotency import ConfigurationError, Context, DownstreamUnavailable, Effects
+import recipes
+from shared.idempotency import Context, DownstreamUnavailable, Effects
 from shared.idempotency.functions import RetryLater, on_eventhub_batch
 from shared.idempotency.replay import main as replay
 from shared.orders.checks import tracking_by_event
 from shared.orders.tracking import tracking_handler
 from tests.functions import fresh_app
+from tests.integration.operators import run_tool
 from tools.azurite import Azurite
 
 
@@ -40,7 +42,7 @@ def retry(count: int, most: int = 5) -> Any:
 def test_a_failing_event_is_retried_then_parked_then_replayed_once(
     azurite: Azurite, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import consumers.shipments as shipments
+    shipments = recipes.module("shipments")
 
     down = {"s-2"}
 
@@ -62,10 +64,10 @@ def test_a_failing_event_is_retried_then_parked_then_replayed_once(
         [record] = [d for d in consumer.store.dead_letters("shipments")]
         assert (record.reason, record.message_id) == ("parked", "shipments/3/41")
         assert record.detail.startswith("downstream_unavailable")
-        assert replay(["--consumer", "shipments", "--consumers", "consumers.shipments"]) == 1  # still down
+        assert replay(["--consumer", "shipments", "--consumers", shipments.__name__]) == 1  # still down
         down.clear()
-        assert replay(["--consumer", "shipments", "--consumers", "consumers.shipments"]) == 0
-        assert replay(["--consumer", "shipments", "--consumers", "consumers.shipments"]) == 0  # again: a duplicate
+        assert replay(["--consumer", "shipments", "--consumers", shipments.__name__]) == 0
+        assert replay(["--consumer", "shipments", "--consumers", shipments.__name__]) == 0  # again: a duplicate
         assert tracking_by_event(consumer.store) == {"e-1": 1, "shipments/3/41": 1, "e-3": 1}
     out = capsys.readouterr().out.splitlines()
     assert [json.loads(line) for line in out if line.startswith("{")] == [
@@ -117,7 +119,7 @@ def test_events_of_a_re_created_hub_are_new_though_their_sequence_numbers_repeat
     number and enqueued time. A replay from a checkpoint keeps all four (a duplicate); a hub
     re-created under the same name (or a geo-DR failover) starts its sequence numbers at 0 again,
     with later enqueued times: new events, applied — never refused as conflicts, never dropped."""
-    import consumers.shipments as shipments
+    shipments = recipes.module("shipments")
 
     metadata = {"PartitionContext": meta.Datum(json.dumps({"EventHubName": "shipments", "PartitionId": "0"}), "json")}
 
@@ -140,7 +142,7 @@ def test_events_of_a_re_created_hub_are_new_though_their_sequence_numbers_repeat
 def test_every_failing_event_is_parked_on_the_last_try_even_when_one_cannot_be(
     azurite: Azurite, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import consumers.shipments as shipments
+    shipments = recipes.module("shipments")
 
     def failing(event: dict[str, Any], context: Context) -> Effects:
         raise DownstreamUnavailable("down")
@@ -167,13 +169,11 @@ def test_the_replay_tool_finds_its_consumer_when_another_cannot_be_built(
     azurite: Azurite, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """orders needs a sender once ORDER_ACCEPTED_TOPIC is set; without a Service Bus setting it
-    cannot be built here — the tool for shipments must not care (found by make chaos)."""
-    import consumers.orders  # noqa: F401 - declares the orders consumers, which now cannot be built
-    from shared.idempotency.functions import declared_consumer
-
+    cannot be built here — the tool for shipments (switched on) must not care (found by make chaos)."""
     with fresh_app(azurite, ORDER_ACCEPTED_TOPIC="order-events"):
         for name in ("ServiceBusConnection", "ServiceBusConnection__fullyQualifiedNamespace", "DEDUP_SENDER"):
             monkeypatch.delenv(name, raising=False)
-        assert declared_consumer("shipments", "consumers.shipments").name == "shipments"
-        with pytest.raises(ConfigurationError, match="could not be built"):
-            declared_consumer("nobody", "consumers.shipments")
+        found = run_tool("shared.idempotency.replay", "--consumer", "shipments", switched_on=["shipments"])
+        assert (found.returncode, found.stdout.strip(), found.stderr) == (0, '{"parked": 0}', ""), found.stderr
+        nobody = run_tool("shared.idempotency.replay", "--consumer", "nobody", switched_on=["shipments"])
+        assert nobody.returncode == 2 and "could not be built" in nobody.stderr, nobody.stderr

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import recipes
 from shared.idempotency import Delivery, Outcome, Result
 from shared.idempotency.functions import declared
 from shared.orders.checks import tracking_by_event
@@ -84,9 +85,9 @@ def test_the_replay_command_applies_what_was_parked_once(azurite: Azurite, consu
     argv = [consumer if arg == "shipments" else arg for arg in argv]
     with fresh_app(azurite):
         if consumer == "shipments":
-            from consumers.shipments import tracking_consumer as parking
+            parking = recipes.module("shipments").tracking_consumer
         else:
-            from consumers.reminders import reminders_consumer as parking
+            parking = recipes.module("reminders").reminders_consumer
         built = parking()
         failed = Result(Outcome.TRANSIENT, reason="store_unavailable", detail="503 while the checkpoint moved on")
         for message_id in ("e-41", "e-42"):
@@ -94,7 +95,7 @@ def test_the_replay_command_applies_what_was_parked_once(azurite: Azurite, consu
                      else {"customerId": message_id, "balance": 12.5, "currency": "EUR"})  # fmt: skip
             assert built.park(Delivery(json.dumps(event).encode(), message_id=message_id), failed).outcome is (
                 Outcome.PARKED)  # fmt: skip
-        first, again = run_tool(*argv), run_tool(*argv)
+        first, again = run_tool(*argv, switched_on=[consumer]), run_tool(*argv, switched_on=[consumer])
         if consumer == "shipments":
             assert tracking_by_event(built.store) == {"e-41": 1, "e-42": 1}
     assert (first.returncode, first.stderr, again.returncode, again.stderr) == (0, "", 0, ""), first.stderr
@@ -105,16 +106,21 @@ def test_the_replay_command_applies_what_was_parked_once(azurite: Azurite, consu
                                              ['{"parked": 2, "duplicate": 2}']]  # fmt: skip
 
 
-def test_an_unknown_consumer_in_a_fresh_process_lists_every_consumer_of_the_app(azurite: Azurite) -> None:
+@pytest.mark.parametrize("switched_on", [[], sorted(recipes.MODULES.values())], ids=["default", "every recipe"])
+def test_an_unknown_consumer_in_a_fresh_process_lists_every_consumer_of_the_app(
+    azurite: Azurite, switched_on: list[str]
+) -> None:
     """Nothing imported the consumers' modules before: the tools import them themselves."""
     with fresh_app(azurite):
+        modules = ["consumers", *(recipes.module(name).__name__ for name in switched_on)]
+        expected = {c.name for module in modules for c in declared(module)}
+        assert {"orders", "order-events"} <= expected
         for tool in sorted(TOOLS):
             ids = ["--ids", "o-1"] if tool.endswith("resubmit") else []
-            done = run_tool(tool, "--consumer", "nosuch", *ids)
+            done = run_tool(tool, "--consumer", "nosuch", *ids, switched_on=switched_on)
             assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
             known = set(done.stderr.split("known: ")[1].strip().split(", "))
-            assert known == {c.name for c in declared("consumers")}, done.stderr  # the app's, whichever they are
-            assert {"orders", "shipments"} <= known
+            assert known == expected, done.stderr  # the app's, whichever they are
 
 
 def test_a_parked_record_that_kept_only_the_head_of_its_body_is_never_replayed(azurite: Azurite) -> None:
@@ -122,7 +128,7 @@ def test_a_parked_record_that_kept_only_the_head_of_its_body_is_never_replayed(a
     from its source, and the run exits 1 (not everything was applied)."""
     [(argv, _)] = documented("shared.idempotency.replay")
     with fresh_app(azurite):
-        from consumers.shipments import tracking_consumer
+        tracking_consumer = recipes.module("shipments").tracking_consumer
 
         built = tracking_consumer()
         event = {"shipmentId": "s-big", "orderId": "o-1", "status": "x" * (1 << 20)}  # over the 1 MiB a record keeps
@@ -130,7 +136,7 @@ def test_a_parked_record_that_kept_only_the_head_of_its_body_is_never_replayed(a
         built.park(Delivery(json.dumps(event).encode(), message_id="e-big"), failed)
         [record] = built.store.dead_letters("shipments")
         assert record.truncated
-        done = run_tool(*argv)
+        done = run_tool(*argv, switched_on=["shipments"])
         assert tracking_by_event(built.store) == {}
     assert (done.returncode, done.stderr) == (1, "")
     [line, summary] = columns(done.stdout)

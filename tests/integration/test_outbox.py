@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import recipes
 from shared.idempotency import Context, DedupConfig, Delivery, Effects, Entity, IdempotentConsumer, Outcome, Outgoing
 from shared.idempotency.messages import utcnow
 from shared.idempotency.outbox import DUE, ROWS, Outbox, message_id
@@ -192,7 +193,8 @@ def test_a_handler_that_sends_without_a_sender_is_a_bug_never_a_lost_message(sto
 def test_the_example_publishes_order_accepted_and_each_subscriber_acts_once(azurite: Azurite, topic: Topic) -> None:
     """orders (queue) commits the order and OrderAccepted; billing and shipping each get one
     copy and record one invoice and one pick list, however often each hop repeats."""
-    from consumers.order_topic import billing_consumer, shipping_consumer
+    order_topic = recipes.module("order_topic")
+    billing_consumer, shipping_consumer = order_topic.billing_consumer, order_topic.shipping_consumer
     from consumers.orders import queue_consumer
     from shared.idempotency.functions import using_sender
     from tests.functions import fresh_app

@@ -251,4 +251,4 @@ def test_the_tool_never_imports_the_function_app(app: str) -> None:
     *verdicts, last = done.stdout.splitlines()
     imported = set(last.split())
     assert done.returncode == 0 and verdicts[0].startswith("o-1\tnew"), done.stderr
-    assert "function_app" not in imported and {"consumers.orders", "consumers.shipments"} <= imported
+    assert "function_app" not in imported and {"consumers.orders", "consumers.order_events"} <= imported

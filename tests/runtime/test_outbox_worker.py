@@ -29,7 +29,7 @@ from tools.runtime.triggers import Http, http, http_result, timer
 def app() -> Iterator[tuple[WorkerHost, Path]]:
     if build.configured() is None:
         pytest.skip(f"set {build.SOURCE_SETTING} to the worker release {build.RELEASE} archive, or run `make worker`")
-    runtime = build.prepare()
+    runtime = build.prepare(["orders_api"])  # the recipe ``http`` switched on
     with tempfile.TemporaryDirectory(prefix="runtime-http-outbox-") as folder, Azurite() as azurite:
         sent = Path(folder) / "out" / "sent.jsonl"
         settings = {**app_settings(azurite, "ho" + uuid.uuid4().hex[:12]), "ORDER_ACCEPTED_TOPIC": "order-events",

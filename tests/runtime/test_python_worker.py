@@ -13,15 +13,20 @@ import re
 import tempfile
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+import azure.functions as func
 import pytest
 from azure.data.tables import TableServiceClient
 
+import consumers
+import recipes
 from shared.idempotency import DedupKey
+from shared.idempotency.functions import housekeeping
 from shared.idempotency.jobs import occurrence
 from shared.idempotency.keys import consumer_partition
 from shared.idempotency.outbox import ROWS, message_id
@@ -53,11 +58,23 @@ INFRA_APP = ROOT / "infra" / "modules" / "functionapp.bicep"
 TELEMETRY_FLAGS = ("PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY", "PYTHON_ENABLE_OPENTELEMETRY")
 
 
-@pytest.fixture(scope="module")
-def runtime() -> build.Runtime:
+def configured() -> None:
     if build.configured() is None:
         pytest.skip(f"set {build.SOURCE_SETTING} to the worker release {build.RELEASE} archive, or run `make worker`")
-    return build.prepare()  # with the variable set, any failure here is an error, never a skip
+
+
+@pytest.fixture(scope="module")
+def runtime() -> build.Runtime:
+    """The app with every recipe switched on (their modules moved into consumers/)."""
+    configured()
+    return build.prepare(sorted(recipes.MODULES.values()))  # with the variable set, any failure is an error
+
+
+@pytest.fixture(scope="module")
+def default_runtime() -> build.Runtime:
+    """The app as the template ships it."""
+    configured()
+    return build.prepare()
 
 
 @pytest.fixture(scope="module")
@@ -155,12 +172,28 @@ EXPECTED = {  # function: (trigger type, the binding fields Azure needs)
 }
 
 
-def declared_functions() -> set[str]:
-    """The functions the app's own modules declare, as function_app registers them (indexed
-    in this process): the example's and any consumer added since."""
-    from tools.host import indexed
+def declared_functions(modules: Sequence[ModuleType] = (), needs: Iterable[str] = ()) -> set[str]:
+    """The functions ``modules`` declare with the housekeeping ``needs`` call for, as
+    function_app registers them (indexed in this process); by default the app's consumers/
+    and every recipe, with the needs of the documented settings (none)."""
+    app = func.FunctionApp()
+    for blueprint in [*(m.bp for m in modules or [*consumers.modules(), *recipes.every()]), *housekeeping(needs)]:
+        app.register_functions(blueprint)
+    return {f.get_function_name() for f in app.get_functions()}
 
-    return {f.get_function_name() for f in indexed()}
+
+def test_the_default_app_indexes_its_consumers_and_the_housekeeping_they_need(
+    default_runtime: build.Runtime, store_server: Azurite, table: str
+) -> None:
+    """No recipe switched on: the worker indexes what consumers/ declares and the timers its
+    consumers need — as the template ships, the Service Bus and Event Grid consumers and the
+    markers' purge and sweep, nothing else."""
+    with WorkerHost(default_runtime, app_settings(store_server, table)) as host:
+        host.start_app()
+        indexed = set(host.functions)
+    assert indexed == declared_functions(consumers.modules(), consumers.housekeeping())
+    if {m.__name__ for m in consumers.modules()} == {"consumers.orders", "consumers.order_events"}:  # as shipped
+        assert indexed == {"orders", "order_events", "purge_markers", "sweep_markers"}
 
 
 def test_the_worker_indexes_and_loads_every_function(worker: WorkerHost) -> None:
@@ -392,10 +425,24 @@ def test_http_events_route_accepts_a_cloudevent_once_and_answers_the_handshake(
     assert (status, answer["WebHook-Allowed-Origin"], answer["Allow"]) == (200, "eventgrid.azure.net", "POST")
 
 
+@pytest.fixture(scope="module")
+def every_timer(runtime: build.Runtime, store_server: Azurite, table: str) -> Iterator[WorkerHost]:
+    """The app with two-phase payments and the outbox switched on (their settings): every
+    housekeeping timer is registered. Only the timers are invoked here."""
+    with tempfile.TemporaryDirectory(prefix="runtime-timers-") as folder:
+        settings = {**app_settings(store_server, table), "PAYMENT_API_URL": "http://127.0.0.1:9/",
+                    "ORDER_ACCEPTED_TOPIC": "order-events", "DEDUP_SENDER": "file",
+                    "DEDUP_SENDER_FILE": str(Path(folder) / "sent.jsonl")}  # fmt: skip
+        with WorkerHost(runtime, settings) as host:
+            yield host.start_app()
+
+
 @pytest.mark.parametrize("function", ["reconcile_claims", "purge_markers", "sweep_markers", "dispatch_outbox"])
-def test_timers_run(worker: WorkerHost, function: str) -> None:
+def test_timers_run(every_timer: WorkerHost, function: str) -> None:
+    assert set(every_timer.functions) == declared_functions(needs=["steps", "outbox"])
     for past_due in (False, True):
-        assert worker.failed(worker.invoke(function, timer(worker.trigger(function), past_due=past_due))) is None
+        trigger = timer(every_timer.trigger(function), past_due=past_due)
+        assert every_timer.failed(every_timer.invoke(function, trigger)) is None
 
 
 def test_a_scheduled_job_reminds_each_customer_once_per_occurrence(worker: WorkerHost, store: TableStore) -> None:

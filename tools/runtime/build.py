@@ -27,7 +27,7 @@ import tarfile
 import tomllib
 import venv
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,7 +67,9 @@ def configured() -> Path | None:
     return DOWNLOADED if DOWNLOADED.exists() else None
 
 
-def prepare() -> Runtime:
+def prepare(switched_on: Sequence[str] = ()) -> Runtime:
+    """The worker and the app; ``switched_on``: recipes' modules moved into consumers/ in the
+    deployed copy, as ``make recipe`` moves them."""
     source = configured()
     if source is None:
         raise WorkerNotConfigured(
@@ -76,7 +78,7 @@ def prepare() -> Runtime:
         )
     worker = worker_dir(verified_release(source))
     host_stubs(worker)
-    return Runtime(python=bare_python(), worker=worker, app=app_dir())
+    return Runtime(python=bare_python(), worker=worker, app=app_dir(switched_on))
 
 
 # -- the worker --------------------------------------------------------------------------------
@@ -186,11 +188,12 @@ def host_stubs(worker: Path) -> Path:
 # -- the app -----------------------------------------------------------------------------------
 
 
-def app_dir() -> Path:
+def app_dir(switched_on: Sequence[str] = ()) -> Path:
     """The app as deployed: files that survive .funcignore, packages in .python_packages
-    (reinstalled only when requirements.txt changes)."""
-    app = CACHE / "wwwroot"
-    packages = app / PACKAGES
+    (reinstalled only when requirements.txt changes); with recipes ``switched_on``, in a
+    folder of its own whose packages are the plain app's."""
+    plain = CACHE / "wwwroot"
+    packages = plain / PACKAGES
     requirements = (ROOT / "requirements.txt").read_bytes()
     stamp = packages / ".requirements.sha256"
     wanted = hashlib.sha256(requirements + PYTHON_VERSION.encode()).hexdigest()
@@ -198,11 +201,17 @@ def app_dir() -> Path:
         shutil.rmtree(packages, ignore_errors=True)
         _pip_install(packages, ["-r", str(ROOT / "requirements.txt")])
         stamp.write_text(wanted)
+    app = CACHE / "wwwroot-recipes" if switched_on else plain
+    app.mkdir(parents=True, exist_ok=True)
     for entry in app.iterdir():  # the app's own files: always the current ones
         if entry.name != PACKAGES.parts[0]:
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    if switched_on and not (app / PACKAGES.parts[0]).exists():
+        (app / PACKAGES.parts[0]).symlink_to(plain / PACKAGES.parts[0], target_is_directory=True)
     for name in deployed_files():
         _write(app / name, (ROOT / name).read_bytes())
+    for module in switched_on:  # recipes/ is not deployed (.funcignore): a recipe on is in consumers/
+        _write(app / "consumers" / f"{module}.py", (ROOT / "recipes" / f"{module}.py").read_bytes())
     return app
 
 

@@ -21,8 +21,8 @@ each function's body one call:
   each of its modules), ``declared_consumer`` (for
   operators' tools), ``reset``, ``using_store``, ``using_sender``; ``check_app_settings``
   (every setting, checked when the app starts);
-- ``timers``: the store's housekeeping (reconcile stale claims, purge expired markers, sweep
-  the outbox), a Blueprint to register once per app;
+- ``housekeeping`` (``housekeeping(needs)``): the store's housekeeping timers an app registers once (purge
+  expired markers; with ``"steps"`` reconcile stale claims; with ``"outbox"`` sweep the outbox);
 - for a trigger of your own: the deliveries (``servicebus_delivery``, ``eventgrid_delivery``,
   ``eventhub_deliveries``,
   ``cloudevent_delivery``, ``http_delivery``, ``http_cloudevent_delivery``) and settlements
@@ -68,7 +68,7 @@ from ._registry import (
     using_store,
 )
 from ._senders import ServiceBusSender
-from ._timers import bp as timers
+from ._timers import housekeeping
 
 __all__ = [
     "BODY_AS_BYTES",
@@ -86,6 +86,7 @@ __all__ = [
     "declared_consumer",
     "eventgrid_delivery",
     "eventhub_deliveries",
+    "housekeeping",
     "http_cloudevent_delivery",
     "http_delivery",
     "http_response",
@@ -102,7 +103,6 @@ __all__ = [
     "shared_sender",
     "shared_store",
     "stored_response",
-    "timers",
     "using_sender",
     "using_store",
 ]

@@ -44,6 +44,7 @@ class Once(Generic[T]):
 
     def __init__(self, build: Callable[[], T]) -> None:
         self._build = build
+        self.module: str = getattr(build, "__module__", "")  # where it is declared
         self._lock = threading.Lock()
         self._built: list[T] = []
 
@@ -85,10 +86,16 @@ def shared_sender() -> Sender:
 
 
 def declared(module: str | None = None) -> list[IdempotentConsumer]:
-    """Every declared consumer, built; with ``module``, after importing it (``declaring``)."""
+    """Every declared consumer, built; with ``module``, those it declares (a package: its
+    modules too), after importing it (``declaring``)."""
     if module is not None:
         declaring(module)
-    return [build() for build in _declared]
+    return [build() for build in _declared_in(module)]
+
+
+def _declared_in(module: str | None) -> list[Once[IdempotentConsumer]]:
+    return [build for build in _declared if module is None or build.module == module
+            or build.module.startswith(module + ".")]  # fmt: skip
 
 
 def declaring(module: str) -> None:
@@ -108,7 +115,7 @@ def declared_consumer(name: str, module: str = "consumers") -> IdempotentConsume
     ones, and what failed, when none is; ImportError when a module cannot be imported."""
     declaring(module)
     known, failed = [], []
-    for build in _declared:
+    for build in _declared_in(module):
         try:
             built = build()
         except ConfigurationError as exc:

@@ -1,10 +1,13 @@
-"""The store's housekeeping as a Functions Blueprint: register it once per app
-(``app.register_functions(timers)``); it works on the app's shared store (and sender)."""
+"""The store's housekeeping as Functions Blueprints, each registered once per app by what its
+consumers need (``housekeeping``): the markers' purge always; the reconciliation of two-phase
+claims for steps; the outbox's sweep for consumers that send. They work on the app's shared
+store and its consumers' senders."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import astuple
 from datetime import timedelta
 
@@ -24,18 +27,31 @@ _purges = metrics.get_meter("idempotency").create_counter(
 _sweeps = metrics.get_meter("idempotency").create_counter(
     "dedup.outbox.sweep.runs", description="Outbox sweeps, by whether they stopped with due keys left (a backlog)"
 )
-bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
+markers = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
+claims = func.Blueprint()  # type: ignore[no-untyped-call]
+outbox = func.Blueprint()  # type: ignore[no-untyped-call]
+NEEDS = {"steps": claims, "outbox": outbox}
 
 
-@bp.function_name("reconcile_claims")
-@bp.timer_trigger(arg_name="timer", schedule="0 */15 * * * *", use_monitor=True)
+def housekeeping(needs: Iterable[str] = ()) -> list[func.Blueprint]:
+    """The timers an app registers: ``purge_markers`` and ``sweep_markers`` always (markers
+    expire); ``reconcile_claims`` when a consumer makes two-phase steps (``"steps"``);
+    ``dispatch_outbox`` when one sends (``"outbox"``)."""
+    wanted = set(needs)
+    if wanted - NEEDS.keys():
+        raise ValueError(f"housekeeping needs {sorted(wanted - NEEDS.keys())}: known are {sorted(NEEDS)}")
+    return [markers, *(NEEDS[name] for name in sorted(wanted))]
+
+
+@claims.function_name("reconcile_claims")
+@claims.timer_trigger(arg_name="timer", schedule="0 */15 * * * *", use_monitor=True)
 def reconcile_claims(timer: func.TimerRequest) -> None:
     """Escalates two-phase claims whose lease expired more than DEDUP_STALE_AFTER ago."""
     escalate_stale_claims(shared_store(), duration("DEDUP_STALE_AFTER", "PT1H"))
 
 
-@bp.function_name("purge_markers")
-@bp.timer_trigger(arg_name="timer", schedule="0 */5 * * * *", use_monitor=True)
+@markers.function_name("purge_markers")
+@markers.timer_trigger(arg_name="timer", schedule="0 */5 * * * *", use_monitor=True)
 def purge_markers(timer: func.TimerRequest) -> None:
     """Table Storage has no TTL: delete the markers that expired, following the expiry index,
     for at most DEDUP_PURGE_TIME of a run (under functionTimeout), DEDUP_PURGE_BUDGET records."""
@@ -51,8 +67,8 @@ def purge_markers(timer: func.TimerRequest) -> None:
     _purges.add(1, {"budget_spent": str(left).lower()})  # true: it stopped with work left (a backlog, alert)
 
 
-@bp.function_name("sweep_markers")
-@bp.timer_trigger(arg_name="timer", schedule="0 0 4 * * 0", use_monitor=True)
+@markers.function_name("sweep_markers")
+@markers.timer_trigger(arg_name="timer", schedule="0 0 4 * * 0", use_monitor=True)
 def sweep_markers(timer: func.TimerRequest) -> None:
     """Weekly: the full scan for expired markers the index missed (an instance that died with
     notes unwritten), at most DEDUP_PURGE_BUDGET records."""
@@ -63,8 +79,8 @@ def sweep_markers(timer: func.TimerRequest) -> None:
 FIRST_SWEEP = timedelta(days=2)  # how far back a sweep without a cursor reads: 48 hourly reads, once
 
 
-@bp.function_name("dispatch_outbox")
-@bp.timer_trigger(arg_name="timer", schedule="0 */5 * * * *", use_monitor=True)
+@outbox.function_name("dispatch_outbox")
+@outbox.timer_trigger(arg_name="timer", schedule="0 */5 * * * *", use_monitor=True)
 def dispatch_outbox(timer: func.TimerRequest) -> None:
     """Sends what parked deliveries (HTTP calls, last deliveries) left unsent, each with its
     consumer's own sender: reads only the hours since its cursor, for at most DEDUP_PURGE_TIME

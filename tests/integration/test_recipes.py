@@ -1,0 +1,81 @@
+"""Switching a recipe on as recipes/README.md writes it: ``make recipe NAME=<name>`` in a
+fresh copy of the template moves its module into consumers/ and names it in
+infra/recipes.json; the app then registers its functions (and the housekeeping they need),
+and nothing else changes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import recipes
+from tests.integration.operators import ROOT
+
+LIST_FUNCTIONS = (
+    "import json, function_app\n"
+    "print(json.dumps(sorted(f.get_function_name() for f in function_app.app.get_functions())))"
+)
+
+
+@pytest.fixture
+def template(tmp_path: Path) -> Path:
+    """A fresh clone of the template, its dependencies the ones installed here."""
+    app = tmp_path / "app"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(app)], check=True)
+    (app / ".venv").symlink_to(ROOT / ".venv", target_is_directory=True)
+    (app / "node_modules").mkdir()  # the recipe needs no npm tool: installed, as far as make knows
+    for stamp in (ROOT / ".venv" / ".installed", app / "node_modules" / ".installed"):
+        stamp.touch()
+    return app
+
+
+def run(app: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    return subprocess.run(list(argv), cwd=app, env=env, capture_output=True, text=True, timeout=300)
+
+
+def functions(app: Path) -> list[str]:
+    done = run(app, sys.executable, "-c", LIST_FUNCTIONS)
+    assert done.returncode == 0, done.stderr
+    found: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
+def test_make_recipe_switches_a_recipe_on(template: Path) -> None:
+    before = functions(template)
+    done = run(template, "make", "--no-print-directory", "recipe", "NAME=eventhubs")
+    assert done.returncode == 0, done.stderr
+    assert (template / "consumers" / "shipments.py").exists() and not (template / "recipes" / "shipments.py").exists()
+    assert json.loads((template / "infra" / "recipes.json").read_text()) == ["eventhubs"]
+    assert sorted(functions(template)) == sorted([*before, "shipment_tracking"])
+    again = run(template, "make", "--no-print-directory", "recipe", "NAME=eventhubs")
+    assert again.returncode == 0 and "on already" in again.stdout
+
+
+def test_a_feature_recipe_is_named_for_infra_and_switched_on_by_its_setting(template: Path) -> None:
+    assert run(template, "make", "--no-print-directory", "recipe", "NAME=outbox").returncode == 0
+    assert json.loads((template / "infra" / "recipes.json").read_text()) == ["outbox"]
+    (template / "function_app.py").touch()
+    env_run = subprocess.run([sys.executable, "-c", LIST_FUNCTIONS], cwd=template, capture_output=True, text=True,
+                             env={**os.environ, "ORDER_ACCEPTED_TOPIC": "order-events"}, timeout=120)  # fmt: skip
+    assert "dispatch_outbox" in env_run.stdout, env_run.stderr
+
+
+def test_an_unknown_recipe_is_one_line_and_changes_nothing(template: Path) -> None:
+    done = run(template, sys.executable, "-m", "tools.recipe", "nosuch")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "choose from" in done.stderr
+    assert run(template, "git", "status", "--porcelain").stdout == ""
+
+
+def test_every_recipe_is_listed_with_its_module() -> None:
+    listed = (ROOT / "recipes" / "README.md").read_text()
+    for name, module in recipes.MODULES.items():
+        assert f"| `{name}` | `{module}.py` |" in listed
+        assert recipes.module(module).bp is not None
+    for name in recipes.FEATURES:
+        assert f"| `{name}` | (the orders consumers) |" in listed
