@@ -1,5 +1,8 @@
 // Idempotent consumers on Azure Functions: everything the app needs, with managed
 // identity only (no keys, no connection strings). Deploy with `azd up` (README, Deploy).
+// The default app deploys what its Service Bus and Event Grid consumers need; each recipe
+// named in infra/recipes.json adds its own resources, settings, roles and alerts
+// (infra/README.md, Recipes).
 // Without azd (infra/main.parameters.json holds azd placeholders, so pass values instead):
 //   az deployment group create -g <rg> -f infra/main.bicep -p environmentName=<name> \
 //     principalId=$(az ad signed-in-user show --query id -o tsv) [dedupStore=cosmos]
@@ -57,13 +60,20 @@ param dedupStore string = 'table'
 @minValue(1)
 param dedupRetentionDays int = 30
 
-@description('Private networking: VNet integration of the app, private endpoints for storage, Service Bus (then Premium), Event Hubs and Cosmos DB, public access to them off. Off by default (cost: Premium Service Bus).')
+@description('Private networking: VNet integration of the app, private endpoints for storage, Service Bus (then Premium), Event Hubs (eventhubs recipe) and Cosmos DB, public access to them off. Off by default (cost: Premium Service Bus).')
 param vnetEnabled bool = false
 
 @description('E-mail address the alerts are sent to (empty: they show in the portal only).')
 param alertEmail string = ''
 
-@description('How long Event Hubs keeps events (Standard: 1-7 days): a replay from a checkpoint can bring them back until then.')
+@description('The recipes switched on: the names in infra/recipes.json (`make recipe NAME=<name>` adds one; infra/README.md, Recipes). Not an azd variable: the file is the switch. A name not allowed here fails the deployment.')
+@allowed(['topic', 'outbox', 'sessions', 'batch', 'eventhubs', 'http', 'cloudevents-http', 'schedule', 'payments'])
+param recipes array = loadJsonContent('recipes.json')
+
+@description('payments recipe: the payment API the orders consumer charges through (PAYMENT_API_URL): `azd env set PAYMENT_API_URL <url>`.')
+param paymentApiUrl string = ''
+
+@description('eventhubs recipe: how long Event Hubs keeps events (Standard: 1-7 days): a replay from a checkpoint can bring them back until then.')
 @minValue(1)
 @maxValue(7)
 param eventHubRetentionDays int = 7
@@ -110,6 +120,23 @@ var abbrs = loadJsonContent('abbreviations.json')
 var suffix = uniqueString(resourceGroup().id, environmentName)
 var tags = { 'azd-env-name': environmentName }
 
+// What each recipe switches on (the names without resources, http, cloudevents-http and
+// schedule, are code only). tools/infra_checks.py evaluates the conditions with the recipes:
+// keep them plain names, or parenthesised (its parser binds `? :` tighter than `==` or `&&`).
+var withTopic = contains(recipes, 'topic') // the order topic, its billing and shipping subscriptions
+var withOutbox = contains(recipes, 'outbox') // the orders consumer publishes OrderAccepted to the order topic
+var withOrderTopic = withTopic || withOutbox
+var withSessions = contains(recipes, 'sessions') // the session-enabled order-status queue
+var withBatch = contains(recipes, 'batch') // the ledger queue (batch trigger)
+var withEventHubs = contains(recipes, 'eventhubs') // the Event Hubs namespace and its shipments hub
+var withPayments = contains(recipes, 'payments') // the payment API's URL (two-phase steps)
+
+// Plain Service Bus queues besides orders: your own consumers' queues (README, Start your own
+// app), then the batch recipe's. Each gets the orders queue's settings and a receive role.
+var appQueues = []
+var queues = concat(appQueues, withBatch ? ['ledger'] : [])
+var topicSubscriptions = withTopic ? ['billing', 'shipping'] : []
+
 module monitoring 'modules/monitoring.bicep' = {
   name: 'monitoring'
   params: { name: '${abbrs.monitoring}${environmentName}-${suffix}', location: location, tags: tags }
@@ -124,6 +151,9 @@ module alerts 'modules/alerts.bicep' = {
     serviceBusName: serviceBus.outputs.name
     eventGridTopicName: eventGrid.outputs.name
     alertEmail: alertEmail
+    eventHubs: withEventHubs
+    outbox: withOutbox
+    steps: withPayments
   }
 }
 
@@ -148,10 +178,14 @@ module serviceBus 'modules/servicebus.bicep' = {
     messageTimeToLive: messageTimeToLive
     duplicateDetectionWindow: duplicateDetectionWindow
     privateOnly: vnetEnabled
+    queues: queues
+    sessionQueue: withSessions
+    orderTopic: withOrderTopic
+    topicSubscriptions: topicSubscriptions
   }
 }
 
-module eventHubs 'modules/eventhubs.bicep' = {
+module eventHubs 'modules/eventhubs.bicep' = if (withEventHubs) {
   name: 'eventhubs'
   params: {
     name: '${abbrs.eventHubNamespaces}${environmentName}-${suffix}'
@@ -186,10 +220,56 @@ module network 'modules/network.bicep' = if (vnetEnabled) {
     tags: tags
     storageAccountId: storage.outputs.id
     serviceBusId: serviceBus.outputs.id
-    eventHubsId: eventHubs.outputs.id
-    cosmosAccountId: dedupStore == 'cosmos' ? cosmos.outputs.id : ''
+    eventHubsId: withEventHubs ? eventHubs.outputs.id : ''
+    cosmosAccountId: (dedupStore == 'cosmos') ? cosmos.outputs.id : ''
   }
 }
+
+// The app settings of the default app (README, Configuration); each recipe adds its own below.
+var settings = {
+  ServiceBusConnection__fullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
+  ServiceBusConnection__credential: 'managedidentity'
+  ServiceBusConnection__clientId: identity.outputs.clientId
+  ORDERS_QUEUE: serviceBus.outputs.queueName
+  DEDUP_STORE: dedupStore
+  DEDUP_STORAGE_ENDPOINT: storage.outputs.tableEndpoint
+  DEDUP_RETENTION: 'P${dedupRetentionDays}D'
+  DEDUP_MAX_DELIVERY_COUNT: '${maxDeliveryCount}' // the last delivery records why before the broker dead-letters
+  // The outbox refuses, before its commit, a message larger than its destination takes:
+  // Standard's 256 KiB, a Premium entity's 1 MiB (its default maxMessageSizeInKilobytes).
+  DEDUP_OUTGOING_MAX_BYTES: vnetEnabled ? '1048576' : '262144'
+  // Sync functions run on the worker's thread pool (min(32, CPUs + 4) threads by default): every
+  // call that waits out a store outage holds one (make check-leases counts them).
+  PYTHON_THREADPOOL_THREAD_COUNT: '128'
+  COSMOS_ENDPOINT: (dedupStore == 'cosmos') ? cosmos.outputs.endpoint : ''
+  COSMOS_DATABASE: 'dedup'
+  COSMOS_CONTAINER: 'records'
+  COSMOS_DEADLETTER_CONTAINER: 'deadletters'
+}
+var topicSettings = withTopic ? {
+  ORDER_TOPIC: serviceBus.outputs.topicName
+  BILLING_SUBSCRIPTION: 'billing'
+  SHIPPING_SUBSCRIPTION: 'shipping'
+} : {}
+var outboxSettings = withOutbox ? {
+  // The orders consumer publishes OrderAccepted there through its outbox (Data Sender on it only).
+  ORDER_ACCEPTED_TOPIC: serviceBus.outputs.topicName
+} : {}
+var sessionsSettings = withSessions ? {
+  ORDER_STATUS_QUEUE: serviceBus.outputs.statusQueueName
+} : {}
+var batchSettings = withBatch ? {
+  LEDGER_QUEUE: 'ledger'
+} : {}
+var eventHubsSettings = withEventHubs ? {
+  EventHubConnection__fullyQualifiedNamespace: eventHubs.outputs.fullyQualifiedNamespace
+  EventHubConnection__credential: 'managedidentity'
+  EventHubConnection__clientId: identity.outputs.clientId
+  SHIPMENT_HUB: eventHubs.outputs.hubName
+} : {}
+var paymentsSettings = withPayments ? {
+  PAYMENT_API_URL: paymentApiUrl
+} : {}
 
 module functionApp 'modules/functionapp.bicep' = {
   name: 'functionapp'
@@ -204,37 +284,7 @@ module functionApp 'modules/functionapp.bicep' = {
     appInsightsConnectionString: monitoring.outputs.appInsightsConnectionString
     easyAuthClientId: easyAuthClientId
     subnetId: vnetEnabled ? network.outputs.appSubnetId : ''
-    appSettings: {
-      ServiceBusConnection__fullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
-      ServiceBusConnection__credential: 'managedidentity'
-      ServiceBusConnection__clientId: identity.outputs.clientId
-      ORDERS_QUEUE: serviceBus.outputs.queueName
-      ORDER_STATUS_QUEUE: serviceBus.outputs.statusQueueName
-      LEDGER_QUEUE: serviceBus.outputs.ledgerQueueName
-      ORDER_TOPIC: serviceBus.outputs.topicName
-      // The orders consumer publishes OrderAccepted there through its outbox (Data Sender on it only).
-      ORDER_ACCEPTED_TOPIC: serviceBus.outputs.topicName
-      BILLING_SUBSCRIPTION: 'billing'
-      SHIPPING_SUBSCRIPTION: 'shipping'
-      EventHubConnection__fullyQualifiedNamespace: eventHubs.outputs.fullyQualifiedNamespace
-      EventHubConnection__credential: 'managedidentity'
-      EventHubConnection__clientId: identity.outputs.clientId
-      SHIPMENT_HUB: eventHubs.outputs.hubName
-      DEDUP_STORE: dedupStore
-      DEDUP_STORAGE_ENDPOINT: storage.outputs.tableEndpoint
-      DEDUP_RETENTION: 'P${dedupRetentionDays}D'
-      DEDUP_MAX_DELIVERY_COUNT: '${maxDeliveryCount}' // the last delivery records why before the broker dead-letters
-      // The outbox refuses, before its commit, a message larger than its destination takes:
-      // Standard's 256 KiB, a Premium entity's 1 MiB (its default maxMessageSizeInKilobytes).
-      DEDUP_OUTGOING_MAX_BYTES: vnetEnabled ? '1048576' : '262144'
-      // Sync functions run on the worker's thread pool (min(32, CPUs + 4) threads by default): every
-      // call that waits out a store outage holds one (make check-leases counts them).
-      PYTHON_THREADPOOL_THREAD_COUNT: '128'
-      COSMOS_ENDPOINT: dedupStore == 'cosmos' ? cosmos.outputs.endpoint : ''
-      COSMOS_DATABASE: 'dedup'
-      COSMOS_CONTAINER: 'records'
-      COSMOS_DEADLETTER_CONTAINER: 'deadletters'
-    }
+    appSettings: union(settings, topicSettings, outboxSettings, sessionsSettings, batchSettings, eventHubsSettings, paymentsSettings)
   }
 }
 
@@ -245,15 +295,18 @@ module roles 'modules/roles.bicep' = {
     storageAccountName: storage.outputs.name
     serviceBusName: serviceBus.outputs.name
     appInsightsName: monitoring.outputs.appInsightsName
-    cosmosAccountName: dedupStore == 'cosmos' ? cosmos.outputs.name : ''
+    cosmosAccountName: (dedupStore == 'cosmos') ? cosmos.outputs.name : ''
     eventGridTopicName: eventGrid.outputs.name
     eventGridPrincipalId: eventGrid.outputs.principalId
     eventDeadLetterContainer: storage.outputs.eventDeadLetterContainer
     operatorPrincipalId: principalId
     ordersQueueName: serviceBus.outputs.queueName
-    orderEventsTopicName: serviceBus.outputs.topicName
-    eventHubsName: eventHubs.outputs.name
-    shipmentHubName: eventHubs.outputs.hubName
+    receiveQueues: concat(queues, withSessions ? [serviceBus.outputs.statusQueueName] : [])
+    orderTopicName: serviceBus.outputs.topicName
+    topicSubscriptions: topicSubscriptions
+    outbox: withOutbox
+    eventHubsName: withEventHubs ? eventHubs.outputs.name : ''
+    shipmentHubName: withEventHubs ? eventHubs.outputs.hubName : ''
     recordsName: 'records'
   }
 }
@@ -280,5 +333,5 @@ output SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQua
 output SERVICEBUS_QUEUE string = serviceBus.outputs.queueName
 output EVENTGRID_TOPIC_ENDPOINT string = eventGrid.outputs.endpoint
 output DEDUP_STORAGE_ENDPOINT string = storage.outputs.tableEndpoint
-output COSMOS_ENDPOINT string = dedupStore == 'cosmos' ? cosmos.outputs.endpoint : ''
+output COSMOS_ENDPOINT string = (dedupStore == 'cosmos') ? cosmos.outputs.endpoint : ''
 output DEDUP_RETENTION string = 'P${dedupRetentionDays}D'

@@ -4,10 +4,11 @@ dedup settings (no Bicep compiler needed: the templates are parsed with pycep-pa
     python -m tools.delivery_checks retention [infra_dir]   # markers outlive every redelivery
     python -m tools.delivery_checks leases [infra_dir]      # a dead owner's claim lapses in budget
 
-Every Service Bus queue and topic subscription and every Event Grid subscription in infra/
-is read, whether its values are literals or parameters (resolved through the module call
-to main.bicep's defaults and main.parameters.json); a property left out takes the
-service's default.
+Every Service Bus queue and topic subscription, Event Hub and Event Grid subscription that
+infra/ deploys with the recipes of infra/recipes.json is read (tools.infra_checks.Deployment),
+whether its values are literals or parameters (resolved through the module call to
+main.bicep's defaults and main.parameters.json); a property left out takes the service's
+default.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 import re
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -35,7 +36,17 @@ from shared.idempotency.config import (
 from shared.idempotency.downstream import DEFAULT_TIMEOUT
 from shared.idempotency.functions import EVENT_GRID_WAIT
 from shared.idempotency.stores._azure import TRANSPORT
-from tools.infra_checks import INFRA, ROOT, parameter_values, parse, timespan
+from tools.infra_checks import (
+    INFRA,
+    ROOT,
+    Deployment,
+    RecipeError,
+    body,
+    parameter_values,
+    parse,
+    read_recipes,
+    timespan,
+)
 
 QUEUE, SUBSCRIPTION = "Microsoft.ServiceBus/namespaces/queues", "Microsoft.ServiceBus/namespaces/topics/subscriptions"
 EVENT_HUB = "Microsoft.EventHub/namespaces/eventhubs"
@@ -68,47 +79,38 @@ class Redelivery:
     count: int = 1  # entities declared by it (a ``[for name in [...]]`` loop declares several)
 
 
-def redeliveries(infra: Path = INFRA) -> list[Redelivery]:
-    main = parse(infra / "main.bicep")
+def redeliveries(infra: Path = INFRA, recipes: Sequence[str] | None = None) -> list[Redelivery]:
+    """Where the platform may redeliver from, in what infra/ deploys with ``recipes``
+    (default: infra/recipes.json)."""
+    deployment = Deployment(infra, recipes)
     values = parameter_values(infra)
+    scopes: dict[str, dict[str, Any]] = {"": values}  # main.bicep's own resources read its parameters
+    for call, (path, _) in deployment.calls.items():
+        passed = body(deployment.main["modules"][call]).get("params", {})
+        scopes[call] = {n: spec.get("default") for n, spec in parse(infra / path).get("parameters", {}).items()}
+        scopes[call].update({n: _resolve(v, values) for n, v in passed.items()})
+    paths = Counter(path for path, _ in deployment.calls.values())
     found: list[Redelivery] = []
-    paths = Counter(m["detail"]["path"] for m in main.get("modules", {}).values() if m.get("type") == "local")
-    for call, module in main.get("modules", {}).items():
-        if module.get("type") != "local":
+    for resource in deployment.resources:
+        if resource.existing:  # declared elsewhere (e.g. a role's scope): read there
             continue
-        tree = parse(infra / module["detail"]["path"])
-        scope = {n: spec.get("default") for n, spec in tree.get("parameters", {}).items()}
-        scope.update({n: _resolve(v, values) for n, v in _body(module).get("params", {}).items()})
-        for symbol, spec in tree.get("resources", {}).items():
-            if spec.get("existing"):  # declared elsewhere (e.g. a role's scope): read there
-                continue
-            properties = _body(spec).get("properties", {})
-            path = module["detail"]["path"]  # a module called twice (two subscribers) is named by its call
-            name = f"{path}:{symbol}" if paths[path] == 1 else f"{path}[{call}]:{symbol}"
-            loop = ((spec.get("config") or {}).get("loop_type") or {}).get("detail") or {}
-            count = len(loop["array_name"]) if isinstance(loop.get("array_name"), list) else 1
-            if spec["type"] in (QUEUE, SUBSCRIPTION):
-                value = {k: _resolve(properties.get(k, d), scope) for k, d in SERVICE_BUS_DEFAULTS.items()}
-                found.append(Redelivery(name, "service bus", int(value["maxDeliveryCount"]),
-                                        _duration(value["defaultMessageTimeToLive"], name),
-                                        _duration(value["lockDuration"], name), count))  # fmt: skip
-            elif spec["type"] == EVENT_HUB:  # a replay from a checkpoint, up to the hub's retention
-                days = _resolve(properties.get("messageRetentionInDays", 1), scope)
-                found.append(Redelivery(name, "event hubs", 1, timedelta(days=int(days))))
-            elif spec["type"] in EVENT_SUBSCRIPTIONS:
-                retry = properties.get("retryPolicy", {})
-                value = {k: _resolve(retry.get(k, d), scope) for k, d in EVENT_GRID_DEFAULTS.items()}
-                found.append(Redelivery(name, "event grid", int(value["maxDeliveryAttempts"]),
-                                        timedelta(minutes=int(value["eventTimeToLiveInMinutes"]))))  # fmt: skip
+        properties, scope, path = resource.properties, scopes[resource.call], resource.path
+        name = f"{path}:{resource.symbol}" if paths[path] <= 1 else f"{path}[{resource.call}]:{resource.symbol}"
+        count = resource.count or 1  # a loop over values known at deployment only: one at least
+        if resource.type in (QUEUE, SUBSCRIPTION):
+            value = {k: _resolve(properties.get(k, d), scope) for k, d in SERVICE_BUS_DEFAULTS.items()}
+            found.append(Redelivery(name, "service bus", int(value["maxDeliveryCount"]),
+                                    _duration(value["defaultMessageTimeToLive"], name),
+                                    _duration(value["lockDuration"], name), count))  # fmt: skip
+        elif resource.type == EVENT_HUB:  # a replay from a checkpoint, up to the hub's retention
+            days = _resolve(properties.get("messageRetentionInDays", 1), scope)
+            found.append(Redelivery(name, "event hubs", 1, timedelta(days=int(days))))
+        elif resource.type in EVENT_SUBSCRIPTIONS:
+            retry = properties.get("retryPolicy", {})
+            value = {k: _resolve(retry.get(k, d), scope) for k, d in EVENT_GRID_DEFAULTS.items()}
+            found.append(Redelivery(name, "event grid", int(value["maxDeliveryAttempts"]),
+                                    timedelta(minutes=int(value["eventTimeToLiveInMinutes"]))))  # fmt: skip
     return found
-
-
-def _body(spec: dict[str, Any]) -> dict[str, Any]:
-    """A declaration's body, inside ``if (...)`` and ``[for ...]`` wrappers."""
-    config: dict[str, Any] = spec.get("config") or {}
-    while "condition" in config or "loop_type" in config:
-        config = config["config"]
-    return config
 
 
 def _resolve(value: Any, scope: dict[str, Any]) -> Any:
@@ -159,11 +161,11 @@ STORE_REQUEST = (TRANSPORT["retry_total"] + 1) * timedelta(
 ) + TRANSPORT["retry_total"] * timedelta(seconds=TRANSPORT["retry_backoff_max"])
 
 
-def app_settings(infra: Path = INFRA) -> Callable[[str, str], str]:
-    """The app settings main.bicep gives the function app, read once: ``lookup(name, default)``
-    (``'${param}'`` interpolations resolved)."""
-    main = parse(infra / "main.bicep")
-    settings = _body(main.get("modules", {}).get("functionApp", {})).get("params", {}).get("appSettings") or {}
+def app_settings(infra: Path = INFRA, recipes: Sequence[str] | None = None) -> Callable[[str, str], str]:
+    """The app settings main.bicep gives the function app with ``recipes`` (default:
+    infra/recipes.json), read once: ``lookup(name, default)`` (``'${param}'`` interpolations
+    resolved)."""
+    settings = Deployment(infra, recipes).app_settings()
     values = parameter_values(infra)
 
     def lookup(name: str, default: str) -> str:
@@ -173,9 +175,9 @@ def app_settings(infra: Path = INFRA) -> Callable[[str, str], str]:
     return lookup
 
 
-def dedup_settings(infra: Path = INFRA) -> Dedup:
+def dedup_settings(infra: Path = INFRA, recipes: Sequence[str] | None = None) -> Dedup:
     """The DEDUP_* settings as infra sets them, else the library's defaults."""
-    text = app_settings(infra)
+    text = app_settings(infra, recipes)
 
     def setting(name: str, default: str) -> timedelta:
         return _duration(text(name, default), name)
@@ -206,7 +208,8 @@ class Report:
         )
 
 
-def retention_check(infra: Path = INFRA, host: dict[str, Any] | None = None) -> Report:
+def retention_check(infra: Path = INFRA, host: dict[str, Any] | None = None,
+                    recipes: Sequence[str] | None = None) -> Report:  # fmt: skip
     """Markers must outlive the last copy the brokers may still deliver, plus the time
     operators may take to resubmit from a dead-letter queue:
 
@@ -215,28 +218,32 @@ def retention_check(infra: Path = INFRA, host: dict[str, Any] | None = None) -> 
     - Event Grid: retries stop after eventTimeToLiveInMinutes;
     - Event Hubs: a replay from a checkpoint (a restart, a rebalance) brings events back up to
       the hub's messageRetentionInDays.
+
+    What is read is what infra/ deploys with ``recipes`` (default: infra/recipes.json).
     """
     renewal = host_settings(host or _host()).lock_renewal
     values = parameter_values(infra)
     retention = timedelta(days=int(values["dedupRetentionDays"]))
     margin = timedelta(days=int(values["deadLetterResubmitDays"]))
-    lines = [f"dedup retention {_days(retention)}; dead-letter resubmission margin {_days(margin)}"]
+    lines = [f"recipes {_recipes(infra, recipes)}",
+             f"dedup retention {_days(retention)}; dead-letter resubmission margin {_days(margin)}"]  # fmt: skip
     failures: list[str] = []
-    for place in redeliveries(infra):
+    for place in redeliveries(infra, recipes):
         held = place.max_deliveries * max(place.lock, renewal) if place.broker == "service bus" else timedelta(0)
         window = place.time_to_live + held
         explained = (f"{place.name} ({place.broker}): TTL {_days(place.time_to_live)}"
                      + (f" + {place.max_deliveries} deliveries x {max(place.lock, renewal)}" if place.lock else "")
                      + f" + margin = {_days(window + margin)}")  # fmt: skip
         (lines if window + margin <= retention else failures).append(explained)
-    records = dedup_settings(infra).dead_letter_retention
+    records = dedup_settings(infra, recipes).dead_letter_retention
     (lines if records >= margin else failures).append(
         f"dead-letter records kept {_days(records)} >= resubmission margin (DEDUP_DEAD_LETTER_RETENTION)"
     )
     return Report(lines, failures)
 
 
-def lease_check(infra: Path = INFRA, host: dict[str, Any] | None = None) -> Report:
+def lease_check(infra: Path = INFRA, host: dict[str, Any] | None = None,
+                recipes: Sequence[str] | None = None) -> Report:  # fmt: skip
     """Waiting, leases and delivery budgets agree:
 
     - a delivery that waits for a transient failure to clear (DEDUP_TRANSIENT_WAIT; then
@@ -250,9 +257,13 @@ def lease_check(infra: Path = INFRA, host: dict[str, Any] | None = None) -> Repo
     - a claim whose owner died lapses while the broker still has deliveries left: each later
       delivery that meets the live claim waits at least DEDUP_IN_FLIGHT_WAIT (Service Bus:
       DEDUP_TRANSIENT_WAIT); for Event Grid, its retry delays count too; and a live owner
-      keeps its claim through its call: lease >= call timeout + skew."""
-    timing, dedup = host_settings(host or _host()), dedup_settings(infra)
-    lines = [f"lease {dedup.lease}, in-flight wait {dedup.in_flight_wait}, transient wait {dedup.transient_wait}, "
+      keeps its claim through its call: lease >= call timeout + skew.
+
+    What is read is what infra/ deploys with ``recipes`` (default: infra/recipes.json)."""
+    timing, dedup = host_settings(host or _host()), dedup_settings(infra, recipes)
+    settings = app_settings(infra, recipes)
+    lines = [f"recipes {_recipes(infra, recipes)}",
+             f"lease {dedup.lease}, in-flight wait {dedup.in_flight_wait}, transient wait {dedup.transient_wait}, "
              f"step call timeout {dedup.call_timeout}, store request at most {STORE_REQUEST}, "
              f"functionTimeout {timing.function_timeout}, lock renewal {timing.lock_renewal}"]  # fmt: skip
     failures: list[str] = []
@@ -268,12 +279,12 @@ def lease_check(infra: Path = INFRA, host: dict[str, Any] | None = None) -> Repo
     longest = dedup.transient_wait + dedup.in_flight_wait + dedup.call_timeout + 2 * STORE_REQUEST
     require(longest <= timing.function_timeout,
             f"a waiting delivery ({longest}: waits, a last attempt, a record) <= functionTimeout")  # fmt: skip
-    sweep_delay = _duration(app_settings(infra)("DEDUP_OUTBOX_SWEEP_DELAY", DEFAULT_OUTBOX_SWEEP_DELAY), "sweep")
+    sweep_delay = _duration(settings("DEDUP_OUTBOX_SWEEP_DELAY", DEFAULT_OUTBOX_SWEEP_DELAY), "sweep")
     require(sweep_delay > timing.function_timeout,
             f"DEDUP_OUTBOX_SWEEP_DELAY {sweep_delay} > functionTimeout: the sweep never races a call")  # fmt: skip
-    places = redeliveries(infra)
+    places = redeliveries(infra, recipes)
     queues = sum(place.count for place in places if place.broker == "service bus")
-    threads = int(app_settings(infra)("PYTHON_THREADPOOL_THREAD_COUNT", "0"))
+    threads = int(settings("PYTHON_THREADPOOL_THREAD_COUNT", "0"))
     require(threads >= queues * timing.max_concurrent_calls + HTTP_THREADS,
             f"PYTHON_THREADPOOL_THREAD_COUNT {threads} >= {queues} Service Bus entities x maxConcurrentCalls "
             f"{timing.max_concurrent_calls} + {HTTP_THREADS} (HTTP, Event Grid): waiting holds a thread")  # fmt: skip
@@ -301,15 +312,16 @@ def lease_check(infra: Path = INFRA, host: dict[str, Any] | None = None) -> Repo
     if survived:
         lines.append(f"a store outage of up to {min(survived)} is survived without a Service Bus dead-letter "
                      "(maxDeliveryCount x DEDUP_TRANSIENT_WAIT; no progress meanwhile, then it recovers)")  # fmt: skip
-        lines.append(outbox_window(infra, max(p.max_deliveries for p in places if p.broker == "service bus") * longest))
+        redelivered = max(p.max_deliveries for p in places if p.broker == "service bus") * longest
+        lines.append(outbox_window(infra, redelivered, recipes))
     return Report(lines, failures)
 
 
-def outbox_window(infra: Path, redelivered: timedelta) -> str:
+def outbox_window(infra: Path, redelivered: timedelta, recipes: Sequence[str] | None = None) -> str:
     """How late the outbox re-sends a message after its first try, against the destination's
     duplicate-detection window (stated, not required: the subscribers' dedup holds past it)."""
     window = _duration(parameter_values(infra).get("duplicateDetectionWindow") or "PT10M", "detection window")
-    delay = app_settings(infra)("DEDUP_OUTBOX_SWEEP_DELAY", DEFAULT_OUTBOX_SWEEP_DELAY)
+    delay = app_settings(infra, recipes)("DEDUP_OUTBOX_SWEEP_DELAY", DEFAULT_OUTBOX_SWEEP_DELAY)
     latest = max(redelivered, _duration(delay, "DEDUP_OUTBOX_SWEEP_DELAY") + SWEEP_EVERY)
     verdict = (
         "drops every such re-send"
@@ -319,6 +331,10 @@ def outbox_window(infra: Path, redelivered: timedelta) -> str:
     return (f"outbox: a re-send comes up to {latest} after the first try while the destination recovers "
             f"(redeliveries: maxDeliveryCount x a waiting delivery, {redelivered}; sweep: "
             f"DEDUP_OUTBOX_SWEEP_DELAY + {SWEEP_EVERY}); duplicate detection ({window}) {verdict}")  # fmt: skip
+
+
+def _recipes(infra: Path, recipes: Sequence[str] | None) -> str:
+    return json.dumps(list(recipes) if recipes is not None else read_recipes(infra))
 
 
 def _event_grid_delays(count: int) -> list[timedelta]:
@@ -351,7 +367,11 @@ def main(argv: list[str]) -> int:
     if not (infra / "main.bicep").is_file():
         print(f"delivery_checks: error: no main.bicep in {infra}", file=sys.stderr)
         return 2
-    report = retention_check(infra) if command == "retention" else lease_check(infra)
+    try:
+        report = retention_check(infra) if command == "retention" else lease_check(infra)
+    except RecipeError as exc:
+        print(f"delivery_checks: error: {exc}", file=sys.stderr)
+        return 2
     print(report.explain())
     if not report.ok:
         print(ADVICE[command])

@@ -1,18 +1,21 @@
 """Checks on infra/ that need no Bicep compiler: the Bicep files are parsed (PyPI
-``pycep-parser``) and the security policies asserted on the parsed tree. (What the brokers
-may redeliver, against the dedup settings, is tools/delivery_checks.py.)
+``pycep-parser``) and the security policies asserted on the parsed tree of what is deployed
+with the recipes named in infra/recipes.json (``Deployment``). (What the brokers may
+redeliver, against the dedup settings, is tools/delivery_checks.py.)
 
     python -m tools.infra_checks policies [infra_dir]
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import cached_property, lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +26,18 @@ INFRA = ROOT / "infra"
 
 
 def parse(path: Path) -> dict[str, Any]:
-    tree: dict[str, Any] = dict(BicepParser().parse(file_path=path))
-    return tree
+    """A Bicep file's tree (parsed once per content: the checks read each template many times)."""
+    return copy.deepcopy(_parsed(path.read_text()))
+
+
+@lru_cache(maxsize=256)
+def _parsed(text: str) -> dict[str, Any]:
+    return dict(_parser().parse(text=text))
+
+
+@lru_cache(maxsize=1)
+def _parser() -> BicepParser:
+    return BicepParser()
 
 
 def bicep_files(infra: Path) -> list[Path]:
@@ -55,32 +68,259 @@ def timespan(text: str) -> timedelta:
     return timedelta(days=int(days), hours=int(hours), minutes=int(minutes), seconds=float(seconds))
 
 
-# -- policies --------------------------------------------------------------------------
+# -- recipes and what they deploy ---------------------------------------------------------
+
+
+class RecipeError(ValueError):
+    """infra/recipes.json is not a list of the recipe names main.bicep allows."""
+
+
+def allowed_recipes(infra: Path = INFRA) -> list[str]:
+    """The recipe names main.bicep allows (the ``@allowed`` of its ``recipes`` parameter)."""
+    spec = parse(infra / "main.bicep")["parameters"].get("recipes", {})
+    for decorator in spec.get("decorators", []):
+        if decorator.get("type") == "allowed":
+            return list(decorator["argument"])
+    raise RecipeError(f"{infra / 'main.bicep'}: no recipes parameter with its allowed names")
+
+
+def read_recipes(infra: Path = INFRA) -> list[str]:
+    """The recipes switched on: infra/recipes.json, a JSON array of allowed names."""
+    path = infra / "recipes.json"
+    try:
+        names = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise RecipeError(f"{path}: {exc}") from exc
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise RecipeError(f"{path}: not a JSON array of recipe names: {names!r}")
+    allowed = allowed_recipes(infra)
+    if unknown := [name for name in names if name not in allowed]:
+        raise RecipeError(f"{path}: unknown recipe {', '.join(map(repr, unknown))}; known: {', '.join(allowed)}")
+    return names
+
+
+class _Unknown:
+    """A value only the deployment knows: a parameter (every value it may take counts), a
+    resource's or module's property, a function this reader does not evaluate."""
+
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+UNKNOWN: Any = _Unknown()
+
+
+def _args(function: dict[str, Any]) -> list[Any]:
+    parameters = function.get("parameters") or {}
+    return [parameters[k] for k in sorted(parameters, key=lambda k: int(k.rpartition("_")[2]))]
+
+
+class Scope:
+    """Evaluates the expressions of one template that decide what is deployed: conditions,
+    loop arrays, the app settings' ``union``. Parameters are given (else UNKNOWN; a callable
+    is evaluated once, when read), variables evaluated on demand; ``module.outputs.name`` is
+    read through ``modules`` (main.bicep's calls), ``resource.name`` from its declaration and
+    ``resource.id`` is a placeholder (never empty). pycep gives identifiers and string literals
+    alike: a name in scope is a parameter or variable. Conditions are written as plain names,
+    ``!empty(name)`` or parenthesised, because pycep binds ``? :`` tighter than ``&&`` or ``==``."""
+
+    def __init__(self, tree: dict[str, Any], params: dict[str, Any],
+                 modules: Callable[[str], Scope | None] | None = None) -> None:  # fmt: skip
+        self.tree = tree
+        self.params = params
+        self.modules = modules or (lambda call: None)
+        self.variables = {name: spec.get("value") for name, spec in tree.get("variables", {}).items()}
+        self._values: dict[str, Any] = {}
+
+    def _named(self, name: str, node: Any) -> Any:
+        if name not in self._values:
+            self._values[name] = UNKNOWN  # a cycle reads as unknown
+            self._values[name] = node() if callable(node) else self(node)
+        return self._values[name]
+
+    def _property(self, node: Any) -> Any:
+        path: list[Any] = []
+        while isinstance(node, dict) and node.get("operator", {}).get("type") == "property_accessor":
+            path.append(node["operator"]["operands"]["operand_1"])
+            node = node["operator"]["operands"]["operand_2"]
+        path.append(node)
+        if not all(isinstance(part, str) for part in path):
+            return UNKNOWN
+        resources = self.tree.get("resources", {})
+        if len(path) == 3 and path[1] == "outputs" and (module := self.modules(path[0])) is not None:
+            output = module.tree.get("outputs", {}).get(path[2])
+            return module(output["value"]) if output else UNKNOWN
+        if len(path) == 2 and path[0] in resources and path[1] in ("name", "id"):
+            name = self(body(resources[path[0]]).get("name")) if path[1] == "name" else UNKNOWN
+            return name if isinstance(name, str) else f"<{path[0]}.{path[1]}>"
+        return UNKNOWN
+
+    def __call__(self, node: Any) -> Any:
+        if isinstance(node, str):
+            if node in self.params:
+                return self._named(node, self.params[node]) if callable(self.params[node]) else self.params[node]
+            if node in self.variables:
+                return self._named(node, self.variables[node])
+            return UNKNOWN if "${" in node else node
+        if isinstance(node, list):
+            return [self(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if "operator" in node:
+            kind, operands = node["operator"]["type"], node["operator"].get("operands") or {}
+            if kind == "property_accessor":
+                return self._property(node)
+            if kind == "not":
+                value = self(operands["bool_value"])
+                return UNKNOWN if value is UNKNOWN else not value
+            if kind in ("and", "or"):
+                sides = [self(operands["operand_1"]), self(operands["operand_2"])]
+                decisive = kind == "or"  # True decides an or, False an and, whatever the other side
+                if any(side is not UNKNOWN and bool(side) == decisive for side in sides):
+                    return decisive
+                return UNKNOWN if any(side is UNKNOWN for side in sides) else not decisive
+            if kind == "conditional":
+                condition = self(operands["condition"])
+                if condition is UNKNOWN:
+                    return UNKNOWN
+                return self(operands["true_value"] if condition else operands["false_value"])
+            if kind in ("equals", "not_equals"):
+                left, right = self(operands["operand_1"]), self(operands["operand_2"])
+                if left is UNKNOWN or right is UNKNOWN:
+                    return UNKNOWN
+                return (left == right) == (kind == "equals")
+            return UNKNOWN
+        if "function" in node:
+            function = node["function"]
+            kind, parameters = function["type"], function.get("parameters") or {}
+            if kind == "contains":
+                container, item = self(parameters["container"]), self(parameters["item_to_find"])
+                if item is UNKNOWN or not isinstance(container, (list, str)):
+                    return UNKNOWN
+                if item in container:
+                    return True
+                return UNKNOWN if any(element is UNKNOWN for element in container) else False
+            if kind == "empty":
+                value = self(parameters["item_to_test"])
+                return len(value) == 0 if isinstance(value, (str, list, dict)) else UNKNOWN
+            if kind in ("concat", "union"):
+                values = [self(arg) for arg in _args(function)]
+                if all(isinstance(value, list) for value in values):
+                    items = [item for value in values for item in value]
+                    return items if kind == "concat" else [x for i, x in enumerate(items) if x not in items[:i]]
+                if kind == "union" and all(isinstance(value, dict) for value in values):
+                    return {key: item for value in values for key, item in value.items()}
+            return UNKNOWN
+        if "loop_type" in node:
+            return UNKNOWN
+        return node  # an object literal: its values stay as parsed
 
 
 @dataclass(frozen=True)
 class Resource:
-    file: str
+    file: str  # the template's file name
     symbol: str
     type: str
-    config: dict[str, Any]
+    config: dict[str, Any]  # the declaration's body (inside its condition and loop)
+    call: str = ""  # the module call of main.bicep that deploys it ("" in main.bicep itself)
+    path: str = "main.bicep"  # the template, relative to infra/
+    count: int | None = 1  # the entities a ``[for ...]`` declares (None: known at deployment only)
+    existing: bool = False
 
     @property
     def properties(self) -> dict[str, Any]:
         return self.config.get("properties") or {}
 
 
-def _config(spec: dict[str, Any]) -> dict[str, Any]:
-    """A conditional declaration (``= if (...) {...}``) nests its body under config."""
+def body(spec: dict[str, Any]) -> dict[str, Any]:
+    """A declaration's body, inside its ``if (...)`` and ``[for ...]`` wrappers."""
     config: dict[str, Any] = spec.get("config") or {}
-    return config["config"] if "condition" in config else config
+    while "condition" in config or "loop_type" in config:
+        config = config["config"]
+    return config
 
 
-def resources(infra: Path) -> Iterator[Resource]:
-    for path in bicep_files(infra):
-        for symbol, spec in parse(path).get("resources", {}).items():
-            if not spec.get("existing"):
-                yield Resource(path.name, symbol, spec["type"], _config(spec))
+class Deployment:
+    """What main.bicep deploys with the recipes of infra/recipes.json (or those given): the
+    module calls and resources whose condition holds. The recipes are the one input fixed
+    here; a condition on another parameter (vnetEnabled, dedupStore, deployEventSubscription,
+    an optional principal) counts as met, so the checks cover every value it may take, unless
+    ``parameters`` fixes it."""
+
+    def __init__(self, infra: Path = INFRA, recipes: Sequence[str] | None = None,
+                 parameters: dict[str, Any] | None = None) -> None:  # fmt: skip
+        self.infra = infra
+        self.recipes = read_recipes(infra) if recipes is None else list(recipes)
+        self.main = parse(infra / "main.bicep")
+        params = {name: UNKNOWN for name in self.main.get("parameters", {})}
+        self.scope = Scope(self.main, {**params, **(parameters or {}), "recipes": self.recipes}, self.module)
+        self._modules: dict[str, Scope | None] = {}
+
+    def deployed(self, spec: dict[str, Any], scope: Scope) -> tuple[bool, int | None]:
+        """Whether a declaration is deployed, and how many entities it declares."""
+        config = spec.get("config") or {}
+        count: int | None = 1
+        while "condition" in config or "loop_type" in config:
+            if config.get("condition") is not None and scope(config["condition"]) is False:
+                return False, 0
+            if loop := (config.get("loop_type") or {}).get("detail"):
+                items = scope(loop["array_name"])
+                count = len(items) if isinstance(items, list) else None
+                if count == 0:
+                    return False, 0
+            config = config["config"]
+        return True, count
+
+    def module(self, call: str) -> Scope | None:
+        """The scope of main.bicep's module call ``call`` if it is deployed (its parameters
+        evaluated when read), else None."""
+        if call not in self._modules:
+            module = self.main.get("modules", {}).get(call)
+            if not module or module.get("type") != "local" or not self.deployed(module, self.scope)[0]:
+                self._modules[call] = None
+            else:
+                tree = parse(self.infra / module["detail"]["path"])
+                passed = body(module).get("params") or {}
+                params = {name: partial(self.scope, passed[name]) if name in passed else _literal(spec.get("default"))
+                          for name, spec in tree.get("parameters", {}).items()}  # fmt: skip
+                self._modules[call] = Scope(tree, params)
+        return self._modules[call]
+
+    @cached_property
+    def calls(self) -> dict[str, tuple[str, Scope]]:
+        """The module calls deployed: symbol -> (template path, the module's scope)."""
+        return {call: (module["detail"]["path"], scope) for call, module in self.main.get("modules", {}).items()
+                if (scope := self.module(call)) is not None}  # fmt: skip
+
+    @cached_property
+    def resources(self) -> list[Resource]:
+        """Every resource deployed (``existing`` ones too, flagged), in main.bicep then per call."""
+        templates = [("", "main.bicep", self.scope)]
+        templates += [(call, path, scope) for call, (path, scope) in self.calls.items()]
+        found = []
+        for call, path, scope in templates:
+            for symbol, spec in scope.tree.get("resources", {}).items():
+                deployed, count = self.deployed(spec, scope)
+                if deployed:
+                    found.append(Resource(Path(path).name, symbol, spec["type"], body(spec), call, path, count,
+                                          bool(spec.get("existing"))))  # fmt: skip
+        return found
+
+    def app_settings(self) -> dict[str, Any]:
+        """The function app's settings deployed (values as parsed): main.bicep's ``union`` of
+        the default app's settings and each recipe's, evaluated."""
+        if "functionApp" not in self.calls:
+            return {}
+        settings = self.scope((body(self.main["modules"]["functionApp"]).get("params") or {}).get("appSettings"))
+        if not isinstance(settings, dict):
+            raise ValueError(f"{self.infra / 'main.bicep'}: cannot read the function app's appSettings: {settings!r}")
+        return settings
+
+
+def _literal(value: Any) -> Any:
+    """A module parameter's default, when it is a plain value."""
+    return value if isinstance(value, (bool, int, float, list)) or (
+        isinstance(value, str) and "${" not in value) else UNKNOWN  # fmt: skip
 
 
 def _text(value: Any) -> str:
@@ -92,6 +332,10 @@ SECRET_PATTERNS = re.compile(r"listKeys|listConnectionStrings|AccountKey=|Shared
 
 # The operator (smoke test) may reach single entities only: never a namespace or an account.
 SENDER_SCOPES = frozenset({"Microsoft.ServiceBus/namespaces/topics", "Microsoft.ServiceBus/namespaces/queues"})
+RECEIVER_SCOPES = frozenset({
+    "Microsoft.ServiceBus/namespaces/queues",
+    "Microsoft.ServiceBus/namespaces/topics/subscriptions",
+})  # fmt: skip
 OPERATOR_SCOPES = frozenset({
     "Microsoft.ServiceBus/namespaces/queues",
     "Microsoft.EventGrid/topics",
@@ -99,10 +343,16 @@ OPERATOR_SCOPES = frozenset({
 })  # fmt: skip
 
 
-def policy_violations(infra: Path = INFRA) -> list[str]:
+def policy_violations(infra: Path = INFRA, recipes: Sequence[str] | None = None) -> list[str]:
+    """The policies broken by what infra/ deploys with ``recipes`` (default: infra/recipes.json)."""
+    try:
+        deployment = Deployment(infra, recipes)
+    except RecipeError as exc:
+        return [str(exc)]
     found: list[str] = []
-    main = parse(infra / "main.bicep")
-    all_resources = list(resources(infra))
+    main = deployment.main
+    declared = {(r.file, r.symbol): r for r in deployment.resources if not r.existing}  # a module called twice: once
+    all_resources = list(declared.values())
 
     def by_type(type_: str) -> list[Resource]:
         return [r for r in all_resources if r.type == type_]
@@ -166,9 +416,8 @@ def policy_violations(infra: Path = INFRA) -> list[str]:
     types = {(path.name, symbol): spec["type"] for path in bicep_files(infra)  # declared or existing
              for symbol, spec in parse(path).get("resources", {}).items()}  # fmt: skip
     for assignment in by_type("Microsoft.Authorization/roleAssignments"):
-        scope = assignment.config.get("scope")
-        require(isinstance(scope, str) and scope.isidentifier(),
-                f"{assignment.file}:{assignment.symbol}: role assignment not scoped to a resource")  # fmt: skip
+        scope = _scope_symbol(assignment.config.get("scope"))
+        require(scope is not None, f"{assignment.file}:{assignment.symbol}: role assignment not scoped to a resource")
         if "eventGridPrincipalId" in _text(assignment.properties.get("principalId")):  # dead letters only
             container = (
                 types.get((assignment.file, str(scope))) == "Microsoft.Storage/storageAccounts/blobServices/containers"
@@ -180,6 +429,9 @@ def policy_violations(infra: Path = INFRA) -> list[str]:
         if "serviceBusDataSender" in _text(assignment.properties.get("roleDefinitionId")):  # the outbox, an operator
             target = types.get((assignment.file, str(scope)))
             require(target in SENDER_SCOPES, f"{assignment.symbol}: Service Bus Data Sender beyond one entity")
+        if "serviceBusDataReceiver" in _text(assignment.properties.get("roleDefinitionId")):  # each queue consumed
+            target = types.get((assignment.file, str(scope)))
+            require(target in RECEIVER_SCOPES, f"{assignment.symbol}: receives beyond one queue or subscription")
         if "operatorPrincipalId" in _text(assignment.properties.get("principalId")):  # the smoke test's entities
             target = types.get((assignment.file, str(scope)))
             require(target in OPERATOR_SCOPES, f"{assignment.symbol}: the operator's role reaches beyond one entity")
@@ -206,7 +458,7 @@ def policy_violations(infra: Path = INFRA) -> list[str]:
         runtime = site.properties.get("functionAppConfig", {}).get("runtime", {})
         require(runtime == {"name": "python", "version": "3.11"}, f"{site.symbol}: runtime is not Python 3.11")
 
-    settings = _app_settings(main)
+    settings = deployment.app_settings()
     for name in settings:
         plain_connection = name in ("AzureWebJobsStorage", "ServiceBusConnection") or (
             "connectionstring" in name.lower() and name != "APPLICATIONINSIGHTS_CONNECTION_STRING"
@@ -214,7 +466,7 @@ def policy_violations(infra: Path = INFRA) -> list[str]:
         require(not plain_connection, f"app setting {name}: a connection string; use identity-based settings")
     require("ServiceBusConnection__fullyQualifiedNamespace" in settings, "the trigger does not use managed identity")
     require("dedupRetentionDays" in _text(settings.get("DEDUP_RETENTION")), "DEDUP_RETENTION not from the parameter")
-    cosmos = _config(main.get("modules", {}).get("cosmos", {})).get("params", {})
+    cosmos = body(main.get("modules", {}).get("cosmos", {})).get("params", {})
     require("dedupRetentionDays" in _text(cosmos.get("defaultTtlSeconds")), "Cosmos defaultTtl not from the retention")
     containers = by_type("Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers")
     for container in containers:  # v1 hashes only the first 101 bytes: long keys would share partitions
@@ -229,10 +481,11 @@ def policy_violations(infra: Path = INFRA) -> list[str]:
     return found
 
 
-def _app_settings(main: dict[str, Any]) -> dict[str, Any]:
-    params = _config(main.get("modules", {}).get("functionApp", {})).get("params", {})
-    settings: dict[str, Any] = params.get("appSettings") or {}
-    return settings
+def _scope_symbol(scope: Any) -> str | None:
+    """The resource a role's ``scope`` names: ``symbol``, or ``symbol[i]`` in a loop."""
+    if isinstance(scope, dict) and scope.get("operator", {}).get("type") == "index_accessor":
+        scope = scope["operator"]["operands"]["operand_1"]
+    return scope if isinstance(scope, str) and scope.isidentifier() else None
 
 
 def main(argv: list[str]) -> int:
@@ -249,7 +502,8 @@ def main(argv: list[str]) -> int:
     violations = policy_violations(infra)
     for violation in violations:
         print("POLICY", violation)
-    print(f"{len(bicep_files(infra))} Bicep files parsed, {len(violations)} policy violations")
+    recipes = (infra / "recipes.json").read_text().strip() if (infra / "recipes.json").is_file() else "none"
+    print(f"{len(bicep_files(infra))} Bicep files parsed, recipes {recipes}, {len(violations)} policy violations")
     return 1 if violations else 0
 
 

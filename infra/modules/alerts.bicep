@@ -9,6 +9,12 @@ param serviceBusName string
 param eventGridTopicName string
 @description('E-mail address for the alerts (empty: alerts fire in the portal only).')
 param alertEmail string = ''
+@description('eventhubs recipe: events parked past the checkpoint.')
+param eventHubs bool = false
+@description('outbox recipe: the outbox sweep\'s backlogs.')
+param outbox bool = false
+@description('payments recipe (two-phase steps): claims stuck in progress.')
+param steps bool = false
 
 resource appInsights 'Microsoft.Insights/components@2020-02-02' existing = {
   name: appInsightsName
@@ -35,8 +41,9 @@ resource actionGroup 'Microsoft.Insights/actionGroups@2023-01-01' = if (!empty(a
 
 var actions = empty(alertEmail) ? [] : [actionGroup.id]
 
-// name, severity, window, threshold, query (a number per window: the alert fires above the threshold)
-var logAlerts = [
+// name, severity, window, threshold, query (a number per window: the alert fires above the threshold):
+// those of every app, then each recipe's (its telemetry exists only with it).
+var coreAlerts = [
   {
     name: 'dedup-conflicts'
     description: 'A key was reused with another payload: the message was dead-lettered (fingerprint_mismatch).'
@@ -44,22 +51,6 @@ var logAlerts = [
     window: 'PT15M'
     threshold: 0
     query: 'customMetrics | where name == "dedup.outcomes" and tostring(customDimensions.outcome) == "conflict" | summarize value = sum(valueSum)'
-  }
-  {
-    name: 'dedup-parked'
-    description: 'Event Hubs events still failing when the checkpoint moved on: replay them (python -m shared.idempotency.replay).'
-    severity: 1
-    window: 'PT15M'
-    threshold: 0
-    query: 'customMetrics | where name == "dedup.outcomes" and tostring(customDimensions.outcome) == "parked" | summarize value = sum(valueSum)'
-  }
-  {
-    name: 'dedup-escalations'
-    description: 'Two-phase claims stuck in progress past DEDUP_STALE_AFTER: an external call may be half done.'
-    severity: 2
-    window: 'PT1H'
-    threshold: 0
-    query: 'customMetrics | where name == "dedup.escalations" | summarize value = sum(valueSum)'
   }
   {
     // Waits absorb blips: transient outcomes are ~0 in normal operation. 5% of at least 20
@@ -83,6 +74,36 @@ var logAlerts = [
     query: 'customMetrics | where name in ("dedup.outcomes", "dedup.duplicates") | summarize total = sumif(valueSum, name == "dedup.outcomes"), duplicates = sumif(valueSum, name == "dedup.duplicates") | where total >= 100 | project value = 100.0 * duplicates / total'
   }
   {
+    name: 'dedup-purge-backlog'
+    description: 'Every purge run of the last hour (one per 5 min) stopped with work left: expired markers pile up faster than they are deleted.'
+    severity: 3
+    window: 'PT1H'
+    threshold: 11
+    query: 'customMetrics | where name == "dedup.purge.runs" and tostring(customDimensions.budget_spent) == "true" | summarize value = sum(valueSum)'
+  }
+]
+var eventHubsAlerts = [
+  {
+    name: 'dedup-parked'
+    description: 'Event Hubs events still failing when the checkpoint moved on: replay them (python -m shared.idempotency.replay).'
+    severity: 1
+    window: 'PT15M'
+    threshold: 0
+    query: 'customMetrics | where name == "dedup.outcomes" and tostring(customDimensions.outcome) == "parked" | summarize value = sum(valueSum)'
+  }
+]
+var stepsAlerts = [
+  {
+    name: 'dedup-escalations'
+    description: 'Two-phase claims stuck in progress past DEDUP_STALE_AFTER: an external call may be half done.'
+    severity: 2
+    window: 'PT1H'
+    threshold: 0
+    query: 'customMetrics | where name == "dedup.escalations" | summarize value = sum(valueSum)'
+  }
+]
+var outboxAlerts = [
+  {
     name: 'dedup-outbox-backlog'
     description: 'The outbox sweep could not send parked messages (their destination keeps failing).'
     severity: 2
@@ -98,15 +119,8 @@ var logAlerts = [
     threshold: 11
     query: 'customMetrics | where name == "dedup.outbox.sweep.runs" and tostring(customDimensions.budget_spent) == "true" | summarize value = sum(valueSum)'
   }
-  {
-    name: 'dedup-purge-backlog'
-    description: 'Every purge run of the last hour (one per 5 min) stopped with work left: expired markers pile up faster than they are deleted.'
-    severity: 3
-    window: 'PT1H'
-    threshold: 11
-    query: 'customMetrics | where name == "dedup.purge.runs" and tostring(customDimensions.budget_spent) == "true" | summarize value = sum(valueSum)'
-  }
 ]
+var logAlerts = concat(coreAlerts, eventHubs ? eventHubsAlerts : [], steps ? stepsAlerts : [], outbox ? outboxAlerts : [])
 
 resource rules 'Microsoft.Insights/scheduledQueryRules@2023-03-15-preview' = [for rule in logAlerts: {
   name: rule.name

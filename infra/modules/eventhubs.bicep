@@ -1,4 +1,5 @@
-// Event Hubs Standard with local (SAS) auth off: the shipment tracking stream. The trigger's
+// The eventhubs recipe (main.bicep deploys it only then): Event Hubs Standard with local
+// (SAS) auth off, the shipment tracking stream. The trigger's
 // checkpoints live in the app's own storage account (AzureWebJobsStorage, blob role already
 // granted). A replay from a checkpoint can bring events back up to `retentionDays` later:
 // the dedup markers must outlive it (`make check-retention` reads it).

@@ -1,14 +1,15 @@
 // vnetEnabled: the app's outbound traffic through a VNet (Flex Consumption VNet integration)
 // and private endpoints for every data plane it reaches — storage (blob, queue, table), Service
-// Bus (Premium: only Premium namespaces take private endpoints), Event Hubs and, with
-// dedupStore=cosmos, Cosmos DB — each resolved through its private DNS zone. Those resources
-// then refuse public network access (their modules read vnetEnabled).
+// Bus (Premium: only Premium namespaces take private endpoints), Event Hubs (eventhubs recipe)
+// and, with dedupStore=cosmos, Cosmos DB — each resolved through its private DNS zone. Those
+// resources then refuse public network access (their modules read vnetEnabled).
 param name string
 param location string
 param tags object
 param storageAccountId string
 param serviceBusId string
-param eventHubsId string
+@description('Empty without the eventhubs recipe.')
+param eventHubsId string = ''
 param cosmosAccountId string = ''
 
 var endpoints = concat([
@@ -16,6 +17,7 @@ var endpoints = concat([
   { name: 'queue', target: storageAccountId, group: 'queue', zone: 'privatelink.queue.${environment().suffixes.storage}' }
   { name: 'table', target: storageAccountId, group: 'table', zone: 'privatelink.table.${environment().suffixes.storage}' }
   { name: 'servicebus', target: serviceBusId, group: 'namespace', zone: 'privatelink.servicebus.windows.net' }
+], empty(eventHubsId) ? [] : [
   { name: 'eventhubs', target: eventHubsId, group: 'namespace', zone: 'privatelink.servicebus.windows.net' }
 ], empty(cosmosAccountId) ? [] : [
   { name: 'cosmos', target: cosmosAccountId, group: 'Sql', zone: 'privatelink.documents.azure.com' }

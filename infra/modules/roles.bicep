@@ -12,11 +12,19 @@ param eventGridPrincipalId string
 param eventDeadLetterContainer string
 @description('Optional operator (the deploying user under azd, or a pipeline) for the smoke test: may send to and peek the orders queue, publish to the topic and read the records table or container; nothing else.')
 param operatorPrincipalId string
-@description('The queue the smoke test sends to.')
+@description('The orders queue: the app receives from it, the smoke test sends to it.')
 param ordersQueueName string
-param orderEventsTopicName string
-param eventHubsName string
-param shipmentHubName string
+@description('The other queues the app receives from (your consumers\', the batch and sessions recipes\').')
+param receiveQueues array = []
+@description('topic or outbox recipe: the order topic (empty: none).')
+param orderTopicName string = ''
+@description('topic recipe: the order topic\'s subscriptions the app receives from.')
+param topicSubscriptions array = []
+@description('outbox recipe: the app sends OrderAccepted to the order topic.')
+param outbox bool = false
+@description('eventhubs recipe: the namespace and its hub (empty: none).')
+param eventHubsName string = ''
+param shipmentHubName string = ''
 @description('The table (or Cosmos container) holding business records and markers.')
 param recordsName string
 
@@ -57,16 +65,26 @@ resource ordersQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existin
   name: ordersQueueName
 }
 
-resource orderEventsTopic 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' existing = {
+resource queues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existing = [for name in receiveQueues: {
   parent: serviceBus
-  name: orderEventsTopicName
+  name: name
+}]
+
+resource orderEventsTopic 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' existing = if (!empty(orderTopicName)) {
+  parent: serviceBus
+  name: orderTopicName
 }
 
-resource eventHubs 'Microsoft.EventHub/namespaces@2024-01-01' existing = {
+resource subscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2024-01-01' existing = [for name in topicSubscriptions: {
+  parent: orderEventsTopic
+  name: name
+}]
+
+resource eventHubs 'Microsoft.EventHub/namespaces@2024-01-01' existing = if (!empty(eventHubsName)) {
   name: eventHubsName
 }
 
-resource shipmentHub 'Microsoft.EventHub/namespaces/eventhubs@2024-01-01' existing = {
+resource shipmentHub 'Microsoft.EventHub/namespaces/eventhubs@2024-01-01' existing = if (!empty(shipmentHubName)) {
   parent: eventHubs
   name: shipmentHubName
 }
@@ -75,9 +93,10 @@ resource recordsTable 'Microsoft.Storage/storageAccounts/tableServices/tables@20
   name: '${storageAccountName}/default/${recordsName}'
 }
 
+// The app receives from each queue and subscription it consumes, never the whole namespace.
 resource receiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(serviceBus.id, principalId, roleIds.serviceBusDataReceiver)
-  scope: serviceBus
+  name: guid(ordersQueue.id, principalId, roleIds.serviceBusDataReceiver)
+  scope: ordersQueue
   properties: {
     principalId: principalId
     principalType: 'ServicePrincipal'
@@ -85,8 +104,28 @@ resource receiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   }
 }
 
+resource queueReceivers 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (name, i) in receiveQueues: {
+  name: guid(queues[i].id, principalId, roleIds.serviceBusDataReceiver)
+  scope: queues[i]
+  properties: {
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.serviceBusDataReceiver)
+  }
+}]
+
+resource subscriptionReceivers 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (name, i) in topicSubscriptions: {
+  name: guid(subscriptions[i].id, principalId, roleIds.serviceBusDataReceiver)
+  scope: subscriptions[i]
+  properties: {
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.serviceBusDataReceiver)
+  }
+}]
+
 // The outbox: the app publishes OrderAccepted to the order topic, and nowhere else.
-resource outboxSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+resource outboxSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (outbox) {
   name: guid(orderEventsTopic.id, principalId, roleIds.serviceBusDataSender)
   scope: orderEventsTopic
   properties: {
@@ -97,7 +136,7 @@ resource outboxSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
 }
 
 // The shipment stream: receive from that hub only (checkpoints go to the app's own blobs).
-resource hubReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+resource hubReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(shipmentHubName)) {
   name: guid(shipmentHub.id, principalId, roleIds.eventHubsDataReceiver)
   scope: shipmentHub
   properties: {

@@ -1,6 +1,7 @@
 // Service Bus Standard (Basic has no duplicate detection) with local (SAS) auth off, and
 // the orders queue with send-side duplicate detection. Detection only reduces duplicates
-// inside its window; the consumer's dedup markers handle the rest.
+// inside its window; the consumer's dedup markers handle the rest. The other entities exist
+// only when main.bicep asks for them: your own queues, and each recipe's when it is on.
 param name string
 param location string
 param tags object
@@ -10,6 +11,14 @@ param messageTimeToLive string
 param duplicateDetectionWindow string
 @description('Premium and private endpoints only (vnetEnabled): only Premium namespaces take private endpoints.')
 param privateOnly bool = false
+@description('Plain queues besides orders, with its settings: your own consumers\' and the batch recipe\'s ledger.')
+param queues array = []
+@description('sessions recipe: the session-enabled order-status queue.')
+param sessionQueue bool = false
+@description('topic or outbox recipe: the order-events topic.')
+param orderTopic bool = false
+@description('topic recipe: the order topic\'s subscriptions (billing, shipping).')
+param topicSubscriptions array = []
 
 resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
   name: name
@@ -38,7 +47,7 @@ resource orders 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = {
 
 // order-status: event-carried state (versioned upserts), in order per order: a session per
 // orderId (producers set SessionId), one receiver per session at a time, under a session lock.
-resource orderStatus 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = {
+resource orderStatus 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = if (sessionQueue) {
   parent: namespace
   name: 'order-status'
   properties: {
@@ -52,8 +61,8 @@ resource orderStatus 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = {
   }
 }
 
-// ledger: the batch trigger.
-resource moreQueues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = [for name in ['ledger']: {
+// Your consumers' queues, and ledger (the batch trigger) with the batch recipe.
+resource moreQueues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = [for name in queues: {
   parent: namespace
   name: name
   properties: {
@@ -67,8 +76,9 @@ resource moreQueues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = [for n
 }]
 
 // Publish-subscribe: every subscription gets its own copy; billing and shipping each
-// track completion under their own consumer name in the shared dedup store.
-resource orderEvents 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' = {
+// track completion under their own consumer name in the shared dedup store. The outbox
+// recipe publishes OrderAccepted here (the topic without subscriptions if topic is off).
+resource orderEvents 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' = if (orderTopic) {
   parent: namespace
   name: 'order-events'
   properties: {
@@ -78,7 +88,7 @@ resource orderEvents 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' = {
   }
 }
 
-resource subscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2024-01-01' = [for name in ['billing', 'shipping']: {
+resource subscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2024-01-01' = [for name in topicSubscriptions: {
   parent: orderEvents
   name: name
   properties: {
@@ -93,6 +103,5 @@ output name string = namespace.name
 output id string = namespace.id
 output fullyQualifiedNamespace string = '${namespace.name}.servicebus.windows.net'
 output queueName string = orders.name
-output statusQueueName string = orderStatus.name
-output ledgerQueueName string = moreQueues[0].name
-output topicName string = orderEvents.name
+output statusQueueName string = sessionQueue ? orderStatus.name : ''
+output topicName string = orderTopic ? orderEvents.name : ''

@@ -1,5 +1,6 @@
 """infra/ without a Bicep compiler: every template parses, the security policies hold on
-the parsed tree (and fail on deliberately broken copies), and the retention check."""
+the parsed tree (and fail on deliberately broken copies), and the retention check — on the
+default deployment and with every recipe on (tests/infra/test_recipes.py: what each adds)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ from pathlib import Path
 import pytest
 
 from tools.delivery_checks import Redelivery, lease_check, redeliveries, retention_check
-from tools.infra_checks import INFRA, ROOT, bicep_files, parse, policy_violations, timespan
+from tools.infra_checks import INFRA, ROOT, allowed_recipes, bicep_files, parse, policy_violations, timespan
 
 HOST = json.loads((ROOT / "host.json").read_text())
+ALL = allowed_recipes(INFRA)  # every recipe on
+DEPLOYMENTS = pytest.mark.parametrize("recipes", [[], *([name] for name in ALL), ALL],
+                                      ids=["default", *ALL, "all-recipes"])  # fmt: skip
 
 
 def test_every_template_parses() -> None:
@@ -27,8 +31,9 @@ def test_every_template_parses() -> None:
         assert isinstance(parse(path), dict), path
 
 
-def test_the_templates_meet_every_policy() -> None:
-    assert policy_violations(INFRA) == []
+@DEPLOYMENTS
+def test_the_templates_meet_every_policy(recipes: list[str]) -> None:
+    assert policy_violations(INFRA, recipes) == []
 
 
 TOPIC_DETECTION = "'order-events'\n  properties: {\n    requiresDuplicateDetection: true"
@@ -45,7 +50,8 @@ BREAKAGES = [
     ("modules/eventgrid.bicep", "inputSchema: 'CloudEventSchemaV1_0'", "inputSchema: 'EventGridSchema'",
      "not CloudEvents"),
     ("modules/monitoring.bicep", "DisableLocalAuth: true", "DisableLocalAuth: false", "App Insights"),
-    ("modules/roles.bicep", "  scope: serviceBus\n", "", "not scoped to a resource"),
+    ("modules/roles.bicep", "  scope: ordersQueue\n", "", "not scoped to a resource"),
+    ("modules/roles.bicep", "  scope: queues[i]\n", "", "not scoped to a resource"),
     ("modules/functionapp.bicep", "PYTHON_ISOLATE_WORKER_DEPENDENCIES: '1'",
      "PYTHON_ISOLATE_WORKER_DEPENDENCIES: '1'\n  Storage: listKeys(storageAccountName, '2023-05-01').keys[0].value",
      "secret material"),
@@ -62,7 +68,15 @@ BREAKAGES = [
      "name: 'scm'\n  properties: { allow: true }", "scm basic publishing"),
     ("modules/roles.bicep", "  scope: deadLetterContainer\n", "  scope: storage\n", "beyond its dead-letter container"),
     ("modules/cosmos.bicep", "kind: 'Hash', version: 2 }", "kind: 'Hash' }", "partition key version"),
-    ("modules/roles.bicep", "  scope: ordersQueue\n", "  scope: serviceBus\n", "operator's role reaches beyond"),
+    ("modules/roles.bicep", "operatorPrincipalId, roleIds.serviceBusDataSender)\n  scope: ordersQueue\n",
+     "operatorPrincipalId, roleIds.serviceBusDataSender)\n  scope: serviceBus\n", "operator's role reaches beyond"),
+    ("modules/roles.bicep", "  scope: ordersQueue\n", "  scope: serviceBus\n", "receiver: receives beyond one queue"),
+    ("modules/roles.bicep", "  scope: queues[i]\n", "  scope: serviceBus\n",
+     "queueReceivers: receives beyond one queue"),
+    ("modules/roles.bicep", "  scope: subscriptions[i]\n", "  scope: orderEventsTopic\n",
+     "subscriptionReceivers: receives beyond one queue"),
+    ("main.bicep", "EventHubConnection__credential: 'managedidentity'", "EventHubConnectionString: 'Endpoint=sb://x/'",
+     "app setting EventHubConnectionString: a connection string"),
     ("modules/functionapp.bicep", "httpsOnly: true", "httpsOnly: false", "plain HTTP accepted"),
     ("modules/functionapp.bicep", "unauthenticatedClientAction: 'Return401'",
      "unauthenticatedClientAction: 'AllowAnonymous'", "Easy Auth lets unauthenticated calls through"),
@@ -81,13 +95,14 @@ BREAKAGES = [
 
 @pytest.mark.parametrize(("file", "old", "new", "expected"), BREAKAGES, ids=[b[3] for b in BREAKAGES])
 def test_a_broken_copy_fails_the_policies(tmp_path: Path, file: str, old: str, new: str, expected: str) -> None:
+    """Each with every recipe on, so that the recipes' resources are read too."""
     broken = tmp_path / "infra"
     shutil.copytree(INFRA, broken)
     target = broken / file
     text = target.read_text()
     assert old in text, f"{file} no longer contains {old!r}: update this test"
     target.write_text(text.replace(old, new, 1))
-    violations = policy_violations(broken)
+    violations = policy_violations(broken, ALL)
     assert any(expected in violation for violation in violations), violations
 
 
@@ -102,10 +117,12 @@ def test_a_template_with_a_syntax_error_does_not_parse(tmp_path: Path) -> None:
 
 
 def infra_copy(tmp_path: Path, parameters: dict[str, object] | None = None,
-               edits: tuple[tuple[str, str, str], ...] = ()) -> Path:  # fmt: skip
-    """A copy of infra/ with other parameter values, or with text replaced in a file."""
+               edits: tuple[tuple[str, str, str], ...] = (), recipes: list[str] | None = None) -> Path:  # fmt: skip
+    """A copy of infra/ with other parameter values, text replaced in a file, or other recipes."""
     copy = tmp_path / "infra"
     shutil.copytree(INFRA, copy)
+    if recipes is not None:
+        (copy / "recipes.json").write_text(json.dumps(recipes))
     params = json.loads((copy / "main.parameters.json").read_text())
     for name, value in (parameters or {}).items():
         params["parameters"][name] = {"value": value}
@@ -117,16 +134,28 @@ def infra_copy(tmp_path: Path, parameters: dict[str, object] | None = None,
     return copy
 
 
-def test_the_repository_passes_the_retention_and_lease_checks() -> None:
-    for report in (retention_check(INFRA, HOST), lease_check(INFRA, HOST)):
+@DEPLOYMENTS
+def test_the_repository_passes_the_retention_and_lease_checks(recipes: list[str]) -> None:
+    for report in (retention_check(INFRA, HOST, recipes), lease_check(INFRA, HOST, recipes)):
         assert report.ok, report.explain()
-    [outbox] = [line for line in lease_check(INFRA, HOST).lines if line.startswith("outbox:")]
+    [outbox] = [line for line in lease_check(INFRA, HOST, recipes).lines if line.startswith("outbox:")]
     assert "duplicate detection (0:10:00) drops the earlier re-sends" in outbox  # PT10M < 10 x 4 min 44 s
 
 
+def test_the_default_deployment_redelivers_from_the_orders_queue_and_the_event_subscription() -> None:
+    places = {place.name: place for place in redeliveries(INFRA, [])}
+    assert places == {
+        "modules/servicebus.bicep:orders": Redelivery("modules/servicebus.bicep:orders", "service bus", 10,
+                                                      timedelta(days=14), timedelta(minutes=1)),
+        "modules/eventgrid-subscription.bicep:subscription": Redelivery(
+            "modules/eventgrid-subscription.bicep:subscription", "event grid", 30, timedelta(days=1)),
+    }  # fmt: skip
+
+
 def test_every_queue_subscription_and_event_subscription_is_read() -> None:
-    places = {place.name.split(":")[1]: place for place in redeliveries(INFRA)}
+    places = {place.name.split(":")[1]: place for place in redeliveries(INFRA, ALL)}
     assert set(places) == {"orders", "orderStatus", "moreQueues", "subscriptions", "subscription", "shipments"}
+    assert (places["moreQueues"].count, places["subscriptions"].count) == (1, 2)  # ledger; billing, shipping
     assert places["orders"] == Redelivery("modules/servicebus.bicep:orders", "service bus", 10, timedelta(days=14),
                                           timedelta(minutes=1))  # fmt: skip
     assert places["orderStatus"].lock == timedelta(minutes=1)  # a session queue: the session lock
@@ -142,7 +171,6 @@ def test_every_queue_subscription_and_event_subscription_is_read() -> None:
         {"deadLetterResubmitDays": 30},  # operators resubmit after the markers are gone
         {"messageTimeToLive": "P20D", "maxDeliveryCount": 2000},  # 2000 deliveries x 5 min of lock
         {"eventTimeToLiveInMinutes": 60 * 24 * 30},  # Event Grid retries for 30 days
-        {"dedupRetentionDays": 7, "deadLetterResubmitDays": 1},  # a replay from the hub's 7 days outlives them
     ],
 )
 def test_markers_expiring_before_the_broker_stops_redelivering_fail(tmp_path: Path, change: dict[str, object]) -> None:
@@ -150,23 +178,44 @@ def test_markers_expiring_before_the_broker_stops_redelivering_fail(tmp_path: Pa
     assert not report.ok and "FAIL" in report.explain()
 
 
+def test_a_replay_from_the_hub_counts_with_the_eventhubs_recipe_only(tmp_path: Path) -> None:
+    """Markers kept 7 days outlive queues that hold a message a day, not the hub's 7-day replay."""
+    change = {"dedupRetentionDays": 7, "deadLetterResubmitDays": 1, "messageTimeToLive": "P1D"}
+    assert retention_check(infra_copy(tmp_path / "default", change, recipes=[]), HOST).ok
+    report = retention_check(infra_copy(tmp_path / "eventhubs", change, recipes=["eventhubs"]), HOST)
+    assert [failure.split(" ")[0] for failure in report.failures] == ["modules/eventhubs.bicep:shipments"]
+
+
+def test_the_thread_pool_counts_the_entities_the_recipes_deploy(tmp_path: Path) -> None:
+    """48 threads hold the orders queue's 16 calls and HTTP's 16, not five entities' 80."""
+    edits = (("main.bicep", "PYTHON_THREADPOOL_THREAD_COUNT: '128'", "PYTHON_THREADPOOL_THREAD_COUNT: '48'"),)
+    assert lease_check(infra_copy(tmp_path / "default", edits=edits, recipes=[]), HOST).ok
+    report = lease_check(infra_copy(tmp_path / "all", edits=edits, recipes=ALL), HOST)
+    assert [failure.split(":")[0] for failure in report.failures] == [
+        "PYTHON_THREADPOOL_THREAD_COUNT 48 >= 5 Service Bus entities x maxConcurrentCalls 16 + 16 (HTTP, Event Grid)"
+    ]
+
+
 QUEUE_VALUES = "    lockDuration: lockDuration\n    maxDeliveryCount: maxDeliveryCount\n    defaultMessageTimeToLive:"
 
 
-def test_literal_values_in_a_template_are_read_too(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("recipes", "entities"), [
+    ([], ["orders"]),
+    (ALL, ["moreQueues", "orderStatus", "orders", "subscriptions"]),
+])  # fmt: skip
+def test_literal_values_in_a_template_are_read_too(tmp_path: Path, recipes: list[str], entities: list[str]) -> None:
     """Queues written with literal values (TTL P60D, 50 deliveries of 5 min) fail, though the
-    parameters did not change."""
+    parameters did not change: those deployed with the recipes on."""
     literal = "    lockDuration: 'PT5M'\n    maxDeliveryCount: 50\n    defaultMessageTimeToLive: 'P60D'\n    _old:"
-    report = retention_check(infra_copy(tmp_path, edits=(("modules/servicebus.bicep", QUEUE_VALUES, literal),)), HOST)
-    failed = sorted(line.split(" ")[0] for line in report.failures)
-    assert failed == ["modules/servicebus.bicep:moreQueues", "modules/servicebus.bicep:orderStatus",
-                      "modules/servicebus.bicep:orders", "modules/servicebus.bicep:subscriptions"]  # fmt: skip
+    copy = infra_copy(tmp_path, edits=(("modules/servicebus.bicep", QUEUE_VALUES, literal),), recipes=recipes)
+    failed = sorted(line.split(" ")[0] for line in retention_check(copy, HOST).failures)
+    assert failed == [f"modules/servicebus.bicep:{entity}" for entity in entities]
 
 
 def app_setting(line: str) -> tuple[str, str, str]:
     """An edit of main.bicep that adds one app setting."""
     anchor = "DEDUP_RETENTION: 'P${dedupRetentionDays}D'"
-    return ("main.bicep", anchor, f"{anchor}\n      {line}")
+    return ("main.bicep", anchor, f"{anchor}\n  {line}")
 
 
 @pytest.mark.parametrize(
