@@ -1,9 +1,9 @@
-"""The README's "Add your own consumer", followed literally: every block of that section
-is applied to a copy of the repository (new files written, diffs applied, the emulator's
-queue added), then the copy indexes the new function, passes the delivery checks and runs
-the README's test against a real Azurite. A block that no longer applies fails here; in an
-app that followed the walkthrough already, its blocks are found applied and the rest runs
-the same."""
+"""The README's "Start your own app", and docs/triggers.md's "Add an Event Grid consumer",
+followed literally: every block of the section is applied to a copy of the repository (new
+files written, diffs applied, the emulator's queue added), then the copy indexes the new
+function, passes the delivery checks, lint and format checks, and runs the section's test
+against a real Azurite. A block that no longer applies fails here; in an app that followed a
+walkthrough already, its blocks are found applied and the rest runs the same."""
 
 from __future__ import annotations
 
@@ -19,30 +19,32 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-SECTION = "## Add your own consumer"
+SECTION = "## Start your own app"
+TRIGGERS = ROOT / "docs" / "triggers.md"  # the second walkthrough, a CloudEvents consumer
 INDEXED = ("import json, function_app; print(json.dumps([json.loads(f.get_raw_bindings()[0]) "
            "for f in function_app.app.get_functions() if f.get_function_name() == 'invoices']))")  # fmt: skip
 BLOCK = re.compile(r"^```(\w+) (\S+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
 
-def walkthrough(title: str = SECTION) -> list[tuple[str, str, str]]:
+def walkthrough(title: str = SECTION, page: Path = README) -> list[tuple[str, str, str]]:
     """(language, file, text) of every fenced block that names a file, in order."""
-    readme = README.read_text()
-    assert title in readme, f"the README has no section {title!r}"
-    section = readme.split(title, 1)[1].split("\n## ", 1)[0]
+    text = page.read_text()
+    assert title in text, f"{page.name} has no section {title!r}"
+    section = text.split(title, 1)[1].split("\n## ", 1)[0]
     return BLOCK.findall(section)
 
 
-def apply(copy: Path, language: str, path: str, text: str) -> None:
-    """Apply one block to the copy. A block the copy holds already — an app that followed
-    the walkthrough — is left as it is; a file of the app's own where the walkthrough writes
-    one means the walkthrough cannot be followed literally here: skipped, saying so."""
+def apply(copy: Path, language: str, path: str, text: str) -> bool:
+    """Apply one block to the copy; False when the copy holds it already — an app that
+    followed the walkthrough — and it is left as it is. A file of the app's own where the
+    walkthrough writes one means the walkthrough cannot be followed literally here: skipped,
+    saying so."""
     target = copy / path
     if language == "python":
         if target.exists():
             if target.read_text() != text:
                 pytest.skip(f"{path} is this app's own, not the README's: the walkthrough cannot be applied as written")
-            return  # applied already
+            return False  # applied already
         target.write_text(text)
     elif language == "diff":
         lines = text.splitlines()
@@ -50,8 +52,8 @@ def apply(copy: Path, language: str, path: str, text: str) -> None:
         new = "".join(line[1:] + "\n" for line in lines if line.startswith("+"))
         content = target.read_text()
         if content.count(new) == 1:
-            return  # applied already
-        assert content.count(old) == 1, f"the README's diff of {path} no longer applies:\n{old}"
+            return False  # applied already
+        assert content.count(old) == 1, f"the walkthrough's diff of {path} no longer applies:\n{old}"
         target.write_text(content.replace(old, new))
     elif language == "json":
         config = json.loads(target.read_text())
@@ -62,11 +64,20 @@ def apply(copy: Path, language: str, path: str, text: str) -> None:
         if present:
             if present != [queue]:
                 pytest.skip(f"{path} has its own queue {queue['Name']!r}: the walkthrough cannot be applied as written")
-            return  # applied already
+            return False  # applied already
         queues.append(queue)
         target.write_text(json.dumps(config, indent=2) + "\n")
     else:
         raise AssertionError(f"a {language} block for {path}: the test does not know how to apply it")
+    return True
+
+
+def service_bus_entities(copy: Path) -> int:
+    """How many Service Bus entities the copy's infra deploys, as make check-leases counts them."""
+    report = run(copy, "-m", "tools.delivery_checks", "leases")
+    found = re.search(r"(\d+) Service Bus entities", report)
+    assert found, report
+    return int(found.group(1))
 
 
 @pytest.fixture
@@ -96,11 +107,13 @@ def test_the_readme_walkthrough_adds_a_working_consumer(copy: Path) -> None:
         ("python", "tests/test_invoices.py"),
         ("diff", "local.settings.json.example"),
         ("diff", "infra/main.bicep"),
-        ("diff", "infra/modules/servicebus.bicep"),
+        ("diff", "infra/main.bicep"),
         ("json", "emulator/servicebus-config.json"),
     ]
-    for block in blocks:
-        apply(copy, *block)
+    entities = service_bus_entities(copy)
+    applied = [apply(copy, *block) for block in blocks]
+    if all(applied):  # a template that had no invoices queue deploys one more entity, which the checks read
+        assert service_bus_entities(copy) == entities + 1
 
     [trigger] = json.loads(run(copy, "-c", INDEXED).splitlines()[-1])
     assert (trigger["type"], trigger["queueName"], trigger["dataType"]) == ("serviceBusTrigger", "%INVOICES_QUEUE%",
@@ -113,6 +126,7 @@ def test_the_readme_walkthrough_adds_a_working_consumer(copy: Path) -> None:
     assert "1 passed" in run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_invoices.py")
     # What make lint and make typecheck run over the app, now with the new consumer in it.
     run(copy, "-m", "ruff", "check", "consumers", "tests/test_invoices.py")
+    run(copy, "-m", "ruff", "format", "--check", "consumers/invoices.py", "tests/test_invoices.py")
     run(copy, "-m", "mypy", "consumers", "function_app.py")
     if os.environ.get("FUNCTIONS_PYTHON_WORKER"):  # .ci/run sets it: the real worker indexes the new function
         if (ROOT / ".runtime").exists():  # the built worker and packages, reused (content-addressed)
@@ -125,7 +139,7 @@ def test_the_readme_walkthrough_adds_a_working_consumer(copy: Path) -> None:
 def test_the_readme_event_grid_walkthrough_adds_a_working_consumer(copy: Path) -> None:
     """The second walkthrough, from the docs alone: a CloudEvents consumer keyed by a field of
     the event's data, its test, and one more call of the subscription module."""
-    blocks = walkthrough("## Add an Event Grid consumer")
+    blocks = walkthrough("## Add an Event Grid consumer", TRIGGERS)
     assert [(language, path) for language, path, _ in blocks] == [
         ("python", "consumers/refunds.py"),
         ("python", "tests/test_refunds.py"),
@@ -141,6 +155,7 @@ def test_the_readme_event_grid_walkthrough_adds_a_working_consumer(copy: Path) -
         assert report.startswith("OK") and "[refundSubscription]" in report and "[eventSubscription]" in report
     assert "1 passed" in run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_refunds.py")
     run(copy, "-m", "ruff", "check", "consumers", "tests/test_refunds.py")
+    run(copy, "-m", "ruff", "format", "--check", "consumers/refunds.py", "tests/test_refunds.py")
     run(copy, "-m", "mypy", "consumers", "function_app.py")
     if os.environ.get("FUNCTIONS_PYTHON_WORKER"):
         if (ROOT / ".runtime").exists():
