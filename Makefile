@@ -34,7 +34,7 @@ recipe: install
 	$(PY) -m tools.recipe $(NAME)
 
 # The long fault-injection run; knobs: CHAOS_MESSAGES CHAOS_WORKERS CHAOS_DUP_RATE
-# CHAOS_FAULT_RATE CHAOS_SEED CHAOS_OUTAGE (see README, Reliability).
+# CHAOS_FAULT_RATE CHAOS_SEED CHAOS_OUTAGE (see docs/reliability.md).
 chaos: install
 	$(PY) -m tools.chaos
 

@@ -1,4 +1,4 @@
-"""A consumer built as the README shows it ("Add your own consumer") gets the deployed
+"""A consumer built as the README shows it ("Start your own app") gets the deployed
 settings: retention, lease, wait and cache come from the app settings by default."""
 
 from __future__ import annotations

@@ -573,8 +573,8 @@ def test_a_flex_consumption_placeholder_specialises_into_the_app(
 def test_the_worker_4_34_placeholder_defect_is_still_there(
     runtime: build.Runtime, store_server: Azurite, table: str
 ) -> None:
-    """The platform limitation the README states; when a newer worker fixes it, this fails
-    and the README's note goes."""
+    """The platform limitation docs/reliability.md states; when a newer worker fixes it, this
+    fails and the note goes."""
     with WorkerHost(runtime, app_settings(store_server, table), placeholder=True, hash_seed=FAILS) as host:
         host.init()
         reloaded = host.specialize()
