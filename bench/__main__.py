@@ -54,9 +54,10 @@ from jsonschema import Draft202012Validator
 
 from bench import worker
 from shared import ledger
-from shared.idempotency import Delivery, Effects, IdempotentConsumer, Outcome, parse_json
+from shared.idempotency import Delivery, Effects, IdempotentConsumer, Outcome
 from shared.idempotency.config import DedupConfig
 from shared.idempotency.keys import encode_key
+from shared.idempotency.payload import parse_json
 from shared.idempotency.steps import Context
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._expiry import NOTES_PER_ROW

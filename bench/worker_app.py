@@ -27,9 +27,10 @@ import azure.functions as func
 from jsonschema import Draft202012Validator
 from opentelemetry import metrics
 
-from shared.idempotency import Effects, IdempotentConsumer, parse_json
+from shared.idempotency import Effects, IdempotentConsumer
 from shared.idempotency.functions import BODY_AS_BYTES, check_app_settings, consumer, on_servicebus, shared_store
 from shared.idempotency.keys import encode_key
+from shared.idempotency.payload import parse_json
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._azure import TRANSPORT, table_service
 from shared.idempotency.stores._table_batch import TableTransactions, TransactionFailure

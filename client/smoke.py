@@ -24,7 +24,7 @@ from typing import Any
 
 from azure.core.exceptions import HttpResponseError
 
-from shared.idempotency import StoreUnavailable
+from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.stores import DedupStore
 from shared.orders.checks import effects_by_order
 

@@ -9,7 +9,7 @@ import pytest
 from azure.cosmos import CosmosClient, PartitionKey
 from azure.data.tables import TableServiceClient
 
-from shared.idempotency.functions import reset
+from shared.idempotency.functions.registry import reset
 from shared.idempotency.stores import CosmosStore, DedupStore, TableStore
 from shared.idempotency.stores._azure import TRANSPORT
 from shared.idempotency.stores._table_batch import TableTransactions

@@ -8,8 +8,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from shared.idempotency import IdempotentConsumer, StoreUnavailable
-from shared.idempotency.functions import reset
+from shared.idempotency import IdempotentConsumer
+from shared.idempotency.errors import StoreUnavailable
+from shared.idempotency.functions.registry import reset
 from tools.azurite import Azurite
 from tools.host import cloudevent, servicebus_message, user_function
 

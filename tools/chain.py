@@ -26,7 +26,7 @@ from datetime import timedelta
 import recipes
 from consumers import orders
 from shared.idempotency import Outgoing
-from shared.idempotency.functions import reset, using_sender
+from shared.idempotency.functions.registry import reset, using_sender
 from shared.idempotency.messages import utcnow
 from shared.idempotency.outbox import ROWS
 from shared.idempotency.stores import DedupStore, TableStore

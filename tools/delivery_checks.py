@@ -34,7 +34,7 @@ from shared.idempotency.config import (
     DEFAULT_TRANSIENT_WAIT,
 )
 from shared.idempotency.downstream import DEFAULT_TIMEOUT
-from shared.idempotency.functions import EVENT_GRID_WAIT
+from shared.idempotency.functions.adapters import EVENT_GRID_WAIT
 from shared.idempotency.stores._azure import TRANSPORT
 from tools.infra_checks import (
     INFRA,

@@ -35,8 +35,8 @@ from azure.functions import meta
 
 import recipes
 from shared.idempotency.consumer import PARKED
-from shared.idempotency.functions import reset
 from shared.idempotency.functions._bindings import event_position
+from shared.idempotency.functions.registry import reset
 from shared.idempotency.stores import TableStore
 from shared.orders.checks import tracking_by_event
 from shared.orders.tracking import tracking_handler

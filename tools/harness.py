@@ -23,9 +23,9 @@ from datetime import timedelta
 from azure.data.tables import TableServiceClient
 
 from consumers import orders
-from shared.idempotency import DedupKey, IdempotentConsumer
-from shared.idempotency.functions import reset
-from shared.idempotency.keys import marker_id
+from shared.idempotency import IdempotentConsumer
+from shared.idempotency.functions.registry import reset
+from shared.idempotency.keys import DedupKey, marker_id
 from shared.idempotency.stores import CosmosStore, DedupStore, TableStore
 from shared.idempotency.stores._azure import TRANSPORT, table_transactions
 from shared.idempotency.stores._records import GUARD_KIND

@@ -35,7 +35,8 @@ from typing import Any
 
 from azure.data.tables import TableServiceClient
 
-from shared.idempotency import DedupKey, Entity
+from shared.idempotency import Entity
+from shared.idempotency.keys import DedupKey
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._azure import TRANSPORT

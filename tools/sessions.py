@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import recipes
 from shared.idempotency import Delivery, IdempotentConsumer
-from shared.idempotency.functions import reset
+from shared.idempotency.functions.registry import reset
 from shared.idempotency.stores import TableStore
 from tools.azurite import Azurite
 from tools.faults import Crash, FaultPlan

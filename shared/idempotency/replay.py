@@ -23,7 +23,7 @@ from azure.core.exceptions import AzureError
 
 from .consumer import PARKED
 from .errors import ConfigurationError, DedupError
-from .functions import declared_consumer
+from .functions.registry import declared_consumer
 from .messages import Delivery
 from .resubmit import printable
 

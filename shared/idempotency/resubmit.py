@@ -45,7 +45,7 @@ from .errors import (
     StoreRefused,
     StoreUnavailable,
 )
-from .functions import declared_consumer, using_store
+from .functions.registry import declared_consumer, using_store
 from .keys import DedupKey, consumer_partition
 from .messages import Delivery, Entity, Outcome, Outgoing
 from .payload import parse_json

@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from shared.idempotency import Context, DedupKey, Effects, Entity, InvalidMessage
+from shared.idempotency import Context, Effects, Entity, InvalidMessage
+from shared.idempotency.keys import DedupKey
 
 SCHEMA: dict[str, Any] = json.loads((Path(__file__).with_name("schema.json")).read_text())
 

@@ -14,16 +14,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from shared.idempotency import (
-    Context,
-    Effects,
-    Entity,
-    Handler,
-    IdempotentHttp,
-    InvalidMessage,
-    LatestState,
-    Outgoing,
-)
+from shared.idempotency import Context, Effects, Entity, IdempotentHttp, InvalidMessage, LatestState, Outgoing
+from shared.idempotency.consumer import Handler
 
 SCHEMA: dict[str, Any] = json.loads((Path(__file__).with_name("schema.json")).read_text())
 

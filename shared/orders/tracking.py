@@ -6,7 +6,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from shared.idempotency import Context, DedupKey, Effects, Entity
+from shared.idempotency import Context, Effects, Entity
+from shared.idempotency.keys import DedupKey
 
 TRACKING = "tracking"
 BUCKETS = 4  # a batch of 100 events commits in about 4 transactions (3 rows each: 75 per bucket)

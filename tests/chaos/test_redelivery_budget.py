@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from shared.idempotency import StoreUnavailable
 from shared.idempotency.downstream import IdempotentHttp
+from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._records import Commit, CommitResult, Marker
 from tools.azurite import Azurite

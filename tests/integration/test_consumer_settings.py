@@ -7,9 +7,10 @@ from datetime import timedelta
 
 import pytest
 
-from shared.idempotency import Context, DedupKey, Delivery, Effects, Entity, IdempotentConsumer, Outcome
+from shared.idempotency import Context, Delivery, Effects, Entity, IdempotentConsumer, Outcome
 from shared.idempotency.config import DedupConfig
 from shared.idempotency.errors import ConfigurationError
+from shared.idempotency.keys import DedupKey
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import TableStore
 from tests.functions import app_settings

@@ -12,9 +12,10 @@ import pytest
 from azure.core.exceptions import ServiceRequestError
 from azure.cosmos import exceptions
 
-from shared.idempotency import DedupKey, Entity, StoreUnavailable
-from shared.idempotency.errors import StoreRefused
-from shared.idempotency.functions import reset
+from shared.idempotency import Entity
+from shared.idempotency.errors import StoreRefused, StoreUnavailable
+from shared.idempotency.functions.registry import reset
+from shared.idempotency.keys import DedupKey
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import CommitStatus, CosmosStore, Marker, State, VersionConflict
 from shared.idempotency.stores._azure import store_errors

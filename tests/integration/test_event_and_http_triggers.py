@@ -17,9 +17,11 @@ import pytest
 import recipes
 from consumers import order_events as events_app
 from consumers import orders as orders_app
-from shared.idempotency import DedupKey, fingerprint
-from shared.idempotency.functions import REPLAYED, RetryLater
+from shared.idempotency.functions import RetryLater
+from shared.idempotency.functions.adapters import REPLAYED
+from shared.idempotency.keys import DedupKey
 from shared.idempotency.messages import utcnow
+from shared.idempotency.payload import fingerprint
 from shared.idempotency.stores import DedupStore, Marker, State
 from shared.idempotency.testing import entities
 from shared.orders import SHIPPED

@@ -101,7 +101,7 @@ def test_a_batch_of_100_events_commits_in_about_4_requests(azurite: Azurite) -> 
 def test_a_producer_id_is_read_where_the_sdks_and_cloudevents_put_it() -> None:
     """EventData.message_id arrives among the system properties as message-id; CloudEvents
     over AMQP with the cloudEvents_ prefix the binding prefers, or cloudEvents:."""
-    from shared.idempotency.functions import eventhub_deliveries
+    from shared.idempotency.functions.adapters import eventhub_deliveries
 
     metadata = {
         "PartitionContext": meta.Datum(json.dumps({"EventHubName": "shipments", "PartitionId": "1"}), "json"),

@@ -24,18 +24,12 @@ from azure.core.pipeline.transport import HttpTransport
 from azure.data.tables import TableServiceClient
 
 from consumers import orders as orders_app
-from shared.idempotency import (
-    Context,
-    Delivery,
-    Effects,
-    Entity,
-    IdempotentConsumer,
-    Outcome,
-    StoreUnavailable,
-)
+from shared.idempotency import Context, Delivery, Effects, Entity, IdempotentConsumer, Outcome
 from shared.idempotency.config import DedupConfig
-from shared.idempotency.errors import StoreRefused
-from shared.idempotency.functions import REPLAYED, RetryLater, eventgrid_delivery, shared_store, using_store
+from shared.idempotency.errors import StoreRefused, StoreUnavailable
+from shared.idempotency.functions import RetryLater, shared_store
+from shared.idempotency.functions.adapters import REPLAYED, eventgrid_delivery
+from shared.idempotency.functions.registry import using_store
 from shared.idempotency.messages import MAX_RESULT_CHARACTERS
 from shared.idempotency.stores import DeadLetter, DedupStore, TableStore
 from shared.idempotency.stores._azure import TRANSPORT, store_errors

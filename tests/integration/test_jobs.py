@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from azure.data.tables import TableServiceClient
 
-from shared.idempotency import Context, DedupConfig, Effects, IdempotentConsumer, Outcome, StoreUnavailable
+from shared.idempotency import Context, DedupConfig, Effects, IdempotentConsumer, Outcome
+from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.functions import RetryLater, on_schedule
 from shared.idempotency.functions import _bindings as bindings
 from shared.idempotency.jobs import complete, occurrence, run_job

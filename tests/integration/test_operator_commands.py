@@ -14,7 +14,7 @@ import pytest
 
 import recipes
 from shared.idempotency import Delivery, Outcome, Result
-from shared.idempotency.functions import declared
+from shared.idempotency.functions.registry import declared
 from shared.orders.checks import tracking_by_event
 from tests.functions import fresh_app, servicebus_message, user_function
 from tests.integration.operators import ROOT, run_tool

@@ -13,9 +13,10 @@ import pytest
 from azure.data.tables import TableClient, TableServiceClient
 
 from consumers import orders as orders_app
-from shared.idempotency import DedupKey, Delivery, Effects, Entity, IdempotentConsumer, Outcome, StoreUnavailable
+from shared.idempotency import Delivery, Effects, Entity, IdempotentConsumer, Outcome
+from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.functions import RetryLater, shared_store
-from shared.idempotency.keys import consumer_partition, encode_key
+from shared.idempotency.keys import DedupKey, consumer_partition, encode_key
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import Commit
 from shared.idempotency.stores._records import MARKER_KIND

@@ -196,7 +196,7 @@ def test_the_example_publishes_order_accepted_and_each_subscriber_acts_once(azur
     order_topic = recipes.module("order_topic")
     billing_consumer, shipping_consumer = order_topic.billing_consumer, order_topic.shipping_consumer
     from consumers.orders import queue_consumer
-    from shared.idempotency.functions import using_sender
+    from shared.idempotency.functions.registry import using_sender
     from tests.functions import fresh_app
 
     order = {"orderId": "e2e-1", "customerId": "c-1", "amount": 12.5, "currency": "EUR",
@@ -263,7 +263,8 @@ def test_a_real_topic_takes_the_outbox_message_with_its_id_and_drops_the_re_send
 
 
 def test_an_outgoing_name_a_range_read_could_not_find_is_refused() -> None:
-    from shared.idempotency import DedupKey, InvalidMessage
+    from shared.idempotency import InvalidMessage
+    from shared.idempotency.keys import DedupKey
     from shared.idempotency.outbox import rows
 
     with pytest.raises(InvalidMessage) as caught:

@@ -16,18 +16,9 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessageBatch
 from azure.servicebus.exceptions import MessageSizeExceededError
 
-from shared.idempotency import (
-    Context,
-    DedupConfig,
-    Delivery,
-    Effects,
-    Entity,
-    IdempotentConsumer,
-    Outcome,
-    Outgoing,
-    StoreUnavailable,
-)
+from shared.idempotency import Context, DedupConfig, Delivery, Effects, Entity, IdempotentConsumer, Outcome, Outgoing
 from shared.idempotency import outbox as outbox_module
+from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.functions import ServiceBusSender
 from shared.idempotency.messages import utcnow
 from shared.idempotency.outbox import DUE, ROWS, Outbox

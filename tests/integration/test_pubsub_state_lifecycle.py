@@ -17,9 +17,10 @@ from azure.core.exceptions import HttpResponseError
 from azure.data.tables import TableServiceClient
 
 from consumers import orders
-from shared.idempotency import DedupKey, Entity, fingerprint
-from shared.idempotency.keys import consumer_partition
+from shared.idempotency import Entity
+from shared.idempotency.keys import DedupKey, consumer_partition
 from shared.idempotency.messages import utcnow
+from shared.idempotency.payload import fingerprint
 from shared.idempotency.resubmit import check_bodies, check_ids
 from shared.idempotency.stores import Marker, State, TableStore
 from shared.idempotency.stores._expiry import SETTLE

@@ -18,7 +18,8 @@ from azure.data.tables import TableServiceClient
 
 from shared.idempotency import InvalidMessage, resubmit
 from shared.idempotency import consumer as consumer_module
-from shared.idempotency.functions import declared, reset, shared_store
+from shared.idempotency.functions import shared_store
+from shared.idempotency.functions.registry import declared, reset
 from shared.idempotency.resubmit import main
 from tests.functions import app_settings, fresh_app, servicebus_message, user_function
 from tests.integration.operators import run_tool

@@ -33,7 +33,7 @@ from azure.data.tables import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.idempotency import StoreUnavailable
+from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.stores._azure import store_errors
 from shared.idempotency.stores._table_batch import TableTransactions, TransactionFailure, decode, entity_json
 from shared.idempotency.stores._transport import pooled_transport

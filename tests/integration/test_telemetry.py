@@ -17,9 +17,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from shared.idempotency import Context, DedupKey, Delivery, Effects, Entity, IdempotentConsumer, Outcome
+from shared.idempotency import Context, Delivery, Effects, Entity, IdempotentConsumer, Outcome
 from shared.idempotency.config import DedupConfig
 from shared.idempotency.functions import shared_store
+from shared.idempotency.keys import DedupKey
 from shared.idempotency.stores import MemoryStore
 from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
@@ -175,7 +176,7 @@ def emit_every_alerted_situation(azurite: Azurite) -> None:
     from datetime import timedelta
     from types import SimpleNamespace
 
-    from shared.idempotency.functions import using_sender, using_store
+    from shared.idempotency.functions.registry import using_sender, using_store
     from shared.idempotency.messages import utcnow
     from shared.idempotency.outbox import Outbox
     from shared.idempotency.reconcile import escalate_stale_claims

@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 
 from consumers import orders as orders_app
-from shared.idempotency import DedupKey, IdempotentConsumer, Outcome, StepPolicy
+from shared.idempotency import IdempotentConsumer, Outcome, StepPolicy
 from shared.idempotency.config import DedupConfig
 from shared.idempotency.downstream import IdempotentHttp
-from shared.idempotency.functions import RetryLater, servicebus_delivery
-from shared.idempotency.keys import consumer_partition
+from shared.idempotency.functions import RetryLater
+from shared.idempotency.functions.adapters import servicebus_delivery
+from shared.idempotency.keys import DedupKey, consumer_partition
 from shared.idempotency.messages import utcnow
 from shared.idempotency.reconcile import ESCALATION, escalate_stale_claims
 from shared.idempotency.resubmit import check_ids
@@ -159,7 +160,7 @@ def test_a_live_lease_abandons_the_message_without_calling(app: TableStore, paym
     order = an_order()
     now = utcnow()
     key = DedupKey("orders", order["orderId"], "charge")
-    from shared.idempotency import fingerprint
+    from shared.idempotency.payload import fingerprint
 
     partition = consumer_partition("orders", order["orderId"])
     app.claim(Marker(key, partition, State.IN_PROGRESS, fingerprint(order), now, now + timedelta(days=1),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.idempotency import DedupKey
+from shared.idempotency.keys import DedupKey
 from shared.idempotency.outbox import message_id
 from tests.runtime.test_python_worker import FUNCTION_KEY, an_order, app_settings, new_id
 from tools.azurite import Azurite

@@ -25,10 +25,9 @@ from azure.data.tables import TableServiceClient
 
 import consumers
 import recipes
-from shared.idempotency import DedupKey
 from shared.idempotency.functions import housekeeping
 from shared.idempotency.jobs import occurrence
-from shared.idempotency.keys import consumer_partition
+from shared.idempotency.keys import DedupKey, consumer_partition
 from shared.idempotency.outbox import ROWS, message_id
 from shared.idempotency.stores import TableStore
 from shared.ledger import message_id as posting_message_id

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.idempotency import ConfigurationError
+from shared.idempotency.errors import ConfigurationError
 from shared.idempotency.functions import check_app_settings
 
 GOOD = {"DEDUP_STORAGE_CONNECTION": "UseDevelopmentStorage=true"}

@@ -5,17 +5,10 @@ from __future__ import annotations
 import inspect
 from datetime import timedelta
 
-from shared.idempotency import (
-    DedupError,
-    DedupKey,
-    Delivery,
-    Effects,
-    IdempotentConsumer,
-    Outcome,
-    StoreUnavailable,
-    errors,
-)
+from shared.idempotency import DedupError, Delivery, Effects, IdempotentConsumer, Outcome, errors
 from shared.idempotency.config import DedupConfig
+from shared.idempotency.errors import StoreUnavailable
+from shared.idempotency.keys import DedupKey
 from shared.idempotency.stores import Commit
 
 

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from shared.idempotency import InvalidMessage, fingerprint
+from shared.idempotency import InvalidMessage
+from shared.idempotency.payload import fingerprint
 
 
 def test_reserialised_equal_payloads_match() -> None:

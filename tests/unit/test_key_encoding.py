@@ -7,8 +7,7 @@ from urllib.parse import quote
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.idempotency import DedupKey
-from shared.idempotency.keys import encode_key, marker_id
+from shared.idempotency.keys import DedupKey, encode_key, marker_id
 
 HOSTILE = ["a/b", "a#b", "a?b", "a\\b", "a\x00b", "a\x7fb", "a\u0085b", "é", "🙂", "%2F", "~x", "a|b", "'", "x" * 2048]
 FORBIDDEN = re.compile(r"[/\\#?\x00-\x1f\x7f-\x9f]")

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.idempotency import DedupKey, InvalidMessage, cloudevent_identity, from_body_field, from_message_id
-from shared.idempotency.keys import MAX_KEY_LENGTH
+from shared.idempotency import InvalidMessage, from_body_field, from_message_id
+from shared.idempotency.keys import MAX_KEY_LENGTH, DedupKey, cloudevent_identity
 
 
 def test_key_needs_an_identity() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.idempotency import ConfigurationError
+from shared.idempotency.errors import ConfigurationError
 from shared.idempotency.stores import DedupStore, MemoryStore, _registry, app_store, register_store
 
 
