@@ -69,7 +69,7 @@ def test_a_feature_recipe_is_named_for_infra_and_switched_on_by_its_setting(temp
 def test_an_unknown_recipe_is_one_line_and_changes_nothing(template: Path) -> None:
     done = run(template, sys.executable, "-m", "tools.recipe", "nosuch")
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "choose from" in done.stderr
-    assert run(template, "git", "status", "--porcelain").stdout == ""
+    assert run(template, "git", "status", "--porcelain", "--", "consumers", "recipes", "infra").stdout == ""
 
 
 def test_every_recipe_is_listed_with_its_module() -> None:
