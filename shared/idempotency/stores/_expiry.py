@@ -7,16 +7,22 @@ marker it writes in an *expiry index*, and the purge follows the index.
   a full row is taken under the lock and written by one background thread, the rest
   ``FLUSH_AFTER`` after the first note (a timer thread), before a purge and at exit — 0.004
   request per marker.
-- **Rows** live in the library's own table (beside the dead-letter records), in partition
-  ``~expiry|<table>|YYYYMMDDHH``: the hour the notes expire, or the hour they are written if
-  that is later (never behind the cursor). Each row says when its last note expires
-  (``Until``).
+- **Rows** live in the store's own table, beside the markers, in partition
+  ``~expiry|<table>|YYYYMMDDHH`` (the library's other bookkeeping there, the outbox's and
+  the jobs', is stored under *encoded* keys, and an encoded key never holds a raw ``|``: no
+  business partition can be an index partition): the hour the notes expire, or the hour they
+  are written if that is later (never behind the cursor). Each row says when its last note
+  expires (``Until``). ``TableStore.scan`` and the full sweep pass them over (no ``Kind``).
 - **The purge** reads the hours from a cursor (the first hour not yet emptied) to now, a row
   at a time (the deadline is checked before each), hands the notes of every row that fell
   due to the store to delete in parallel, deletes the row, and moves the cursor past each
   emptied hour once no flush can still file a note there. Its budget is exact: the row it
   runs out in is purged in part and rewritten with the notes left. Its cost follows the
   expired markers, not the table.
+- **Upgrade**: a version before this one kept the rows in the dead-letter table, under the
+  same partitions. The purge drains them (``_drain``): one read of that range per run, in
+  order, each row purged as the index's own once it fell due; the first run that finds the
+  range empty says so in the cursor row (``EarlierDrained``), and no run reads it again.
 - What the index does not hold (notes of an instance that died before writing them, markers
   written before the index existed, claims never final, deletes the service refused): the
   rare full sweep, ``sweep_expired``.
@@ -25,6 +31,7 @@ marker it writes in an *expiry index*, and the purge follows the index.
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import logging
 import threading
@@ -58,6 +65,7 @@ SETTLE = timedelta(minutes=5)  # after an hour ends, how long a flush begun in i
 _HOUR = "%Y%m%d%H"
 _EPOCH, _ONE_HOUR = datetime(1970, 1, 1, tzinfo=UTC), timedelta(hours=1)
 _ROW_BYTES = 60_000  # an Edm.Binary property holds 64 KiB
+DRAINED = "EarlierDrained"  # in the cursor row: no row is left where an earlier version kept them
 
 
 class Note(NamedTuple):
@@ -69,15 +77,18 @@ class Note(NamedTuple):
 
 class ExpiryIndex:
     """The notes of one store's markers (``scope``: its table's name) in ``table``, the
-    library's own table, and the purge over them."""
+    store's own, and the purge over them."""
 
     def __init__(self, table: TableClient, scope: str, *, concurrency: int = CONCURRENCY,
-                 create: Callable[[dict[str, Any]], object] | None = None) -> None:  # fmt: skip
+                 create: Callable[[dict[str, Any]], object] | None = None,
+                 earlier: TableClient | None = None) -> None:  # fmt: skip
         """``create``: how a row is written (the store's lean insert, or ``table``'s own);
-        an existing row may raise ResourceExistsError or be ignored."""
+        an existing row may raise ResourceExistsError or be ignored. ``earlier``: where an
+        earlier version kept the rows (the dead-letter table), drained by the purge."""
         self._table = table
         self._create = create or table.create_entity
-        self._prefix = f"{INDEX}{scope}|"  # apps sharing the library's table keep apart
+        self._earlier = earlier
+        self._prefix = f"{INDEX}{scope}|"  # the same partitions as when the rows were in a shared table
         self._cursor = {"PartitionKey": self._prefix + "cursor", "RowKey": "cursor"}
         self._concurrency = concurrency
         self._pending: dict[str, list[tuple[Note, datetime]]] = {}  # by the hour the markers expire
@@ -144,21 +155,28 @@ class ExpiryIndex:
         one more: a row is purged in part, and keeps the rest of its notes for the next run)
         or ``deadline`` (time.monotonic()). The cursor moves past an hour once it is empty and
         settled. ``delete(partition, notes)`` deletes one partition's noted markers and guards:
-        (records deleted, requests)."""
+        (records deleted, requests). Rows an earlier version left in ``earlier`` go first."""
         requests = self.flush()
         with store_errors():
             cursor_row = {"pk": self._cursor["PartitionKey"], "rk": self._cursor["RowKey"]}
             stored = list(self._table.query_entities("PartitionKey eq @pk and RowKey eq @rk", parameters=cursor_row))
         requests += 1
         start = _hour(stored[0]["Hour"]) if stored else _floor(now - FIRST_PURGE)
+        was_drained = self._earlier is None or bool(stored and stored[0].get(DRAINED))
         settled = _floor(now - SETTLE) - timedelta(hours=1)  # no note is filed there any more
         hour, cursor = start, start
         scanned = deleted = 0
         moving = True
         with ThreadPoolExecutor(self._concurrency) as pool:
+            purged = functools.partial(self._purge_row, pool=pool, delete=delete)
+            drained = was_drained
+            if not drained and budget > 0 and time.monotonic() < deadline:
+                earlier, drained = self._drain(now, budget, deadline, purged)
+                scanned, deleted = earlier.scanned, earlier.deleted
+                requests += earlier.requests
             while hour <= now and deleted < budget and time.monotonic() < deadline:
                 emptied = True
-                for row in self._rows(hour):
+                for row in self._rows(self._table, "PartitionKey eq @pk", {"pk": self._prefix + f"{hour:{_HOUR}}"}):
                     if isinstance(row, int):  # a page was read
                         requests += row
                         continue
@@ -168,52 +186,102 @@ class ExpiryIndex:
                     if row["Until"] >= now:  # some of its markers are still inside their window
                         emptied = False
                         continue
-                    # A note written twice (a retried write) is deleted once: a transaction
-                    # holds each entity once.
-                    notes = list(dict.fromkeys(Note(*n) for n in json.loads(row["Notes"])))
-                    taken, kept = within(notes, budget - deleted)
-                    scanned += len(notes) - len(kept)
-                    by_partition: dict[str, list[Note]] = {}
-                    for n in taken:
-                        by_partition.setdefault(n.partition, []).append(n)
-                    for done, made in pool.map(lambda item: delete(*item), by_partition.items()):
-                        deleted, requests = deleted + done, requests + made
-                    requests += self._keep(row, kept)
-                    emptied = emptied and not kept
+                    done = purged(self._table, row, budget - deleted)
+                    scanned, deleted = scanned + done.scanned, deleted + done.deleted
+                    requests += done.requests
+                    emptied = emptied and done.emptied
                 moving = moving and emptied and hour <= settled
                 if moving:
                     cursor = hour + timedelta(hours=1)
                 hour += timedelta(hours=1)
-        if cursor != start or not stored:
+        if cursor != start or not stored or drained != was_drained:
             with store_errors():
-                self._table.upsert_entity({**self._cursor, "Hour": f"{cursor:{_HOUR}}"}, mode=UpdateMode.REPLACE)
+                self._table.upsert_entity({**self._cursor, "Hour": f"{cursor:{_HOUR}}", DRAINED: drained},
+                                          mode=UpdateMode.REPLACE)  # fmt: skip
             requests += 1
         return Purge(scanned, deleted, requests)
 
-    def _keep(self, row: dict[str, Any], kept: list[Note]) -> int:
+    def _drain(self, now: datetime, budget: int, deadline: float,
+               purged: Callable[[TableClient, dict[str, Any], int], _RowPurge]) -> tuple[Purge, bool]:  # fmt: skip
+        """The rows an earlier version kept in ``earlier`` (the dead-letter table), under the
+        same partitions: read in order, hours first and its cursor last, each purged as the
+        index's own once it fell due, until the first that has not (a row's notes expire in
+        the hour it is filed under or before: what follows was filed in that hour or later),
+        the budget or the deadline. Also whether the range is gone: its first read found no row."""
+        assert self._earlier is not None
+        scanned = deleted = requests = 0
+        found = False
+        rows = self._rows(self._earlier, "PartitionKey gt @low and PartitionKey lt @high",
+                          {"low": self._prefix, "high": self._prefix + "~"})  # fmt: skip
+        try:
+            for row in rows:
+                if isinstance(row, int):
+                    requests += row
+                    continue
+                found = True
+                if deleted >= budget or time.monotonic() >= deadline:
+                    break
+                if row.get("Notes") is None:  # the earlier cursor, read last: every row before it is gone
+                    requests += self._keep(self._earlier, row, [])
+                    continue
+                if row["Until"] >= now:
+                    break
+                done = purged(self._earlier, row, budget - deleted)
+                scanned, deleted = scanned + done.scanned, deleted + done.deleted
+                requests += done.requests
+        except ResourceNotFoundError:  # no such table: nothing was ever kept there
+            pass
+        return Purge(scanned, deleted, requests), not found
+
+    def _purge_row(self, table: TableClient, row: dict[str, Any], room: int, *, pool: ThreadPoolExecutor,
+                   delete: Callable[[str, list[Note]], tuple[int, int]]) -> _RowPurge:  # fmt: skip
+        """Delete the noted records of a row that fell due, within ``room``, then the row, or
+        rewrite it with the notes left."""
+        # A note written twice (a retried write) is deleted once: a transaction holds each
+        # entity once.
+        notes = list(dict.fromkeys(Note(*n) for n in json.loads(row["Notes"])))
+        taken, kept = within(notes, room)
+        by_partition: dict[str, list[Note]] = {}
+        for n in taken:
+            by_partition.setdefault(n.partition, []).append(n)
+        deleted = requests = 0
+        for done, made in pool.map(lambda item: delete(*item), by_partition.items()):
+            deleted, requests = deleted + done, requests + made
+        requests += self._keep(table, row, kept)
+        return _RowPurge(len(notes) - len(kept), deleted, requests, not kept)
+
+    @staticmethod
+    def _keep(table: TableClient, row: dict[str, Any], kept: list[Note]) -> int:
         """Delete a row whose notes were all purged, or rewrite it with those ``kept`` for the
         next run; the request made. A row another run deleted meanwhile needs neither."""
         keys = {"PartitionKey": str(row["PartitionKey"]), "RowKey": str(row["RowKey"])}
         try:
             with store_errors():
                 if kept:
-                    self._table.update_entity({**keys, "Notes": json.dumps(kept).encode()}, mode=UpdateMode.MERGE)
+                    table.update_entity({**keys, "Notes": json.dumps(kept).encode()}, mode=UpdateMode.MERGE)
                 else:
-                    self._table.delete_entity(keys["PartitionKey"], keys["RowKey"])
+                    table.delete_entity(keys["PartitionKey"], keys["RowKey"])
         except ResourceNotFoundError:
             pass  # an overlapping run purged it: every note it held is deleted or noted in its rewrite
         return 1
 
-    def _rows(self, hour: datetime) -> Iterator[dict[str, Any] | int]:
-        """An hour's index rows in the order written, read ``PAGE`` rows at a time; before each
-        page, 1 (a request made)."""
-        found = self._table.query_entities("PartitionKey eq @pk", parameters={"pk": self._prefix + f"{hour:{_HOUR}}"},
-                                           select=["PartitionKey", "RowKey", "Notes", "Until"],
-                                           results_per_page=PAGE)  # fmt: skip
+    @staticmethod
+    def _rows(table: TableClient, query: str, parameters: dict[str, Any]) -> Iterator[dict[str, Any] | int]:
+        """Index rows in key order (an hour's: as written), read ``PAGE`` rows at a time;
+        before each page, 1 (a request made)."""
+        found = table.query_entities(query, parameters=parameters, select=["PartitionKey", "RowKey", "Notes", "Until"],
+                                     results_per_page=PAGE)  # fmt: skip
         with store_errors():
             for page in found.by_page():
                 yield 1
                 yield from (dict(row) for row in page)
+
+
+class _RowPurge(NamedTuple):
+    scanned: int  # notes purged (or passed over: their marker gone or rewritten)
+    deleted: int
+    requests: int
+    emptied: bool  # the row deleted, no note left
 
 
 def within(notes: Sequence[Note], room: int) -> tuple[list[Note], list[Note]]:

@@ -50,10 +50,9 @@ from ..messages import Entity, utcnow
 from ._azure import error_code, store_errors
 from ._base import DedupStore, check_storable, refused
 from ._codec import dead_letter_fields, dead_letter_from, kept, marker_fields, marker_from, state_fingerprint
-from ._expiry import ExpiryIndex, Note
+from ._expiry import INDEX, ExpiryIndex, Note
 from ._records import (
     GUARD_KIND,
-    LIBRARY_RECORD,
     MARKER_KIND,
     Commit,
     CommitResult,
@@ -110,11 +109,11 @@ class TableStore(DedupStore):
         self._service = service
         self._table: TableClient = service.get_table_client(table)
         self._dead: TableClient = service.get_table_client(dead_letter_table)
-        # In the library's own table, beside the dead letters; its rows (~50 KB) inserted the lean
-        # way when commits are (about half the client CPU of the SDK's create_entity, measured
-        # while tuning).
-        lean_rows = transactions.sibling(dead_letter_table).insert if transactions is not None else None
-        self._expiry = ExpiryIndex(self._dead, table, create=lean_rows)
+        # Beside the markers it notes (the dead-letter table holds dead letters only; an earlier
+        # version's rows there are drained); its rows (~50 KB) inserted the lean way when commits
+        # are (about half the client CPU of the SDK's create_entity, measured while tuning).
+        lean_rows = transactions.insert if transactions is not None else None
+        self._expiry = ExpiryIndex(self._table, table, create=lean_rows, earlier=self._dead)
 
     @property
     def table(self) -> TableClient:
@@ -341,17 +340,18 @@ class TableStore(DedupStore):
         """Follows the expiry index (_expiry.py): reads the hours that fell due, deletes each
         noted marker at its noted version with its guard, one transaction per business
         partition, in parallel, until ``budget`` records are deleted or ``deadline``
-        (time.monotonic()). Then the dead-letter records that expired (their own table)."""
+        (time.monotonic()). Then the dead-letter records that expired (their own table; the
+        rows an earlier version's index left there have no ``ExpiresAt``: the index drains them)."""
         deadline = time.monotonic() + 3600 if deadline is None else deadline
         markers = self._expiry.purge(now, budget, deadline, self._delete_noted)
-        dead = self._purge(self._dead, "PartitionKey lt @index and ExpiresAt lt @now",  # not the expiry index
-                           {"index": LIBRARY_RECORD, "now": now}, budget - markers.deleted, deadline)  # fmt: skip
+        dead = self._purge(self._dead, "ExpiresAt lt @now", {"now": now}, budget - markers.deleted, deadline)
         return Purge(markers.scanned + dead.scanned, markers.deleted + dead.deleted, markers.requests + dead.requests)
 
     def sweep_expired(self, now: datetime, budget: int) -> Purge:
         """The rare full sweep, for what the index missed: a filtered scan of the whole table
-        (continuation tokens, pages of 1,000); within a page, grouped by partition and deleted
-        in transactions of up to 100, each conditional on the ETag read, so that a marker
+        (continuation tokens, pages of 1,000) for markers and guards (the index's rows have no
+        ``Kind``: never matched); within a page, grouped by partition and deleted in
+        transactions of up to 100, each conditional on the ETag read, so that a marker
         rewritten meanwhile (a takeover) is kept."""
         return self._purge(
             self._table,
@@ -524,6 +524,8 @@ class TableStore(DedupStore):
             entities = self._table.query_entities("PartitionKey eq @pk", parameters={"pk": encode_key(partition)})
         with store_errors():
             for entity in entities:
+                if entity["PartitionKey"].startswith(INDEX):  # the expiry index's: no record of the data
+                    continue
                 kind = entity.get("Kind")
                 key = (
                     DedupKey(entity["Scope"], entity["KeyId"], entity.get("Step") or "")
