@@ -19,7 +19,6 @@ urllib3's connection pools (transport.py), requests' behind a proxy.
 from __future__ import annotations
 
 import base64
-import copy
 import hashlib
 import hmac
 import json
@@ -244,13 +243,6 @@ class TableTransactions:
             raise _refused(response, answer.status, answer.code, answer.message,
                            kind.get(answer.status, TableTransactionError))  # fmt: skip
         return answer
-
-    def sibling(self, table: str) -> TableTransactions:
-        """The same account, pipeline and connections, writing to ``table`` (closing either
-        closes both)."""
-        twin = copy.copy(self)
-        twin._table_url = f"{self._base}/{table}"
-        return twin
 
     def insert(self, entity: Mapping[str, Any], **options: Any) -> str | None:
         """Insert one entity (not a transaction: one POST to the table, answered without
