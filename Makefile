@@ -30,7 +30,7 @@ demo: install
 
 # Switch a recipe on (recipes/README.md): its module moves into consumers/, its name into
 # infra/recipes.json (what the next deployment creates for it). make recipe NAME=eventhubs
-recipe: install
+recipe: $(VENV)/.installed
 	$(PY) -m tools.recipe $(NAME)
 
 # The long fault-injection run; knobs: CHAOS_MESSAGES CHAOS_WORKERS CHAOS_DUP_RATE

@@ -7,15 +7,14 @@ import azure.functions as func
 
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.functions import consumer, on_eventgrid, shared_store
-from shared.orders import SHIPPED_SCHEMA, shipment_handler
+from shared.orders import EVENTS_CONSUMER, SHIPPED_SCHEMA, shipment_handler
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
-NAME = "order-events"
 
 
 @consumer
 def grid_consumer() -> IdempotentConsumer:
-    return IdempotentConsumer(NAME, shared_store(), shipment_handler, schema=SHIPPED_SCHEMA)
+    return IdempotentConsumer(EVENTS_CONSUMER, shared_store(), shipment_handler, schema=SHIPPED_SCHEMA)
 
 
 @bp.function_name("order_events")

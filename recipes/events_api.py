@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import azure.functions as func
 
-from consumers.order_events import NAME
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.functions import consumer, on_cloudevents_http, shared_store
-from shared.orders import SHIPPED_SCHEMA, shipment_handler
+from shared.orders import EVENTS_CONSUMER, SHIPPED_SCHEMA, shipment_handler
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
 
 
 @consumer
 def api_consumer() -> IdempotentConsumer:
-    return IdempotentConsumer(NAME, shared_store(), shipment_handler, schema=SHIPPED_SCHEMA, record_refusals=False)
+    return IdempotentConsumer(EVENTS_CONSUMER, shared_store(), shipment_handler, schema=SHIPPED_SCHEMA,
+                              record_refusals=False)  # fmt: skip
 
 
 @bp.function_name("events_api")

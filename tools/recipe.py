@@ -16,6 +16,8 @@ import recipes
 
 ROOT = Path(__file__).resolve().parents[1]
 SWITCHES = ROOT / "infra" / "recipes.json"
+SETTINGS = {"outbox": "ORDER_ACCEPTED_TOPIC (the topic to publish OrderAccepted to)",
+            "payments": "PAYMENT_API_URL (the payment API's base URL)"}  # fmt: skip
 
 
 def switch_on(name: str, root: Path = ROOT) -> list[str]:
@@ -36,6 +38,8 @@ def switch_on(name: str, root: Path = ROOT) -> list[str]:
     if name not in names:
         switches.write_text(json.dumps(sorted([*names, name]), indent=2) + "\n")
         done.append(f"added {name!r} to infra/recipes.json")
+    if name in SETTINGS:
+        done.append(f"set {SETTINGS[name]} in local.settings.json (infra sets it on Azure)")
     return done or [f"{name!r} is on already"]
 
 

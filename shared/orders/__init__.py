@@ -23,6 +23,9 @@ ORDER = "order"
 CHARGE_PREFIX = "charge|"
 
 
+EVENTS_CONSUMER = "order-events"  # the shipment events' consumer, from Event Grid and (recipe) over HTTP
+
+
 def payments() -> IdempotentHttp | None:
     """The payment API the orders charge through, when PAYMENT_API_URL is set (recipe ``payments``)."""
     url = os.environ.get("PAYMENT_API_URL")

@@ -58,7 +58,8 @@ def test_make_recipe_switches_a_recipe_on(template: Path) -> None:
 
 
 def test_a_feature_recipe_is_named_for_infra_and_switched_on_by_its_setting(template: Path) -> None:
-    assert run(template, "make", "--no-print-directory", "recipe", "NAME=outbox").returncode == 0
+    done = run(template, "make", "--no-print-directory", "recipe", "NAME=outbox")
+    assert done.returncode == 0 and "set ORDER_ACCEPTED_TOPIC" in done.stdout, done.stderr
     assert json.loads((template / "infra" / "recipes.json").read_text()) == ["outbox"]
     (template / "function_app.py").touch()
     env_run = subprocess.run([sys.executable, "-c", LIST_FUNCTIONS], cwd=template, capture_output=True, text=True,
