@@ -29,10 +29,8 @@ delete of a missing entity inside a transaction, and a transaction on a missing 
 from __future__ import annotations
 
 import json
-import threading
 import uuid
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -45,6 +43,7 @@ from shared.idempotency.stores._azure import error_code, store_errors
 from shared.idempotency.stores._registry import table_store
 from shared.idempotency.stores._table import TableStore
 from shared.idempotency.stores._table_batch import TransactionFailure
+from tests.integration.canned import Canned, canned_server
 from tools.azurite import Azurite
 
 ACCOUNT = "devstoreaccount1", "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
@@ -176,28 +175,6 @@ ANSWERS: dict[str, Answer] = {
 }  # fmt: skip
 
 
-class Canned(ThreadingHTTPServer):
-    answer: Answer = (500, {}, b"")
-
-
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: Canned
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        status, headers, body = self.server.answer
-        self.send_response(status)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        """Quiet."""
-
-
 def app_stores(connection: str, table: str) -> dict[str, TableStore]:
     """A store per path, built as the app builds it (DEDUP_TABLE_TRANSACTIONS sdk and lean)."""
     found = {}
@@ -214,13 +191,10 @@ def app_stores(connection: str, table: str) -> dict[str, TableStore]:
 @pytest.fixture(scope="module")
 def stores() -> Iterator[tuple[Canned, dict[str, TableStore]]]:
     """One server, and a store on it per path (the SDK's submit_transaction, the lean one)."""
-    server = Canned(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     name, key = ACCOUNT
-    yield server, app_stores(f"DefaultEndpointsProtocol=http;AccountName={name};AccountKey={key};"
-                             f"TableEndpoint=http://127.0.0.1:{server.server_port}/{name};", "orders")  # fmt: skip
-    server.shutdown()
-    server.server_close()
+    with canned_server() as server:
+        yield server, app_stores(f"DefaultEndpointsProtocol=http;AccountName={name};AccountKey={key};"
+                                 f"TableEndpoint=http://127.0.0.1:{server.server_port}/{name};", "orders")  # fmt: skip
 
 
 def classified(store: TableStore, operations: list[Any]) -> tuple[Any, ...]:

@@ -10,9 +10,7 @@ header, nothing at all)."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -23,6 +21,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from shared.idempotency.stores._table_batch import TableTransactions, TransactionFailure, decode
+from tests.integration.canned import Canned, canned_server
 
 # Azurite's well-known account: the canned server checks no signature, but both clients sign.
 ACCOUNT = "devstoreaccount1", "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
@@ -64,39 +63,10 @@ def storage_xml(code: str, message: str, detail: str = "") -> bytes:
     return f"{declaration}<Error><Code>{code}</Code><Message>{message}</Message>{why}</Error>".encode()
 
 
-class Canned(ThreadingHTTPServer):
-    """Answers every request with ``answer``: (status, headers, body)."""
-
-    answer: tuple[int, dict[str, str], bytes] = (500, {}, b"")
-
-
-class Answer(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, as the service: both clients pool their connections
-    server: Canned
-
-    def answer(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        status, headers, body = self.server.answer
-        self.send_response(status)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_POST = do_GET = do_PUT = do_PATCH = do_DELETE = do_HEAD = answer
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[Canned]:
-    canned = Canned(("127.0.0.1", 0), Answer)
-    threading.Thread(target=canned.serve_forever, daemon=True).start()
-    yield canned
-    canned.shutdown()
-    canned.server_close()
+    with canned_server() as canned:
+        yield canned
 
 
 def both_raise(server: Canned, status: int, headers: dict[str, str], body: bytes) -> tuple[Any, Any]:
