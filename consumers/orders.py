@@ -9,10 +9,10 @@ import azure.functions as func
 
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.functions import BODY_AS_BYTES, consumer, on_servicebus, shared_sender, shared_store
-from shared.orders import SCHEMA, accepted_topic, order_handler, payments
+from shared.orders import SCHEMA, accepted_topic, housekeeping, order_handler, payments
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
-HOUSEKEEPING = {name for name, on in (("steps", payments()), ("outbox", accepted_topic())) if on}
+HOUSEKEEPING = housekeeping()
 
 
 @consumer

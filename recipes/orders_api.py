@@ -9,11 +9,11 @@ import azure.functions as func
 
 from shared.idempotency import IdempotentConsumer, from_body_field
 from shared.idempotency.functions import consumer, on_http, shared_sender, shared_store, stored_response
-from shared.orders import SCHEMA, accepted_topic, order_handler, payments
+from shared.orders import SCHEMA, accepted_topic, housekeeping, order_handler, payments
 
 BY_ORDER = from_body_field("orderId")
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
-HOUSEKEEPING = {name for name, on in (("steps", payments()), ("outbox", accepted_topic())) if on}
+HOUSEKEEPING = housekeeping()
 
 
 @consumer
