@@ -4,9 +4,12 @@ functions through ``app.get_functions()`` and invoke them with real binding obje
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import logging
 from collections.abc import Callable
+from importlib.util import find_spec
+from types import ModuleType
 from typing import Any
 
 import azure.functions as func
@@ -14,20 +17,30 @@ from azure.functions.servicebus import ServiceBusMessage
 
 import consumers
 import function_app
-import recipes
 from shared.idempotency.functions import housekeeping
 from shared.idempotency.functions._timers import NEEDS
 
 
+def others() -> list[ModuleType]:
+    """The modules whose functions tests call beside the app's: every recipe not switched on
+    and the library tests' own consumers (tests/app.py), where they are (an app without the
+    example has neither recipes/ nor, perhaps, tests)."""
+    found = []
+    if find_spec("recipes") is not None:
+        found += importlib.import_module("recipes").every()
+    if find_spec("tests") is not None and find_spec("tests.app") is not None:
+        found.append(importlib.import_module("tests.app"))
+    switched_on = set(consumers.modules())
+    return [module for module in found if module not in switched_on]
+
+
 @functools.cache
 def indexed() -> tuple[Any, ...]:
-    """The app's functions as the worker's indexing sees them, and every recipe's that is not
-    switched on (an app with all of them, for their tests). get_functions() validates the app
-    and may only be called once per app object."""
+    """The app's functions as the worker's indexing sees them, with those of ``others()`` and
+    every housekeeping timer (an app with all of them, for their tests). get_functions()
+    validates the app and may only be called once per app object."""
     everything = func.FunctionApp()
-    switched_on = set(consumers.modules())
-    for blueprint in [*consumers.blueprints(), *(m.bp for m in recipes.every() if m not in switched_on),
-                      *housekeeping(NEEDS)]:  # fmt: skip
+    for blueprint in [*consumers.blueprints(), *(m.bp for m in others()), *housekeeping(NEEDS)]:
         everything.register_functions(blueprint)
     root = logging.getLogger()
     level = root.level
