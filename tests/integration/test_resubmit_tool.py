@@ -21,11 +21,13 @@ from shared.idempotency import consumer as consumer_module
 from shared.idempotency.functions import shared_store
 from shared.idempotency.functions.registry import declared, reset
 from shared.idempotency.resubmit import main
+from tests.app import item
 from tests.functions import app_settings, fresh_app, servicebus_message, user_function
 from tests.integration.operators import run_tool
 from tools.azurite import KEY, Azurite, free_port
 
 Output = tuple[int, str, str]
+APP = "tests.app"  # the library tests' consumers (the example's are in consumers/)
 
 
 @pytest.fixture
@@ -36,22 +38,21 @@ def app(azurite: Azurite) -> Iterator[str]:
         yield table
 
 
-def an_order(order_id: str | None = None) -> dict[str, Any]:
-    return {"orderId": order_id or f"o-{uuid.uuid4().hex[:8]}", "customerId": "c-1", "amount": 9.5,
-            "currency": "EUR", "items": [{"sku": "a", "quantity": 2}]}  # fmt: skip
+def an_item(item_id: str | None = None) -> dict[str, Any]:
+    return item(item_id or f"o-{uuid.uuid4().hex[:8]}", 9.5)
 
 
-def process(order: dict[str, Any]) -> None:
-    user_function("orders")(servicebus_message(order, order["orderId"]))
+def process(body: dict[str, Any]) -> None:
+    user_function("items")(servicebus_message(body, body["id"]))
 
 
-def run(*argv: str, consumer: str = "orders") -> Output:
-    done = run_tool("shared.idempotency.resubmit", "--consumer", consumer, *argv)
+def run(*argv: str, consumer: str = "items") -> Output:
+    done = run_tool("shared.idempotency.resubmit", "--consumer", consumer, "--consumers", APP, *argv)
     return done.returncode, done.stdout, done.stderr
 
 
 def run_here(capsys: pytest.CaptureFixture[str], *argv: str) -> Output:
-    code = main(["--consumer", "orders", *argv])
+    code = main(["--consumer", "items", "--consumers", APP, *argv])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -108,22 +109,22 @@ HOSTILE_IDS = {
 
 
 def test_ids_with_control_characters_print_escaped_one_line_each(app: str) -> None:
-    done = an_order()
+    done = an_item()
     process(done)
-    code, out, err = run("--ids", done["orderId"], *HOSTILE_IDS)
+    code, out, err = run("--ids", done["id"], *HOSTILE_IDS)
     assert (code, err) == (0, "")
     columns = verdict_lines(out, 1 + len(HOSTILE_IDS))
-    assert [c[0] for c in columns] == [done["orderId"], *HOSTILE_IDS.values()]
+    assert [c[0] for c in columns] == [done["id"], *HOSTILE_IDS.values()]
     assert [c[1] for c in columns] == ["completed"] + ["new"] * len(HOSTILE_IDS)
     assert json.loads(out.splitlines()[-1]) == {"completed": 1, "new": len(HOSTILE_IDS)}
 
 
 def test_bodies_with_control_characters_print_escaped_one_line_each(app: str, tmp_path: Path) -> None:
-    forged = an_order("o-y\n" + "o-z\tduplicate\tcompleted with this payload")
-    escape = an_order("o-\x1b[2J\x1b[H\u202e")
+    forged = an_item("o-y\n" + "o-z\tduplicate\tcompleted with this payload")
+    escape = an_item("o-\x1b[2J\x1b[H\u202e")
     bodies = [json.dumps(forged).encode(), json.dumps(escape).encode(),
-              b"\x1b[2J\x1b]0;pwned\x07\x9b\x7f not json", b'{"orderId": "\\u0000\\u001b\\u2028"}']  # fmt: skip
-    code, out, err = run("--bodies", bodies_file(tmp_path, *bodies), "--message-id-field", "orderId")
+              b"\x1b[2J\x1b]0;pwned\x07\x9b\x7f not json", b'{"id": "\\u0000\\u001b\\u2028"}']  # fmt: skip
+    code, out, err = run("--bodies", bodies_file(tmp_path, *bodies), "--message-id-field", "id")
     assert (code, err) == (0, "")
     columns = verdict_lines(out, len(bodies))
     assert [c[1] for c in columns] == ["new", "new", "invalid", "invalid"]
@@ -153,12 +154,12 @@ def test_bodies_that_are_not_utf8_or_hold_lone_surrogates_are_invalid_and_the_ru
     if parser == "lenient":
         for module in (consumer_module, resubmit):
             monkeypatch.setattr(module, "parse_json", lenient_json)
-    done = an_order()
+    done = an_item()
     process(done)
-    member = json.dumps({**an_order(), "\ud800": 1}).encode()  # a lone surrogate in a member name
-    value = json.dumps(an_order("o-\udc80")).encode()  # ... in the key itself
-    bodies = [b"\xff\xfe\x80 latin-1 \xe9", member, value, b'{"orderId": "\xed\xa0\x80"}', json.dumps(done).encode()]
-    argv = ("--bodies", bodies_file(tmp_path, *bodies), "--message-id-field", "orderId")
+    member = json.dumps({**an_item(), "\ud800": 1}).encode()  # a lone surrogate in a member name
+    value = json.dumps(an_item("o-\udc80")).encode()  # ... in the key itself
+    bodies = [b"\xff\xfe\x80 latin-1 \xe9", member, value, b'{"id": "\xed\xa0\x80"}', json.dumps(done).encode()]
+    argv = ("--bodies", bodies_file(tmp_path, *bodies), "--message-id-field", "id")
     code, out, err = run_here(capsys, *argv) if parser == "lenient" else run(*argv)
     assert (code, err) == (0, "")
     columns = verdict_lines(out, len(bodies))
@@ -184,11 +185,11 @@ def test_a_missing_table_is_one_error_line_and_no_table_is_created(
 
 
 def test_reading_an_existing_store_creates_no_table(azurite: Azurite, app: str) -> None:
-    done = an_order()
+    done = an_item()
     process(done)
     before = tables(azurite)
     with app_settings(DEDUP_DEADLETTER_TABLE="t" + uuid.uuid4().hex[:16]):  # not read by the tool: never created
-        code, out, err = run("--ids", done["orderId"])
+        code, out, err = run("--ids", done["id"])
     assert (code, err) == (0, "")
     assert [c[1] for c in verdict_lines(out, 1)] == ["completed"]
     assert tables(azurite) == before and app in before
@@ -232,7 +233,7 @@ def test_an_unreachable_or_refusing_store_is_one_error_line(azurite: Azurite, ap
 def test_an_unknown_consumer_lists_the_known_ones(app: str) -> None:
     err = assert_one_error_line(run("--ids", "o-1", consumer="nosuch\x1b[2J"), "nosuch\\x1b[2J")
     known = err.split("known: ")[1].strip().split(", ")
-    assert set(known) == {c.name for c in declared("consumers")}  # every consumer the app's modules declare
+    assert set(known) == {c.name for c in declared(APP)}  # every consumer the module declares
     assert os.environ["DEDUP_TABLE"] == app
 
 
@@ -247,9 +248,9 @@ def test_the_tool_never_imports_the_function_app(app: str) -> None:
     tool runs as ``-m`` runs it; then the process lists what it imported."""
     listing = ("import runpy, sys\ntry:\n    runpy.run_module('shared.idempotency.resubmit', run_name='__main__', "
                "alter_sys=True)\nexcept SystemExit:\n    print(*sorted(m for m in sys.modules if m.partition('.')[0] "
-               "in ('consumers', 'function_app')))")  # fmt: skip
-    done = run_tool("--consumer", "orders", "--ids", "o-1", python=["-c", listing])
+               "in ('consumers', 'function_app', 'tests')))")  # fmt: skip
+    done = run_tool("--consumer", "items", "--consumers", APP, "--ids", "o-1", python=["-c", listing])
     *verdicts, last = done.stdout.splitlines()
     imported = set(last.split())
     assert done.returncode == 0 and verdicts[0].startswith("o-1\tnew"), done.stderr
-    assert "function_app" not in imported and {"consumers.orders", "consumers.order_events"} <= imported
+    assert "function_app" not in imported and APP in imported

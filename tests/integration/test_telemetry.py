@@ -22,6 +22,7 @@ from shared.idempotency.config import DedupConfig
 from shared.idempotency.functions import shared_store
 from shared.idempotency.keys import DedupKey
 from shared.idempotency.stores import MemoryStore
+from tests.app import item
 from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
 
@@ -71,27 +72,26 @@ def app(azurite: Azurite, request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def test_outcomes_duplicates_latency_and_store_requests_are_counted(app: str) -> None:
-    orders = user_function("orders")
-    order = {"orderId": f"o-{uuid.uuid4().hex[:8]}", "customerId": "c", "amount": 3.0, "currency": "EUR",
-             "items": [{"sku": "a", "quantity": 1}]}  # fmt: skip
+    items = user_function("items")
+    body = item(f"i-{uuid.uuid4().hex[:8]}", 3.0)
     before = points()
-    orders(servicebus_message(order, order["orderId"]))
+    items(servicebus_message(body, body["id"]))
     after_new = points()
-    orders(servicebus_message(order, order["orderId"], delivery_count=2))
-    orders(servicebus_message(order, order["orderId"], delivery_count=3))
+    items(servicebus_message(body, body["id"], delivery_count=2))
+    items(servicebus_message(body, body["id"], delivery_count=3))
     after_duplicates = points()
-    orders(servicebus_message({**order, "amount": 4.0}, order["orderId"]))
+    items(servicebus_message({**body, "amount": 4.0}, body["id"]))
     after = points()
 
-    assert delta(before, after, "dedup.outcomes", consumer="orders", outcome="processed") == 1
-    assert delta(before, after, "dedup.outcomes", consumer="orders", outcome="duplicate") == 2
-    assert delta(before, after, "dedup.outcomes", consumer="orders", outcome="conflict") == 1
-    assert delta(before, after, "dedup.duplicates", consumer="orders") == 2
-    assert delta(before, after, "dedup.duration", consumer="orders", outcome="duplicate") == 2  # histogram count
+    assert delta(before, after, "dedup.outcomes", consumer="items", outcome="processed") == 1
+    assert delta(before, after, "dedup.outcomes", consumer="items", outcome="duplicate") == 2
+    assert delta(before, after, "dedup.outcomes", consumer="items", outcome="conflict") == 1
+    assert delta(before, after, "dedup.duplicates", consumer="items") == 2
+    assert delta(before, after, "dedup.duration", consumer="items", outcome="duplicate") == 2  # histogram count
     # The physical limit: one store request for a new message, one for each duplicate —
     # none when this instance saw the key completed (hot).
     hot = app != "0"
-    assert delta(before, after, "dedup.claim.duration", consumer="orders") == (2 if hot else 4)
+    assert delta(before, after, "dedup.claim.duration", consumer="items") == (2 if hot else 4)
     assert total(after_new, "dedup.store.requests") - total(before, "dedup.store.requests") == 1
     assert total(after_duplicates, "dedup.store.requests") - total(after_new, "dedup.store.requests") == (
         0 if hot else 2
@@ -104,16 +104,15 @@ def test_a_span_per_message_continues_the_incoming_trace(app: str) -> None:
     SPANS.clear()
     trace_id = uuid.uuid4().hex
     traceparent = f"00-{trace_id}-{'b7ad6b7169203331'}-01"
-    order = {"orderId": f"o-{uuid.uuid4().hex[:8]}", "customerId": "c", "amount": 3.0, "currency": "EUR",
-             "items": [{"sku": "a", "quantity": 1}]}  # fmt: skip
-    message = servicebus_message(order, order["orderId"])
+    body = item(f"i-{uuid.uuid4().hex[:8]}", 3.0)
+    message = servicebus_message(body, body["id"])
     message.application_properties["traceparent"] = traceparent  # type: ignore[index]
-    user_function("orders")(message)
-    [span] = [s for s in SPANS.get_finished_spans() if s.name == "dedup orders"]
+    user_function("items")(message)
+    [span] = [s for s in SPANS.get_finished_spans() if s.name == "dedup items"]
     assert f"{span.context.trace_id:032x}" == trace_id
     assert span.parent is not None and f"{span.parent.span_id:016x}" == "b7ad6b7169203331"
     assert span.attributes is not None and span.attributes["dedup.outcome"] == "processed"
-    assert span.attributes["dedup.key"] == order["orderId"]
+    assert span.attributes["dedup.key"] == body["id"]
 
 
 def test_each_message_span_is_current_while_its_own_handler_runs() -> None:
@@ -212,9 +211,9 @@ def emit_every_alerted_situation(azurite: Azurite) -> None:
     with using_store(store), pytest.MonkeyPatch.context() as patch:
         patch.setenv("DEDUP_PURGE_BUDGET", "1")
         user_function("purge_markers")(SimpleNamespace(past_due=False))  # spends its budget: a backlog
-    for order in ("o-1", "o-2"):  # two keys parked by the app's orders consumer, due
-        outbox.park(f"orders|{order}", DedupKey("orders", order), utcnow() - outbox.sweep_delay)  # due now
+    for key in ("i-1", "i-2"):  # two keys parked by the tests' items consumer, due
+        outbox.park(f"items|{key}", DedupKey("items", key), utcnow() - outbox.sweep_delay)  # due now
     with using_store(store), using_sender(Down()), pytest.MonkeyPatch.context() as patch:
-        patch.setenv("ORDER_ACCEPTED_TOPIC", "order-events")
+        patch.setenv("ITEMS_TOPIC", "item-events")
         patch.setenv("DEDUP_OUTBOX_SWEEP_BUDGET", "1")
         user_function("dispatch_outbox")(SimpleNamespace(past_due=False))  # stops at its budget: behind
