@@ -211,8 +211,8 @@ def emit_every_alerted_situation(azurite: Azurite) -> None:
     with using_store(store), pytest.MonkeyPatch.context() as patch:
         patch.setenv("DEDUP_PURGE_BUDGET", "1")
         user_function("purge_markers")(SimpleNamespace(past_due=False))  # spends its budget: a backlog
-    for key in ("i-1", "i-2"):  # two keys parked by the tests' items consumer, due
-        outbox.park(f"items|{key}", DedupKey("items", key), utcnow() - outbox.sweep_delay)  # due now
+    for item_id in ("i-1", "i-2"):  # two keys parked by the tests' items consumer, due
+        outbox.park(f"items|{item_id}", DedupKey("items", item_id), utcnow() - outbox.sweep_delay)  # due now
     with using_store(store), using_sender(Down()), pytest.MonkeyPatch.context() as patch:
         patch.setenv("ITEMS_TOPIC", "item-events")
         patch.setenv("DEDUP_OUTBOX_SWEEP_BUDGET", "1")
