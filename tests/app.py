@@ -53,6 +53,7 @@ bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves
 HOUSEKEEPING = {"steps", "outbox"}
 
 ITEM = "item"
+ITEM_OF = "item|"  # the item's entity where many items share a partition (item_batch)
 POSTING = "posting|"
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -90,9 +91,10 @@ def topic() -> str | None:
 
 
 def item_handler(payments: IdempotentHttp | None = None, *, topic: str | None = None,
-                 key_is_id: bool = True) -> Handler:  # fmt: skip
+                 key_is_id: bool = True, shared: bool = False) -> Handler:  # fmt: skip
     """The item and its posting, committed with the marker; with ``payments`` the posting is
-    the payment API's charge (step ``charge``), with ``topic`` the item is published there."""
+    the payment API's charge (step ``charge``), with ``topic`` the item is published there.
+    ``shared``: many items share a partition, so the item's entity is named after it."""
 
     def handle(body: dict[str, Any], context: Context) -> Effects:
         if key_is_id and body["id"] != context.key.id:
@@ -102,7 +104,7 @@ def item_handler(payments: IdempotentHttp | None = None, *, topic: str | None = 
         if payments is not None:
             posting = str(context.step("charge", lambda key: payments.post("/charges", record, key))["id"])
         return Effects(
-            [Entity(ITEM, record), Entity(POSTING + posting, record)],
+            [Entity(ITEM_OF + body["id"] if shared else ITEM, record), Entity(POSTING + posting, record)],
             {"id": body["id"], "posted": record["amount"]},
             [Outgoing(topic, body, "published", {"type": "ItemRecorded"})] if topic else [],
         )
@@ -116,7 +118,8 @@ def effects_by_item(store: DedupStore, item_id: str | None = None, consumer: str
     found: dict[str, Counter[str]] = {}
     for stored in store.scan(None if item_id is None else consumer_partition(consumer, item_id)):
         if stored.entity is not None and "id" in stored.data:
-            kind = ITEM if stored.entity == ITEM else "posting" if stored.entity.startswith(POSTING) else stored.entity
+            kind = (ITEM if stored.entity == ITEM or stored.entity.startswith(ITEM_OF)
+                    else "posting" if stored.entity.startswith(POSTING) else stored.entity)  # fmt: skip
             found.setdefault(str(stored.data["id"]), Counter())[kind] += 1
     return found
 
@@ -192,7 +195,7 @@ def state_consumer() -> IdempotentConsumer:
 
 @consumer
 def batch_consumer() -> IdempotentConsumer:
-    return IdempotentConsumer("item-batch", shared_store(), item_handler(), schema=SCHEMA,
+    return IdempotentConsumer("item-batch", shared_store(), item_handler(shared=True), schema=SCHEMA,
                               partition_for=lambda key: key.id[:1])  # fmt: skip
 
 

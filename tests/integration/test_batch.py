@@ -1,5 +1,6 @@
-"""The batch trigger (cardinality many): postings to one account commit many per request,
-and a conflict inside a batch isolates its message — on a real Azurite."""
+"""The batch trigger (cardinality many): items of one partition commit many per request,
+and a conflict inside a batch isolates its message — on a real Azurite. The test app's
+item_batch partitions items by the first character of their id."""
 
 from __future__ import annotations
 
@@ -10,37 +11,30 @@ from typing import Any
 import pytest
 from azure.data.tables import TableServiceClient
 
-import recipes
 from shared.idempotency.functions import RetryLater
 from shared.idempotency.stores import DedupStore, TableStore
-from shared.ledger import message_id
+from tests.app import batch_consumer, effects_by_item, item
 from tests.functions import fresh_app, servicebus_message, store_down, user_function
 from tools.azurite import Azurite
 
-ledger = recipes.module("ledger")
-
-ledger_batch = user_function("ledger_batch")
+item_batch = user_function("item_batch")
 
 
 @pytest.fixture
 def store(azurite: Azurite) -> Iterator[DedupStore]:
     with fresh_app(azurite, DEDUP_CACHE_SIZE="0"):
-        yield ledger.batch_consumer().store
+        yield batch_consumer().store
 
 
-def posting(account: str, posting_id: str, amount: float = 10.0) -> tuple[dict[str, Any], str]:
-    body = {"accountId": account, "postingId": posting_id, "amount": amount, "currency": "EUR"}
-    return body, message_id(account, posting_id)
-
-
-def postings(store: DedupStore) -> dict[str, float]:
-    return {str(item.entity): item.data["amount"] for item in store.scan() if item.entity is not None}
+def message(item_id: str, amount: float = 10.0) -> Any:
+    """An item's message (MessageId = its id): its partition is the id's first character."""
+    return servicebus_message(item(item_id, amount), item_id)
 
 
 def count_requests(azurite: Azurite) -> list[str]:
     """Give the app's consumer a store on the same tables whose client records every
     HTTP request it sends (azure-core's raw_request_hook)."""
-    consumer = ledger.batch_consumer()
+    consumer = batch_consumer()
     assert isinstance(consumer.store, TableStore)
     sent: list[str] = []
     service = TableServiceClient.from_connection_string(
@@ -50,36 +44,37 @@ def count_requests(azurite: Azurite) -> list[str]:
     return sent
 
 
-def test_a_batch_to_one_account_commits_many_postings_per_request(store: DedupStore, azurite: Azurite) -> None:
+def test_a_batch_to_one_partition_commits_many_items_per_request(store: DedupStore, azurite: Azurite) -> None:
     sent = count_requests(azurite)
-    messages = [servicebus_message(*posting("acc-1", f"p{i}")) for i in range(100)]
-    ledger_batch(messages)
-    assert len(postings(store)) == 100
-    # 100 postings x 3 operations, at most 100 operations per transaction (their 100 expiry
-    # notes wait in memory for a full index row of 250, or a minute)
+    item_batch([message(f"a-{i}") for i in range(100)])
+    assert effects_by_item(store) == {f"a-{i}": {"item": 1, "posting": 1} for i in range(100)}
+    # 100 items x 4 operations (marker, guard, item, posting), at most 100 operations per
+    # transaction: 25 items each (their 100 expiry notes wait in memory for a full index row
+    # of 250, or a minute)
     assert len(sent) == 4
 
 
 def test_a_conflict_inside_a_batch_isolates_only_its_message(store: DedupStore) -> None:
-    ledger_batch([servicebus_message(*posting("acc-2", "p1", 5.0)), servicebus_message(*posting("acc-2", "p2", 6.0))])
+    item_batch([message("b-1", 5.0), message("b-2", 6.0)])
     batch = [
-        servicebus_message(*posting("acc-2", "p1", 5.0)),  # duplicate of a committed posting
-        servicebus_message(*posting("acc-2", "p2", 99.0)),  # same key, another payload
-        servicebus_message(*posting("acc-2", "p3", 7.0)),  # new
-        servicebus_message(*posting("acc-2", "p3", 7.0)),  # the same new posting twice in one batch
-        servicebus_message(*posting("acc-3", "p1", 8.0)),  # another account: its own transaction
+        message("b-1", 5.0),  # duplicate of a committed item
+        message("b-2", 99.0),  # same key, another payload
+        message("b-3", 7.0),  # new
+        message("b-3", 7.0),  # the same new item twice in one batch
+        message("c-1", 8.0),  # another partition: its own transaction
     ]
-    ledger_batch(batch)
-    stored = sorted((item.data["accountId"], str(item.entity), item.data["amount"]) for item in store.scan()
+    item_batch(batch)
+    stored = sorted((item.data["id"], str(item.entity).partition("|")[0], item.data["amount"]) for item in store.scan()
                     if item.entity is not None)  # fmt: skip
-    assert stored == [("acc-2", "posting|p1", 5.0), ("acc-2", "posting|p2", 6.0), ("acc-2", "posting|p3", 7.0),
-                      ("acc-3", "posting|p1", 8.0)]  # fmt: skip
-    [conflict] = store.dead_letters("ledger")
+    assert stored == [("b-1", "item", 5.0), ("b-1", "posting", 5.0), ("b-2", "item", 6.0), ("b-2", "posting", 6.0),
+                      ("b-3", "item", 7.0), ("b-3", "posting", 7.0), ("c-1", "item", 8.0),
+                      ("c-1", "posting", 8.0)]  # fmt: skip
+    [conflict] = store.dead_letters("item-batch")
     assert conflict.reason == "fingerprint_mismatch" and json.loads(conflict.body)["amount"] == 99.0
 
 
 def test_a_transient_failure_returns_the_whole_batch(store: DedupStore) -> None:
-    with store_down(ledger.batch_consumer()), pytest.raises(RetryLater):
-        ledger_batch([servicebus_message(*posting("acc-4", "p1"))])
-    ledger_batch([servicebus_message(*posting("acc-4", "p1"))])
-    assert len(postings(store)) == 1
+    with store_down(batch_consumer()), pytest.raises(RetryLater):
+        item_batch([message("d-1")])
+    item_batch([message("d-1")])
+    assert effects_by_item(store) == {"d-1": {"item": 1, "posting": 1}}
