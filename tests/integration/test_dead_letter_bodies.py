@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import azure.functions as func
@@ -16,15 +17,14 @@ import pytest
 from azure.data.tables import TableClient
 from azure.functions import meta
 
-import recipes
 from shared.idempotency.errors import DedupError
 from shared.idempotency.functions import on_eventhub_batch
 from shared.idempotency.keys import encode_key
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import DeadLetter, TableStore
+from tests.app import item, stream_consumer
 from tests.conftest import new_table_store
 from tests.functions import fresh_app
-from tests.integration.test_eventhubs import retry
 from tools.azurite import Azurite
 
 
@@ -85,17 +85,16 @@ def test_a_record_half_purged_is_not_read_as_a_shorter_body(azurite: Azurite) ->
 def test_an_event_near_the_1_mb_limit_is_recorded_at_its_first_delivery(azurite: Azurite, valid: bool) -> None:
     """950 KB: not JSON, or JSON whose tracking record no Table property holds (refused). Either
     is recorded whole at once, and the batch returns (no retry: nothing would change)."""
-    shipments = recipes.module("shipments")
-
-    event = {"shipmentId": "s-1", "orderId": "o", "status": "picked", "note": "x" * 950_000}
+    event = item("s-1", note="x" * 950_000)
     body = json.dumps(event).encode() if valid else b"{" + b"x" * 950_000
-    metadata = {"PartitionContext": meta.Datum(json.dumps({"EventHubName": "shipments", "PartitionId": "3"}), "json"),
+    metadata = {"PartitionContext": meta.Datum(json.dumps({"EventHubName": "items", "PartitionId": "3"}), "json"),
                 "PropertiesArray": meta.Datum(json.dumps([{"message_id": "e-big"}]), "json")}  # fmt: skip
     events = [func.EventHubEvent(body=body, trigger_metadata=metadata, sequence_number=7)]
+    first_try = SimpleNamespace(retry_context=SimpleNamespace(retry_count=0, max_retry_count=5))
     with fresh_app(azurite):
-        consumer = shipments.tracking_consumer()
-        on_eventhub_batch(shipments.tracking_consumer, events, retry(0))  # no RetryLater: recorded
-        [record] = consumer.store.dead_letters("shipments")
+        consumer = stream_consumer()
+        on_eventhub_batch(stream_consumer, events, first_try)  # no RetryLater: recorded
+        [record] = consumer.store.dead_letters("item-stream")
     assert (record.message_id, record.body, record.truncated) == ("e-big", body, False)
     assert record.reason == ("store_refused" if valid else "invalid_json")
 
