@@ -90,7 +90,7 @@ def test_an_event_near_the_1_mb_limit_is_recorded_at_its_first_delivery(azurite:
     metadata = {"PartitionContext": meta.Datum(json.dumps({"EventHubName": "items", "PartitionId": "3"}), "json"),
                 "PropertiesArray": meta.Datum(json.dumps([{"message_id": "e-big"}]), "json")}  # fmt: skip
     events = [func.EventHubEvent(body=body, trigger_metadata=metadata, sequence_number=7)]
-    first_try = SimpleNamespace(retry_context=SimpleNamespace(retry_count=0, max_retry_count=5))
+    first_try: Any = SimpleNamespace(retry_context=SimpleNamespace(retry_count=0, max_retry_count=5))
     with fresh_app(azurite):
         consumer = stream_consumer()
         on_eventhub_batch(stream_consumer, events, first_try)  # no RetryLater: recorded
