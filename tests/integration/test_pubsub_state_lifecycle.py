@@ -16,7 +16,6 @@ import pytest
 from azure.core.exceptions import HttpResponseError
 from azure.data.tables import TableServiceClient
 
-from consumers import orders
 from shared.idempotency import Entity
 from shared.idempotency.keys import DedupKey, consumer_partition
 from shared.idempotency.messages import utcnow
@@ -25,75 +24,79 @@ from shared.idempotency.resubmit import check_bodies, check_ids
 from shared.idempotency.stores import Marker, State, TableStore
 from shared.idempotency.stores._expiry import SETTLE
 from shared.idempotency.stores._records import GUARD_KIND, MARKER_KIND
-from shared.idempotency.testing import entities
+from tests.app import ITEM, effects_by_item, queue_consumer
+from tests.app import item as item_body
 from tests.conftest import new_table_store
 from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
 
-billing, shipping, order_status = (user_function(name) for name in ("billing", "shipping", "order_status"))
+items, item_subscriber, item_state = (user_function(name) for name in ("items", "item_subscriber", "item_state"))
 
 
 @pytest.fixture
 def store(azurite: Azurite) -> Iterator[TableStore]:
     with fresh_app(azurite):
-        store = orders.queue_consumer().store
+        store = queue_consumer().store
         assert isinstance(store, TableStore)
         yield store
 
 
-def an_order() -> dict[str, Any]:
-    return {"orderId": f"o-{uuid.uuid4().hex[:8]}", "customerId": "c-1", "amount": 9.5, "currency": "EUR",
-            "items": [{"sku": "a", "quantity": 2}]}  # fmt: skip
+def an_item() -> dict[str, Any]:
+    return item_body(f"i-{uuid.uuid4().hex[:8]}", 9.5)
 
 
-# -- several subscribers, one store -----------------------------------------------------
+# -- several consumers of one message, one store --------------------------------------------
+# The test app's queue consumer (items) and topic subscriber (item-subscriber) both take an
+# item, keyed by its id: two consumers of the same message, as two subscriptions would be.
+
+ONCE = {"item": 1, "posting": 1}
 
 
 def test_each_subscriber_applies_its_own_effect_once(store: TableStore) -> None:
-    order = an_order()
-    message = servicebus_message(order, order["orderId"])
-    billing(message)  # the first subscriber to finish ...
-    shipping(message)  # ... never stops the other
-    assert len(entities(store, "invoice")) == 1 and len(entities(store, "picklist")) == 1
+    body = an_item()
+    message = servicebus_message(body, body["id"])
+    item_subscriber(message)  # the first consumer to finish ...
+    items(message)  # ... never stops the other
+    assert effects_by_item(store, body["id"], "item-subscriber") == {body["id"]: ONCE}
+    assert effects_by_item(store, body["id"], "items") == {body["id"]: ONCE}
 
 
 def test_duplicates_are_suppressed_per_subscriber(store: TableStore) -> None:
-    order = an_order()
+    body = an_item()
     for count in (1, 2, 3):
-        billing(servicebus_message(order, order["orderId"], delivery_count=count))
-    assert len(entities(store, "invoice")) == 1 and entities(store, "picklist") == []
-    shipping(servicebus_message(order, order["orderId"]))  # new for shipping, after three billing deliveries
-    assert len(entities(store, "picklist")) == 1
+        item_subscriber(servicebus_message(body, body["id"], delivery_count=count))
+    assert effects_by_item(store) == {body["id"]: ONCE}  # the subscriber's, none of the queue consumer's
+    assert effects_by_item(store, body["id"], "items") == {}
+    items(servicebus_message(body, body["id"]))  # new for items, after three deliveries to the subscriber
+    assert effects_by_item(store, body["id"], "items") == {body["id"]: ONCE}
     markers = sorted(item.key.scope for item in store.scan() if item.key is not None)
-    assert markers == ["billing", "shipping"]
+    assert markers == ["item-subscriber", "items"]
 
 
 # -- ordering: versioned, event-carried state ---------------------------------------------
 
 
-def status_change(order_id: str, status: str, version: int) -> Any:
-    return servicebus_message({"orderId": order_id, "status": status, "version": version}, uuid.uuid4().hex)
+def status_change(item_id: str, status: str, version: int) -> Any:
+    return servicebus_message({"id": item_id, "status": status, "version": version}, uuid.uuid4().hex)
 
 
-def stored_status(store: TableStore, order_id: str) -> tuple[str, int]:
-    [state] = [
-        item.data for item in store.scan(consumer_partition("order-status", order_id)) if item.entity == "status"
-    ]
-    version = state["StateVersion"]  # Edm.Int64, read back typed
+def stored_status(store: TableStore, item_id: str) -> tuple[str, int]:
+    [state] = [item.data for item in store.scan(consumer_partition("item-state", item_id)) if item.entity == "state"]
+    version: Any = state["StateVersion"]  # Edm.Int64, read back typed
     return state["status"], int(getattr(version, "value", version))
 
 
 def test_newer_versions_win_and_older_ones_are_stale(store: TableStore, caplog: pytest.LogCaptureFixture) -> None:
-    order_id = f"o-{uuid.uuid4().hex[:8]}"
+    item_id = f"i-{uuid.uuid4().hex[:8]}"
     with caplog.at_level("DEBUG", logger="idempotency"):
-        order_status(status_change(order_id, "paid", 2))
-        order_status(status_change(order_id, "placed", 1))  # late, out of order
-        order_status(status_change(order_id, "paid", 2))  # redelivered
-        order_status(status_change(order_id, "shipped", 3))
-    assert stored_status(store, order_id) == ("shipped", 3)
-    outcomes = [r.dedup["outcome"] for r in caplog.records if hasattr(r, "dedup")]  # type: ignore[attr-defined]
+        item_state(status_change(item_id, "paid", 2))
+        item_state(status_change(item_id, "placed", 1))  # late, out of order
+        item_state(status_change(item_id, "paid", 2))  # redelivered
+        item_state(status_change(item_id, "shipped", 3))
+    assert stored_status(store, item_id) == ("shipped", 3)
+    outcomes = [r.dedup["outcome"] for r in caplog.records if hasattr(r, "dedup")]
     assert outcomes == ["processed", "stale", "duplicate", "processed"]
-    partition = consumer_partition("order-status", order_id)
+    partition = consumer_partition("item-state", item_id)
     assert [item for item in store.scan(partition) if item.kind is not None] == []  # no marker at all
 
 
@@ -102,34 +105,34 @@ def test_the_same_version_with_other_data_is_a_recorded_conflict(
 ) -> None:
     """v3 "paid", then v3 "cancelled": the stored state is kept, the second message is a
     conflict with a dead-letter record (and the alert), never a silent duplicate."""
-    order_id = f"o-{uuid.uuid4().hex[:8]}"
-    cancelled = status_change(order_id, "cancelled", 3)
+    item_id = f"i-{uuid.uuid4().hex[:8]}"
+    cancelled = status_change(item_id, "cancelled", 3)
     with caplog.at_level("DEBUG", logger="idempotency"):
-        order_status(status_change(order_id, "paid", 3))
-        order_status(cancelled)  # acknowledged: recorded first
-        order_status(status_change(order_id, "paid", 3))  # a redelivery of the first: a duplicate
-    assert stored_status(store, order_id) == ("paid", 3)
-    outcomes = [(r.dedup["outcome"], r.dedup["reason"]) for r in caplog.records if hasattr(r, "dedup")]  # type: ignore[attr-defined]
+        item_state(status_change(item_id, "paid", 3))
+        item_state(cancelled)  # acknowledged: recorded first
+        item_state(status_change(item_id, "paid", 3))  # a redelivery of the first: a duplicate
+    assert stored_status(store, item_id) == ("paid", 3)
+    outcomes = [(r.dedup["outcome"], r.dedup["reason"]) for r in caplog.records if hasattr(r, "dedup")]
     assert outcomes == [("processed", None), ("conflict", "version_conflict"), ("duplicate", None)]
-    [record] = [d for d in store.dead_letters("order-status") if d.key_id == order_id]
+    [record] = [d for d in store.dead_letters("item-state") if d.key_id == item_id]
     assert (record.reason, record.message_id) == ("version_conflict", cancelled.message_id)
 
 
 def test_concurrent_writers_of_different_versions_end_with_the_highest(store: TableStore) -> None:
-    order_id = f"o-{uuid.uuid4().hex[:8]}"
+    item_id = f"i-{uuid.uuid4().hex[:8]}"
     versions = list(range(1, 17))
     barrier = threading.Barrier(len(versions))
 
     def write(version: int) -> None:
         barrier.wait()
-        order_status(status_change(order_id, "packed" if version < 16 else "delivered", version))
+        item_state(status_change(item_id, "packed" if version < 16 else "delivered", version))
 
     threads = [threading.Thread(target=write, args=(v,)) for v in versions]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert stored_status(store, order_id) == ("delivered", 16)
+    assert stored_status(store, item_id) == ("delivered", 16)
 
 
 # -- lifecycle: purge of expired markers ---------------------------------------------------
@@ -138,9 +141,9 @@ def test_concurrent_writers_of_different_versions_end_with_the_highest(store: Ta
 def seed(store: TableStore, expired: int, live: int, prefix: str = "seed") -> None:
     now = utcnow()
     for i in range(expired + live):
-        key = DedupKey("orders", f"{prefix}-{i}")
+        key = DedupKey("items", f"{prefix}-{i}")
         expires = now - timedelta(days=1) if i < expired else now + timedelta(days=1)
-        store.commit(key, key.id, "fp", [Entity("order", {"orderId": key.id})], None, expires)
+        store.commit(key, key.id, "fp", [Entity(ITEM, {"id": key.id})], None, expires)
 
 
 def kinds(store: TableStore) -> dict[str, int]:
@@ -162,13 +165,13 @@ def test_purge_deletes_exactly_the_expired_markers_and_no_business_entity(store:
     assert (purge.scanned, purge.deleted) == (30, 60)  # 30 noted markers, deleted with their 30 guards
     # the notes written (2 rows: expired, live), the cursor, where an earlier version kept the
     # index (the dead-letter table: found empty, read no more), 48 empty hours before the first
-    # run's and this hour's page, a transaction per order (marker and guard together), the index
+    # run's and this hour's page, a transaction per item (marker and guard together), the index
     # row, the cursor; the dead letters' page
     assert purge.requests == 2 + 1 + 1 + 49 + 30 + 1 + 1 + 1
     assert kinds(store) == {"marker": 20, "guard": 20, "business": 50}
-    expired_key = DedupKey("orders", "seed-0")
-    assert store.commit(expired_key, expired_key.id, "fp", [Entity("order", {"orderId": "seed-0"})], None,
-                        utcnow()).status.value == "duplicate"  # fmt: skip  # the order itself still guards it
+    expired_key = DedupKey("items", "seed-0")
+    assert store.commit(expired_key, expired_key.id, "fp", [Entity(ITEM, {"id": "seed-0"})], None,
+                        utcnow()).status.value == "duplicate"  # fmt: skip  # the item itself still guards it
     at = utcnow()
     again = store.purge_expired(at, budget=1000)  # from the cursor: this hour's page, the dead letters'
     assert (again.deleted, again.requests) == (0, 1 + 1 + unsettled(at) + 1)
@@ -190,8 +193,8 @@ def test_index_rows_are_written_on_the_stores_own_path_and_purged_from(azurite: 
     store = new_table_store(azurite, lean=lean, hook=hook)
     expired = utcnow() - timedelta(days=1)  # one hour's notes: one row
     for i in range(3):
-        key = DedupKey("orders", f"gone-{i}")
-        store.commit(key, key.id, "fp", [Entity("order", {"orderId": key.id})], None, expired)
+        key = DedupKey("items", f"gone-{i}")
+        store.commit(key, key.id, "fp", [Entity(ITEM, {"id": key.id})], None, expired)
     purge = store.purge_expired(utcnow(), 1000)
     assert writes == [(store.table.table_name, "lean" if lean else "SDK")]
     assert (purge.scanned, purge.deleted) == (3, 6)  # each marker with its guard
@@ -208,8 +211,8 @@ def test_an_index_row_the_service_refuses_keeps_its_notes_for_the_next_flush(sto
         raise HttpResponseError(message="TableBeingDeleted")
 
     index._create = refuse
-    key = DedupKey("orders", "kept")
-    store.commit(key, key.id, "fp", [Entity("order", {"orderId": key.id})], None, utcnow() - timedelta(days=1))
+    key = DedupKey("items", "kept")
+    store.commit(key, key.id, "fp", [Entity(ITEM, {"id": key.id})], None, utcnow() - timedelta(days=1))
     assert (index.flush(), len(refused)) == (0, 1)
     index._create = written
     assert index.flush() == 1  # the same note, now written
@@ -232,7 +235,7 @@ def test_every_purge_run_deletes_exactly_its_budget_and_forgets_nothing(
     rewrites it with the rest — for an odd budget, a guard now and its marker next run —
     so every run deletes exactly its budget until what expired is gone, and no more."""
     seed(store, expired=expired, live=3)
-    records, runs = 2 * expired, []
+    records, runs = 2 * expired, list[int]()
     while not runs or runs[-1]:
         runs.append(store.purge_expired(utcnow(), budget).deleted)
         left = records - sum(runs)
@@ -243,7 +246,7 @@ def test_every_purge_run_deletes_exactly_its_budget_and_forgets_nothing(
 def test_the_timer_deletes_exactly_DEDUP_PURGE_BUDGET_records(azurite: Azurite) -> None:
     """The setting, through the timer function: 7 of the 2 x 260 expired records, then 7 more."""
     with fresh_app(azurite, DEDUP_PURGE_BUDGET="7"):
-        store = orders.queue_consumer().store
+        store = queue_consumer().store
         assert isinstance(store, TableStore)
         seed(store, expired=260, live=0)
         purge = user_function("purge_markers")
@@ -255,7 +258,7 @@ def test_the_timer_deletes_exactly_DEDUP_PURGE_BUDGET_records(azurite: Azurite) 
 
 def test_purge_keeps_a_marker_rewritten_since_it_was_noted(store: TableStore) -> None:
     now = utcnow()
-    key = DedupKey("orders", "taken-over")
+    key = DedupKey("items", "taken-over")
     old = store.claim(Marker(key, key.id, State.IN_PROGRESS, "fp", now, now - timedelta(seconds=1),
                              lease_until=now - timedelta(seconds=1), owner="a"), now)  # fmt: skip
     store.complete(old, {"ok": True})  # final: noted at this version, already expired
@@ -277,14 +280,14 @@ def test_the_full_sweep_finds_what_the_index_missed(store: TableStore) -> None:
 
 
 def test_the_purge_reads_only_what_fell_due_not_the_table(store: TableStore) -> None:
-    """The same 20 expired orders among 20 or 400 live ones: the same requests."""
+    """The same 20 expired items among 20 or 400 live ones: the same requests."""
     seed(store, expired=20, live=20)
     small = store.purge_expired(utcnow(), 1000)
     seed(store, expired=0, live=380, prefix="more")
     now = utcnow()
     for i in range(20):
-        key = DedupKey("orders", f"late-{i}")
-        store.commit(key, key.id, "fp", [Entity("order", {"orderId": key.id})], None, now - timedelta(days=1))
+        key = DedupKey("items", f"late-{i}")
+        store.commit(key, key.id, "fp", [Entity(ITEM, {"id": key.id})], None, now - timedelta(days=1))
     at = utcnow()
     large = store.purge_expired(at, 1000)
     assert (small.deleted, large.deleted) == (40, 40)
@@ -302,22 +305,22 @@ def test_the_timer_function_purges(store: TableStore) -> None:
 
 
 def test_the_resubmission_report_tells_what_a_resubmit_would_do(store: TableStore) -> None:
-    done, other, fresh = an_order(), an_order(), an_order()
-    user_function("orders")(servicebus_message(done, done["orderId"]))
-    user_function("orders")(servicebus_message(other, other["orderId"]))
+    done, other, fresh = an_item(), an_item(), an_item()
+    items(servicebus_message(done, done["id"]))
+    items(servicebus_message(other, other["id"]))
     now = utcnow()
-    claimed = DedupKey("orders", "o-claimed")
-    consumer = orders.queue_consumer()
+    claimed = DedupKey("items", "i-claimed")
+    consumer = queue_consumer()
     store.claim(Marker(claimed, consumer.partition_of(claimed), State.IN_PROGRESS, "fp", now,
                        now + timedelta(days=1), lease_until=now + timedelta(minutes=5), owner="w"), now)  # fmt: skip
 
-    by_id = check_ids(consumer, [done["orderId"], fresh["orderId"], "o-claimed"])
+    by_id = check_ids(consumer, [done["id"], fresh["id"], "i-claimed"])
     assert [line.verdict for line in by_id] == ["completed", "new", "in_progress"]
 
-    unknown_field = json.dumps({**an_order(), "coupon": "X"}).encode()  # valid JSON the schema refuses
+    negative = json.dumps({**an_item(), "amount": -1.0}).encode()  # valid JSON the schema refuses
     bodies = [json.dumps(done).encode(), json.dumps({**other, "amount": 1.0}).encode(), json.dumps(fresh).encode(),
-              b"not json", unknown_field]  # fmt: skip
-    by_body = check_bodies(consumer, bodies, "orderId")
+              b"not json", negative]  # fmt: skip
+    by_body = check_bodies(consumer, bodies, "id")
     assert [line.verdict for line in by_body] == ["duplicate", "conflict", "new", "invalid", "invalid"]
     assert [line.reason.split(":")[0] for line in by_body[3:]] == ["invalid_json", "schema_violation"]
     assert fingerprint(done)  # the report compares RFC 8785 fingerprints, as the consumer does
