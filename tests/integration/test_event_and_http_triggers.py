@@ -14,9 +14,6 @@ from typing import Any
 import azure.functions as func
 import pytest
 
-import recipes
-from consumers import order_events as events_app
-from consumers import orders as orders_app
 from shared.idempotency.functions import RetryLater
 from shared.idempotency.functions.adapters import REPLAYED
 from shared.idempotency.keys import DedupKey
@@ -24,48 +21,48 @@ from shared.idempotency.messages import utcnow
 from shared.idempotency.payload import fingerprint
 from shared.idempotency.stores import DedupStore, Marker, State
 from shared.idempotency.testing import entities
-from shared.orders import SHIPPED
+from tests.app import EVENT_TYPE, api_consumer, events_consumer, item, queue_consumer
 from tests.functions import app_settings, fresh_app, servicebus_message, store_down, user_function
 from tools.azurite import Azurite
 from tools.payment_service import PaymentService
 
-order_events = user_function("order_events")
-orders_api = user_function("orders_api")
-events_api = user_function("events_api")
+item_events = user_function("item_events")
+items_api = user_function("items_api")
+item_events_api = user_function("item_events_api")
 
 
 @pytest.fixture
 def store(azurite: Azurite) -> Iterator[DedupStore]:
     with fresh_app(azurite):
-        yield orders_app.queue_consumer().store
+        yield queue_consumer().store
 
 
 def shipments(store: DedupStore) -> list[dict[str, Any]]:
     return entities(store, "shipment")
 
 
-def orders_in(store: DedupStore) -> list[dict[str, Any]]:
-    return entities(store, "order")
+def items_in(store: DedupStore) -> list[dict[str, Any]]:
+    return entities(store, "item")
 
 
 def cloud_event(event_id: str, source: str = "/warehouse/eu", data: dict[str, Any] | None = None,
                 **extensions: Any) -> func.CloudEvent:  # fmt: skip
-    payload = data or {"orderId": "o-1", "carrier": "DHL", "trackingNumber": "T-1"}
-    return func.CloudEvent(id=event_id, source=source, type=SHIPPED, specversion="1.0", data=payload,
-                           subject="orders/o-1", **extensions)  # fmt: skip
+    payload = data or {"id": "i-1"}
+    return func.CloudEvent(id=event_id, source=source, type=EVENT_TYPE, specversion="1.0", data=payload,
+                           subject="items/i-1", **extensions)  # fmt: skip
 
 
 def test_duplicate_cloudevents_apply_once(store: DedupStore) -> None:
     event_id = uuid.uuid4().hex
     for _ in range(3):
-        order_events(cloud_event(event_id))
+        item_events(cloud_event(event_id))
     assert len(shipments(store)) == 1
 
 
 def test_the_same_id_from_two_sources_is_two_events(store: DedupStore) -> None:
     event_id = uuid.uuid4().hex
-    order_events(cloud_event(event_id, source="/warehouse/eu"))
-    order_events(cloud_event(event_id, source="/warehouse/us"))
+    item_events(cloud_event(event_id, source="/warehouse/eu"))
+    item_events(cloud_event(event_id, source="/warehouse/us"))
     assert len(shipments(store)) == 2
 
 
@@ -73,12 +70,12 @@ def test_a_changed_event_under_the_same_id_is_recorded_and_not_applied(
     store: DedupStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     event_id = uuid.uuid4().hex
-    order_events(cloud_event(event_id))
+    item_events(cloud_event(event_id))
     with caplog.at_level("INFO", logger="idempotency"):
-        order_events(cloud_event(event_id, data={"orderId": "o-1", "carrier": "UPS", "trackingNumber": "T-9"},
-                                 traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"))  # fmt: skip
-    assert [s["carrier"] for s in shipments(store)] == ["DHL"]
-    [record] = store.dead_letters("order-events")
+        item_events(cloud_event(event_id, data={"id": "i-9"},
+                                traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"))  # fmt: skip
+    assert [s["id"] for s in shipments(store)] == ["i-1"]
+    [record] = store.dead_letters("item-events")
     assert record.reason == "fingerprint_mismatch"
     assert record.correlation_id == "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     [alert] = [r for r in caplog.records if r.levelname == "ERROR"]
@@ -86,80 +83,79 @@ def test_a_changed_event_under_the_same_id_is_recorded_and_not_applied(
 
 
 def test_invalid_events_are_recorded_and_not_retried(store: DedupStore) -> None:
-    order_events(cloud_event(uuid.uuid4().hex, data={"orderId": "o-1"}))  # returns: no retry
-    order_events(cloud_event("", source=""))
+    item_events(cloud_event(uuid.uuid4().hex, data={"name": "i-1"}))  # returns: no retry
+    item_events(cloud_event("", source=""))
     assert shipments(store) == []
-    assert sorted(r.reason for r in store.dead_letters("order-events")) == ["missing_key", "schema_violation"]
+    assert sorted(r.reason for r in store.dead_letters("item-events")) == ["missing_key", "schema_violation"]
 
 
 def test_a_transient_failure_makes_event_grid_retry(store: DedupStore) -> None:
-    with store_down(events_app.grid_consumer()), pytest.raises(RetryLater):
-        order_events(cloud_event(uuid.uuid4().hex))
+    with store_down(events_consumer()), pytest.raises(RetryLater):
+        item_events(cloud_event(uuid.uuid4().hex))
 
 
 # -- HTTP with Idempotency-Key ---------------------------------------------------------
 
 
-def an_order(order_id: str | None = None, amount: float = 20.0) -> dict[str, Any]:
-    return {"orderId": order_id or f"o-{uuid.uuid4().hex[:8]}", "customerId": "c-1", "amount": amount,
-            "currency": "EUR", "items": [{"sku": "a", "quantity": 1}]}  # fmt: skip
+def an_item(item_id: str | None = None, amount: float = 20.0) -> dict[str, Any]:
+    return item(item_id or f"i-{uuid.uuid4().hex[:8]}", amount)
 
 
-def post_order(
+def post_item(
     body: dict[str, Any] | bytes, key: str | None, *, function_key: str = "client-a-key"
 ) -> func.HttpResponse:
     headers = {"Content-Type": "application/json", "x-functions-key": function_key}
     if key is not None:
         headers["Idempotency-Key"] = key
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    response: func.HttpResponse = orders_api(func.HttpRequest("POST", "/api/orders", headers=headers, body=raw))
+    response: func.HttpResponse = items_api(func.HttpRequest("POST", "/api/items", headers=headers, body=raw))
     return response
 
 
 def test_missing_key_is_400_problem_json(store: DedupStore) -> None:
-    response = post_order(an_order(), None)
+    response = post_item(an_item(), None)
     assert response.status_code == 400 and response.mimetype == "application/problem+json"
     assert json.loads(response.get_body())["status"] == 400
-    assert orders_in(store) == []
+    assert items_in(store) == []
 
 
 def test_first_request_is_processed_and_a_repeat_replays_the_stored_response(store: DedupStore) -> None:
-    order, key = an_order(), uuid.uuid4().hex
-    first = post_order(order, key)
-    assert first.status_code == 201 and first.headers["Location"] == f"/api/orders/{order['orderId']}"
+    payload, key = an_item(), uuid.uuid4().hex
+    first = post_item(payload, key)
+    assert first.status_code == 201 and first.headers["Location"] == f"/api/items/{payload['id']}"
     assert "Idempotent-Replayed" not in first.headers
-    again = post_order(dict(reversed(list(order.items()))), key)  # same payload, other serialisation
+    again = post_item(dict(reversed(list(payload.items()))), key)  # same payload, other serialisation
     assert again.status_code == 201 and again.headers["Idempotent-Replayed"] == "true"
     assert again.get_body() == first.get_body() and again.headers["Location"] == first.headers["Location"]
-    assert len(orders_in(store)) == 1
+    assert len(items_in(store)) == 1
 
 
-def test_the_same_order_with_another_payload_is_409_under_any_key(store: DedupStore) -> None:
-    order = an_order()
-    post_order(order, uuid.uuid4().hex)
+def test_the_same_item_with_another_payload_is_409_under_any_key(store: DedupStore) -> None:
+    payload = an_item()
+    post_item(payload, uuid.uuid4().hex)
     for key in (uuid.uuid4().hex, uuid.uuid4().hex):
-        response = post_order({**order, "amount": 99.0}, key)
+        response = post_item({**payload, "amount": 99.0}, key)
         assert response.status_code == 409 and response.mimetype == "application/problem+json"
-    assert [o["amount"] for o in orders_in(store)] == [20.0]
+    assert [o["amount"] for o in items_in(store)] == [20.0]
 
 
-def test_a_new_idempotency_key_for_an_existing_order_replays_it(store: DedupStore) -> None:
+def test_a_new_idempotency_key_for_an_existing_item_replays_it(store: DedupStore) -> None:
     """A client that makes a new key per retry (a common bug) never charges twice."""
-    order = an_order()
-    first = post_order(order, uuid.uuid4().hex)
-    again = post_order(order, uuid.uuid4().hex)
+    payload = an_item()
+    first = post_item(payload, uuid.uuid4().hex)
+    again = post_item(payload, uuid.uuid4().hex)
     assert (first.status_code, again.status_code, again.headers[REPLAYED]) == (201, 201, "true")
-    assert again.get_body() == first.get_body() and len(orders_in(store)) == 1
+    assert again.get_body() == first.get_body() and len(items_in(store)) == 1
 
 
-def test_sixteen_concurrent_retries_with_new_keys_write_one_order(store: DedupStore) -> None:
-    order = an_order()
+def test_sixteen_concurrent_retries_with_new_keys_write_one_item(store: DedupStore) -> None:
+    payload = an_item()
     barrier = threading.Barrier(16)
     statuses: list[tuple[int, bool]] = []
 
     def send() -> None:
         barrier.wait()
-        response = post_order(order, uuid.uuid4().hex)
+        response = post_item(payload, uuid.uuid4().hex)
         statuses.append((response.status_code, REPLAYED in response.headers))
 
     threads = [threading.Thread(target=send) for _ in range(16)]
@@ -168,35 +164,35 @@ def test_sixteen_concurrent_retries_with_new_keys_write_one_order(store: DedupSt
     for thread in threads:
         thread.join()
     assert sorted(statuses) == [(201, False)] + [(201, True)] * 15
-    assert len(orders_in(store)) == 1
+    assert len(items_in(store)) == 1
 
 
-def test_the_same_order_from_another_caller_is_409_and_reveals_nothing(store: DedupStore) -> None:
-    order = an_order(amount=10.0)
-    assert post_order(order, uuid.uuid4().hex, function_key="key-of-a").status_code == 201
-    other = post_order(order, uuid.uuid4().hex, function_key="key-of-b")  # same body, another caller
+def test_the_same_item_from_another_caller_is_409_and_reveals_nothing(store: DedupStore) -> None:
+    payload = an_item(amount=10.0)
+    assert post_item(payload, uuid.uuid4().hex, function_key="key-of-a").status_code == 201
+    other = post_item(payload, uuid.uuid4().hex, function_key="key-of-b")  # same body, another caller
     assert other.status_code == 409 and b"10.0" not in other.get_body() and REPLAYED not in other.headers
-    assert len(orders_in(store)) == 1
+    assert len(items_in(store)) == 1
 
 
-def test_an_order_whose_stored_response_expired_gets_a_final_answer(store: DedupStore) -> None:
-    order = an_order()
-    post_order(order, uuid.uuid4().hex)
-    store.sweep_expired(utcnow() + timedelta(days=400), 1000)  # the marker is gone, the order stays
-    response = post_order(order, uuid.uuid4().hex)
+def test_an_item_whose_stored_response_expired_gets_a_final_answer(store: DedupStore) -> None:
+    payload = an_item()
+    post_item(payload, uuid.uuid4().hex)
+    store.sweep_expired(utcnow() + timedelta(days=400), 1000)  # the marker is gone, the payload stays
+    response = post_item(payload, uuid.uuid4().hex)
     assert response.status_code == 409 and "expired" in json.loads(response.get_body())["detail"]
-    assert len(orders_in(store)) == 1
+    assert len(items_in(store)) == 1
 
 
 @pytest.mark.parametrize(
     ("headers", "body", "status"),
     [
-        ({"Content-Type": "text/plain"}, json.dumps(an_order()).encode(), 415),
-        ({"Idempotency-Key": "k" * 256}, json.dumps(an_order()).encode(), 400),
-        ({}, b'{"orderId": "o-dup", "orderId": "o-other"}', 400),  # duplicate member names
+        ({"Content-Type": "text/plain"}, json.dumps(an_item()).encode(), 415),
+        ({"Idempotency-Key": "k" * 256}, json.dumps(an_item()).encode(), 400),
+        ({}, b'{"id": "i-dup", "id": "i-other"}', 400),  # duplicate member names
         ({}, b'{"a": ' * 40 + b"1" + b"}" * 40, 400),  # nested deeper than 32
-        ({}, b" " * (300 * 1024) + json.dumps(an_order()).encode(), 413),  # whitespace padding
-        ({}, b'{"orderId": "o-big", "amount": 1' + b"0" * (10 * 1024 * 1024) + b"}", 413),
+        ({}, b" " * (300 * 1024) + json.dumps(an_item()).encode(), 413),  # whitespace padding
+        ({}, b'{"id": "i-big", "amount": 1' + b"0" * (10 * 1024 * 1024) + b"}", 413),
     ],
     ids=["text-plain", "long-key", "duplicate-member", "deep", "padded", "ten-megabyte-number"],
 )
@@ -204,16 +200,16 @@ def test_bad_input_is_refused_with_a_problem_and_nothing_written(
     store: DedupStore, headers: dict[str, str], body: bytes, status: int
 ) -> None:
     all_headers = {"Content-Type": "application/json", "x-functions-key": "k", "Idempotency-Key": "key-1", **headers}
-    response = orders_api(func.HttpRequest("POST", "/api/orders", headers=all_headers, body=body))
+    response = items_api(func.HttpRequest("POST", "/api/items", headers=all_headers, body=body))
     assert response.status_code == status and response.mimetype == "application/problem+json"
     assert len(response.get_body()) < 2000  # bounded, whatever the input
-    assert orders_in(store) == []
+    assert items_in(store) == []
 
 
 def test_a_downstream_refusal_does_not_reach_the_caller(azurite: Azurite) -> None:
-    with PaymentService() as payments, fresh_app(azurite, PAYMENT_API_URL=payments.url):
+    with PaymentService() as payments, fresh_app(azurite, ITEMS_PAYMENT_URL=payments.url):
         payments.hook = lambda key, phase: "decline" if phase == "before" else None
-        response = post_order(an_order(), uuid.uuid4().hex)
+        response = post_item(an_item(), uuid.uuid4().hex)
     assert response.status_code == 400 and b"7781" not in response.get_body() and b"issuer" not in response.get_body()
 
 
@@ -225,26 +221,26 @@ def test_a_cold_instance_with_the_store_down_answers_503_with_retry_after(azurit
         fresh_app(azurite),
         app_settings(DEDUP_STORAGE_CONNECTION=unreachable, **(cosmos if store_kind == "cosmos" else {})),
     ):
-        order = post_order(an_order(), uuid.uuid4().hex)
+        posted = post_item(an_item(), uuid.uuid4().hex)
         event = post_event(*structured(uuid.uuid4().hex))
-    for response in (order, event):
+    for response in (posted, event):
         assert response.status_code == 503 and response.headers["Retry-After"]
 
 
-def test_an_invalid_order_is_400_and_not_recorded(store: DedupStore) -> None:
-    response = post_order({"orderId": "x"}, uuid.uuid4().hex)
+def test_an_invalid_item_is_400_and_not_recorded(store: DedupStore) -> None:
+    response = post_item({"id": "x"}, uuid.uuid4().hex)
     assert response.status_code == 400
-    assert orders_in(store) == [] and store.dead_letters("orders-api") == []
+    assert items_in(store) == [] and store.dead_letters("items-api") == []
 
 
 def test_eight_concurrent_identical_requests_apply_once(store: DedupStore) -> None:
-    order, key = an_order(), uuid.uuid4().hex
+    payload, key = an_item(), uuid.uuid4().hex
     barrier = threading.Barrier(8)
     statuses: list[tuple[int, bool]] = []
 
     def send() -> None:
         barrier.wait()
-        response = post_order(order, key)
+        response = post_item(payload, key)
         statuses.append((response.status_code, "Idempotent-Replayed" in response.headers))
 
     threads = [threading.Thread(target=send) for _ in range(8)]
@@ -253,30 +249,30 @@ def test_eight_concurrent_identical_requests_apply_once(store: DedupStore) -> No
     for thread in threads:
         thread.join()
     assert sorted(statuses) == [(201, False)] + [(201, True)] * 7
-    assert len(orders_in(store)) == 1
+    assert len(items_in(store)) == 1
 
 
 def test_a_forged_principal_header_is_ignored_without_easy_auth(store: DedupStore) -> None:
     key = uuid.uuid4().hex
     headers = {"Idempotency-Key": key, "x-functions-key": "key-of-c", "x-ms-client-principal-id": "victim"}
-    post_order(an_order(amount=10.0), key, function_key="key-of-victim")
-    forged = orders_api(func.HttpRequest("POST", "/api/orders", headers=headers,
-                                         body=json.dumps(an_order(amount=10.0)).encode()))  # fmt: skip
+    post_item(an_item(amount=10.0), key, function_key="key-of-victim")
+    forged = items_api(func.HttpRequest("POST", "/api/items", headers=headers,
+                                         body=json.dumps(an_item(amount=10.0)).encode()))  # fmt: skip
     assert "Idempotent-Replayed" not in forged.headers
 
 
 def test_a_request_in_flight_is_409_with_retry_after(azurite: Azurite) -> None:
-    with PaymentService() as payments, fresh_app(azurite, PAYMENT_API_URL=payments.url, DEDUP_IN_FLIGHT_WAIT="PT0S"):
-        consumer = recipes.module("orders_api").api_consumer()
-        order = an_order()
+    with PaymentService() as payments, fresh_app(azurite, ITEMS_PAYMENT_URL=payments.url, DEDUP_IN_FLIGHT_WAIT="PT0S"):
+        consumer = api_consumer()
+        payload = an_item()
         caller = "key:" + hashlib.sha256(b"client-a-key").hexdigest()[:32]
-        step = DedupKey(consumer.name, order["orderId"], "charge")
+        step = DedupKey(consumer.name, payload["id"], "charge")
         now = utcnow()
-        consumer.store.claim(Marker(step, consumer.partition_of(DedupKey(consumer.name, order["orderId"])),
-                                    State.IN_PROGRESS, fingerprint({"origin": caller, "payload": order}), now,
+        consumer.store.claim(Marker(step, consumer.partition_of(DedupKey(consumer.name, payload["id"])),
+                                    State.IN_PROGRESS, fingerprint({"origin": caller, "payload": payload}), now,
                                     now + timedelta(days=1), lease_until=now + timedelta(minutes=5), owner="first"),
                              now)  # fmt: skip
-        response = post_order(order, uuid.uuid4().hex)
+        response = post_item(payload, uuid.uuid4().hex)
         assert response.status_code == 409 and response.headers["Retry-After"], response.get_body()
         assert payments.requests == {}
 
@@ -285,21 +281,21 @@ def test_a_request_in_flight_is_409_with_retry_after(azurite: Azurite) -> None:
 
 
 def post_event(headers: dict[str, str], body: bytes) -> func.HttpResponse:
-    response: func.HttpResponse = events_api(func.HttpRequest("POST", "/api/events", headers=headers, body=body))
+    request = func.HttpRequest("POST", "/api/item-events", headers=headers, body=body)
+    response: func.HttpResponse = item_events_api(request)
     return response
 
 
 def structured(event_id: str) -> tuple[dict[str, str], bytes]:
-    data = {"orderId": "o-1", "carrier": "DHL", "trackingNumber": "T-1"}
-    event = {"specversion": "1.0", "id": event_id, "source": "/warehouse/eu", "type": SHIPPED,
-             "subject": "orders/o-1", "data": data}  # fmt: skip
+    event = {"specversion": "1.0", "id": event_id, "source": "/warehouse/eu", "type": EVENT_TYPE,
+             "subject": "items/i-1", "data": {"id": "i-1"}}  # fmt: skip
     return {"Content-Type": "application/cloudevents+json", "x-functions-key": "k"}, json.dumps(event).encode()
 
 
 def binary(event_id: str) -> tuple[dict[str, str], bytes]:
-    headers = {"ce-specversion": "1.0", "ce-id": event_id, "ce-source": "/warehouse/eu", "ce-type": SHIPPED,
-               "ce-subject": "orders/o-1", "Content-Type": "application/json", "x-functions-key": "k"}  # fmt: skip
-    return headers, json.dumps({"orderId": "o-1", "carrier": "DHL", "trackingNumber": "T-1"}).encode()
+    headers = {"ce-specversion": "1.0", "ce-id": event_id, "ce-source": "/warehouse/eu", "ce-type": EVENT_TYPE,
+               "ce-subject": "items/i-1", "Content-Type": "application/json", "x-functions-key": "k"}  # fmt: skip
+    return headers, json.dumps({"id": "i-1"}).encode()
 
 
 def test_cloudevents_over_http_in_both_modes_share_the_dedup(store: DedupStore) -> None:
@@ -316,9 +312,9 @@ def test_an_http_caller_cannot_pre_claim_an_event_grid_event(store: DedupStore) 
     event_id = uuid.uuid4().hex
     headers, body = structured(event_id)
     assert post_event({**headers, "x-functions-key": "attacker"}, body).status_code == 204
-    order_events(cloud_event(event_id, data={"orderId": "o-1", "carrier": "UPS", "trackingNumber": "GENUINE"}))
-    assert "GENUINE" in [s["trackingNumber"] for s in shipments(store)]
-    assert store.dead_letters("order-events") == []
+    item_events(cloud_event(event_id, data={"id": "i-genuine"}))
+    assert "i-genuine" in [s["id"] for s in shipments(store)]
+    assert store.dead_letters("item-events") == []
 
 
 @pytest.mark.parametrize("missing", ["id", "source", "specversion", "type"])
@@ -343,19 +339,19 @@ def test_not_a_cloudevent_is_400(store: DedupStore) -> None:
 
 
 def test_the_webhook_validation_handshake(store: DedupStore) -> None:
-    request = func.HttpRequest("OPTIONS", "/api/events", headers={"WebHook-Request-Origin": "eventgrid.azure.net"},
-                               body=b"")  # fmt: skip
-    response = events_api(request)
+    request = func.HttpRequest("OPTIONS", "/api/item-events",
+                               headers={"WebHook-Request-Origin": "eventgrid.azure.net"}, body=b"")  # fmt: skip
+    response = item_events_api(request)
     assert response.status_code == 200 and response.headers["WebHook-Allowed-Origin"] == "eventgrid.azure.net"
     assert response.headers["Allow"] == "POST"
-    assert events_api(func.HttpRequest("OPTIONS", "/api/events", headers={}, body=b"")).status_code == 400
+    assert item_events_api(func.HttpRequest("OPTIONS", "/api/item-events", headers={}, body=b"")).status_code == 400
 
 
 def test_consumers_never_share_a_partition(store: DedupStore) -> None:
-    """The queue consumer and the HTTP consumer each keep their own partitions: an order id
+    """The queue consumer and the HTTP consumer each keep their own partitions: an item id
     taken on one path never blocks, nor answers for, the other."""
-    order = an_order()
-    assert post_order(order, uuid.uuid4().hex).status_code == 201
-    user_function("orders")(servicebus_message(order, order["orderId"]))  # processed, not blocked
-    assert len(orders_in(store)) == 2
-    assert {item.name for item in store.scan() if item.entity == "order"} == {"order"}
+    payload = an_item()
+    assert post_item(payload, uuid.uuid4().hex).status_code == 201
+    user_function("items")(servicebus_message(payload, payload["id"]))  # processed, not blocked
+    assert len(items_in(store)) == 2
+    assert {stored.name for stored in store.scan() if stored.entity == "item"} == {"item"}
