@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from consumers import orders as orders_app
-from shared.idempotency import IdempotentConsumer, Outcome, StepPolicy
+from shared.idempotency import Effects, IdempotentConsumer, Outcome, StepPolicy
 from shared.idempotency.config import DedupConfig
 from shared.idempotency.downstream import IdempotentHttp
 from shared.idempotency.functions import RetryLater
@@ -23,21 +23,26 @@ from shared.idempotency.messages import utcnow
 from shared.idempotency.reconcile import ESCALATION, escalate_stale_claims
 from shared.idempotency.resubmit import check_ids
 from shared.idempotency.stores import Marker, State, TableStore
-from shared.orders import SCHEMA, order_handler
-from shared.orders.checks import effects_by_order
+from tests.app import SCHEMA, effects_by_item, item, item_handler, queue_consumer
 from tests.functions import fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
 from tools.faults import Crash
 from tools.payment_service import PaymentService
 
-orders = user_function("orders")
+items = user_function("items")
 SHORT_LEASE = "PT1S"
 
 
-def an_order() -> dict[str, Any]:
-    order_id = f"o-{uuid.uuid4().hex[:10]}"
-    return {"orderId": order_id, "customerId": "c-9", "amount": 42.0, "currency": "EUR",
-            "items": [{"sku": "x", "quantity": 2}]}  # fmt: skip
+def an_item() -> dict[str, Any]:
+    return item(f"i-{uuid.uuid4().hex[:10]}", 42.0)
+
+
+ONCE = Counter({"item": 1, "posting": 1})  # what an item leaves in the store: its record and one posting
+
+
+def charges_per_item(payments: PaymentService) -> dict[str, int]:
+    """The charges the payment API accepted, per item id (a charge carries the posted item's fields)."""
+    return dict(Counter(str(charge["id"]) for charge in payments.accepted))
 
 
 @pytest.fixture
@@ -48,15 +53,15 @@ def payments() -> Iterator[PaymentService]:
 
 @pytest.fixture
 def app(azurite: Azurite, payments: PaymentService) -> Iterator[TableStore]:
-    """The real app, with a payment API and a short lease."""
-    with fresh_app(azurite, PAYMENT_API_URL=payments.url, DEDUP_LEASE=SHORT_LEASE, DEDUP_IN_FLIGHT_WAIT="PT0S"):
-        store = orders_app.queue_consumer().store
+    """The test app, with a payment API and a short lease."""
+    with fresh_app(azurite, ITEMS_PAYMENT_URL=payments.url, DEDUP_LEASE=SHORT_LEASE, DEDUP_IN_FLIGHT_WAIT="PT0S"):
+        store = queue_consumer().store
         assert isinstance(store, TableStore)
         yield store
 
 
-def step_marker(store: TableStore, order_id: str) -> Marker | None:
-    return store.get(DedupKey("orders", order_id, "charge"), consumer_partition("orders", order_id))
+def step_marker(store: TableStore, item_id: str) -> Marker | None:
+    return store.get(DedupKey("items", item_id, "charge"), consumer_partition("items", item_id))
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -68,31 +73,30 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-def lease_expired(store: TableStore, order_id: str) -> bool:
-    marker = step_marker(store, order_id)
+def lease_expired(store: TableStore, item_id: str) -> bool:
+    marker = step_marker(store, item_id)
     return marker is not None and marker.reclaimable(utcnow())
 
 
-def charge_key(order_id: str) -> str:
-    return DedupKey("orders", order_id, "charge").downstream_key
+def charge_key(item_id: str) -> str:
+    return DedupKey("items", item_id, "charge").downstream_key
 
 
-def test_a_new_order_is_charged_once_then_written(app: TableStore, payments: PaymentService) -> None:
-    order = an_order()
-    orders(servicebus_message(order, order["orderId"]))
-    orders(servicebus_message(order, order["orderId"], delivery_count=2))
-    assert payments.charges_per_order() == {order["orderId"]: 1}
-    found = effects_by_order(app, order["orderId"])[order["orderId"]]
-    assert (found.orders, found.charges) == (1, 1)
-    marker = step_marker(app, order["orderId"])
-    assert marker is not None and marker.state is State.COMPLETED and marker.result["id"] == payments.accepted[0]["id"]
-    assert payments.requests[charge_key(order["orderId"])] == 1  # the redelivery replayed the stored result
+def test_a_new_item_is_charged_once_then_written(app: TableStore, payments: PaymentService) -> None:
+    body = an_item()
+    items(servicebus_message(body, body["id"]))
+    items(servicebus_message(body, body["id"], delivery_count=2))
+    assert charges_per_item(payments) == {body["id"]: 1}
+    assert effects_by_item(app, body["id"]) == {body["id"]: ONCE}
+    marker = step_marker(app, body["id"])
+    assert marker is not None and marker.state is State.COMPLETED and marker.result == payments.accepted[0]
+    assert payments.requests[charge_key(body["id"])] == 1  # the redelivery replayed the stored result
 
 
 def test_crash_after_the_call_before_completion_charges_once(app: TableStore, payments: PaymentService) -> None:
-    """The step's completion commits with the order (one transaction): a crash before it
+    """The step's completion commits with the item (one transaction): a crash before it
     leaves the claim in progress, and the takeover calls again with the same key."""
-    order = an_order()
+    body = an_item()
     real_commit = app.commit_many
 
     def crash(*args: Any, **kwargs: Any) -> Any:
@@ -100,19 +104,18 @@ def test_crash_after_the_call_before_completion_charges_once(app: TableStore, pa
 
     app.commit_many = crash  # type: ignore[method-assign]
     with pytest.raises(Crash):
-        orders(servicebus_message(order, order["orderId"]))
+        items(servicebus_message(body, body["id"]))
     app.commit_many = real_commit  # type: ignore[method-assign]
-    assert effects_by_order(app, order["orderId"]) == {}
-    marker = step_marker(app, order["orderId"])
+    assert effects_by_item(app, body["id"]) == {}
+    marker = step_marker(app, body["id"])
     assert marker is not None and marker.state is State.IN_PROGRESS
 
-    wait_until(lambda: lease_expired(app, order["orderId"]))  # the broker redelivers after the lock
-    orders(servicebus_message(order, order["orderId"], delivery_count=2))
+    wait_until(lambda: lease_expired(app, body["id"]))  # the broker redelivers after the lock
+    items(servicebus_message(body, body["id"], delivery_count=2))
 
-    assert payments.requests[charge_key(order["orderId"])] == 2  # same key, twice
-    assert payments.charges_per_order() == {order["orderId"]: 1}  # charged once
-    found = effects_by_order(app, order["orderId"])[order["orderId"]]
-    assert (found.orders, found.charges) == (1, 1)
+    assert payments.requests[charge_key(body["id"])] == 2  # same key, twice
+    assert charges_per_item(payments) == {body["id"]: 1}  # charged once
+    assert effects_by_item(app, body["id"]) == {body["id"]: ONCE}
 
 
 def test_a_stale_owner_cannot_complete_after_a_takeover(azurite: Azurite, payments: PaymentService) -> None:
@@ -131,91 +134,89 @@ def test_a_stale_owner_cannot_complete_after_a_takeover(azurite: Azurite, paymen
                 release.wait(10)
             return answer
 
-    consumer = IdempotentConsumer("orders", store, order_handler(StallingHttp(payments.url)), schema=SCHEMA,
+    consumer = IdempotentConsumer("items", store, item_handler(StallingHttp(payments.url)), schema=SCHEMA,
                                   config=DedupConfig(steps=StepPolicy(lease=timedelta(seconds=1)),
                                                      transient_wait=timedelta(0)))  # fmt: skip
-    order = an_order()
-    delivery = servicebus_delivery(servicebus_message(order, order["orderId"]))
+    body = an_item()
+    delivery = servicebus_delivery(servicebus_message(body, body["id"]))
     results: dict[str, Any] = {}
     worker_a = threading.Thread(target=lambda: results.update(a=consumer.process(delivery)), name="worker-a")
     worker_a.start()
     assert stall.wait(10)
-    wait_until(lambda: lease_expired(store, order["orderId"]))
+    wait_until(lambda: lease_expired(store, body["id"]))
     results["b"] = consumer.process(delivery)  # takes the claim over, same downstream key: replayed
-    completed_by_b = step_marker(store, order["orderId"])
+    completed_by_b = step_marker(store, body["id"])
     release.set()
     worker_a.join()
 
     assert results["b"].outcome is Outcome.PROCESSED
     # A's commit (which carries its completion) meets B's: nothing of A's is written
     assert results["a"].outcome is Outcome.DUPLICATE
-    after = step_marker(store, order["orderId"])
+    after = step_marker(store, body["id"])
     assert completed_by_b is not None and after is not None and after.version == completed_by_b.version
-    assert payments.charges_per_order() == {order["orderId"]: 1}
-    found = effects_by_order(store, order["orderId"])[order["orderId"]]
-    assert (found.orders, found.charges) == (1, 1)
+    assert charges_per_item(payments) == {body["id"]: 1}
+    assert effects_by_item(store, body["id"]) == {body["id"]: ONCE}
 
 
 def test_a_live_lease_abandons_the_message_without_calling(app: TableStore, payments: PaymentService) -> None:
-    order = an_order()
+    body = an_item()
     now = utcnow()
-    key = DedupKey("orders", order["orderId"], "charge")
+    key = DedupKey("items", body["id"], "charge")
     from shared.idempotency.payload import fingerprint
 
-    partition = consumer_partition("orders", order["orderId"])
-    app.claim(Marker(key, partition, State.IN_PROGRESS, fingerprint(order), now, now + timedelta(days=1),
+    partition = consumer_partition("items", body["id"])
+    app.claim(Marker(key, partition, State.IN_PROGRESS, fingerprint(body), now, now + timedelta(days=1),
                      lease_until=now + timedelta(minutes=5), owner="someone-else"), now)  # fmt: skip
     with pytest.raises(RetryLater) as info:
-        orders(servicebus_message(order, order["orderId"]))
+        items(servicebus_message(body, body["id"]))
     assert info.value.result.outcome is Outcome.IN_FLIGHT
     assert payments.requests == {}
-    assert effects_by_order(app, order["orderId"]) == {}
+    assert effects_by_item(app, body["id"]) == {}
 
 
 def test_same_key_different_payload_on_a_step_is_a_conflict_and_not_charged_again(
     app: TableStore, payments: PaymentService
 ) -> None:
-    order = an_order()
-    orders(servicebus_message(order, order["orderId"]))
-    orders(servicebus_message({**order, "amount": 43.0}, order["orderId"]))
-    assert payments.charges_per_order() == {order["orderId"]: 1}
-    [record] = app.dead_letters("orders")
+    body = an_item()
+    items(servicebus_message(body, body["id"]))
+    items(servicebus_message({**body, "amount": 43.0}, body["id"]))
+    assert charges_per_item(payments) == {body["id"]: 1}
+    [record] = app.dead_letters("items")
     assert record.reason == "fingerprint_mismatch"
 
 
 def test_payment_outage_is_transient_and_the_retry_reuses_the_key(app: TableStore, payments: PaymentService) -> None:
-    order = an_order()
+    body = an_item()
     failures = iter(["drop"])  # charged, but the answer never arrives
     payments.hook = lambda key, phase: next(failures, None) if phase == "after" else None
     with pytest.raises(RetryLater) as info:
-        orders(servicebus_message(order, order["orderId"]))
+        items(servicebus_message(body, body["id"]))
     assert info.value.result.reason == "downstream_unavailable"
-    marker = step_marker(app, order["orderId"])  # kept, its lease ended: the next delivery retries at once
+    marker = step_marker(app, body["id"])  # kept, its lease ended: the next delivery retries at once
     assert marker is not None and marker.state is State.IN_PROGRESS and marker.reclaimable(utcnow())
-    orders(servicebus_message(order, order["orderId"], delivery_count=2))
-    assert payments.requests[charge_key(order["orderId"])] == 2
-    assert payments.charges_per_order() == {order["orderId"]: 1}
+    items(servicebus_message(body, body["id"], delivery_count=2))
+    assert payments.requests[charge_key(body["id"])] == 2
+    assert charges_per_item(payments) == {body["id"]: 1}
 
 
 def test_a_different_payload_after_a_failed_call_is_refused_here_not_downstream(
     app: TableStore, payments: PaymentService
 ) -> None:
-    order = an_order()
+    body = an_item()
     drops = iter(["drop"])
     payments.hook = lambda key, phase: next(drops, None) if phase == "after" else None
     with pytest.raises(RetryLater):
-        orders(servicebus_message(order, order["orderId"]))  # charged; the answer was lost
-    orders(servicebus_message({**order, "amount": 1.0}, order["orderId"]))  # same id, other payload
-    assert [r.reason for r in app.dead_letters("orders")] == ["fingerprint_mismatch"]
-    orders(servicebus_message(order, order["orderId"], delivery_count=2))
-    assert payments.charges_per_order() == {order["orderId"]: 1}
-    found = effects_by_order(app, order["orderId"])[order["orderId"]]
-    assert (found.orders, found.charges) == (1, 1)
+        items(servicebus_message(body, body["id"]))  # charged; the answer was lost
+    items(servicebus_message({**body, "amount": 1.0}, body["id"]))  # same id, other payload
+    assert [r.reason for r in app.dead_letters("items")] == ["fingerprint_mismatch"]
+    items(servicebus_message(body, body["id"], delivery_count=2))
+    assert charges_per_item(payments) == {body["id"]: 1}
+    assert effects_by_item(app, body["id"]) == {body["id"]: ONCE}
 
 
 def test_reconciliation_escalates_stuck_claims_and_leaves_live_ones(app: TableStore) -> None:
     now = utcnow()
-    stuck, recent, live = (DedupKey("orders", f"o-{name}-{uuid.uuid4().hex[:6]}", "charge")
+    stuck, recent, live = (DedupKey("items", f"i-{name}-{uuid.uuid4().hex[:6]}", "charge")
                            for name in ("stuck", "recent", "live"))  # fmt: skip
     for key, lease in ((stuck, -timedelta(hours=3)), (recent, -timedelta(minutes=1)), (live, timedelta(minutes=5))):
         app.claim(Marker(key, key.id, State.IN_PROGRESS, "fp", now, now + timedelta(days=1),
@@ -224,7 +225,7 @@ def test_reconciliation_escalates_stuck_claims_and_leaves_live_ones(app: TableSt
     escalated = escalate_stale_claims(app, timedelta(hours=1))
     assert [m.key for m in escalated] == [stuck]
     assert escalate_stale_claims(app, timedelta(hours=1)) == []  # the next run: nothing new, no new alert
-    records = [r for r in app.dead_letters("orders") if r.reason == ESCALATION]
+    records = [r for r in app.dead_letters("items") if r.reason == ESCALATION]
     assert [r.key_id for r in records] == [stuck.id]
     states = {key: app.get(key, key.id).state for key in (stuck, recent, live)}  # type: ignore[union-attr]
     assert states == {stuck: State.ESCALATED, recent: State.IN_PROGRESS, live: State.IN_PROGRESS}
@@ -234,37 +235,37 @@ def test_reconciliation_moves_on_past_each_page_of_stuck_claims(app: TableStore)
     """Escalated claims leave the scan: with 26 stuck claims and 10 a run, three runs
     escalate 10, 10 and 6 distinct claims, and a fourth finds none."""
     now = utcnow()
-    keys = [DedupKey("orders", f"o-stuck-{i:02d}-{uuid.uuid4().hex[:6]}", "charge") for i in range(26)]
+    keys = [DedupKey("items", f"i-stuck-{i:02d}-{uuid.uuid4().hex[:6]}", "charge") for i in range(26)]
     for key in keys:
         app.claim(Marker(key, key.id, State.IN_PROGRESS, "fp", now, now + timedelta(days=1),
                          lease_until=now - timedelta(hours=3), owner="w"), now)  # fmt: skip
     runs = [escalate_stale_claims(app, timedelta(hours=1), page=4, budget=10) for _ in range(4)]
     assert [len(run) for run in runs] == [10, 10, 6, 0]
     assert {m.key for run in runs for m in run} == set(keys)
-    assert len([r for r in app.dead_letters("orders") if r.reason == ESCALATION]) == 26
+    assert len([r for r in app.dead_letters("items") if r.reason == ESCALATION]) == 26
 
 
 def test_a_declined_charge_is_final_not_stuck(app: TableStore, payments: PaymentService) -> None:
     """A 402 is known to have happened: the step is recorded refused (never called again),
     the message is dead-lettered with the reason, and reconciliation has nothing to escalate."""
-    order = an_order()
+    body = an_item()
     payments.hook = lambda key, phase: "decline" if phase == "before" else None
-    orders(servicebus_message(order, order["orderId"]))
+    items(servicebus_message(body, body["id"]))
     payments.hook = None
-    orders(servicebus_message(order, order["orderId"], delivery_count=2))  # e.g. a DLQ resubmission
-    assert payments.requests[charge_key(order["orderId"])] == 1
-    marker = step_marker(app, order["orderId"])
+    items(servicebus_message(body, body["id"], delivery_count=2))  # e.g. a DLQ resubmission
+    assert payments.requests[charge_key(body["id"])] == 1
+    marker = step_marker(app, body["id"])
     assert marker is not None and marker.state is State.REFUSED and marker.result["status"] == 402
-    assert [r.reason for r in app.dead_letters("orders")] == ["downstream_rejected"]  # one record, idempotent
-    assert effects_by_order(app, order["orderId"]) == {}
+    assert [r.reason for r in app.dead_letters("items")] == ["downstream_rejected"]  # one record, idempotent
+    assert effects_by_item(app, body["id"]) == {}
     assert escalate_stale_claims(app, timedelta(0), now=utcnow() + timedelta(days=1)) == []
-    consumer = orders_app.queue_consumer()  # and a DLQ resubmission would be refused again
-    assert [line.verdict for line in check_ids(consumer, [order["orderId"]])] == ["refused"]
+    consumer = queue_consumer()  # and a DLQ resubmission would be refused again
+    assert [line.verdict for line in check_ids(consumer, [body["id"]])] == ["refused"]
 
 
 def test_the_timer_function_runs_reconciliation(app: TableStore, caplog: pytest.LogCaptureFixture) -> None:
     now = utcnow()
-    key = DedupKey("orders", f"o-timer-{uuid.uuid4().hex[:6]}", "charge")
+    key = DedupKey("items", f"i-timer-{uuid.uuid4().hex[:6]}", "charge")
     app.claim(Marker(key, key.id, State.IN_PROGRESS, "fp", now, now + timedelta(days=1),
                      lease_until=now - timedelta(hours=2), owner="w"), now)  # fmt: skip
     with caplog.at_level("ERROR", logger="idempotency"):
@@ -282,20 +283,25 @@ def test_a_message_with_a_step_costs_two_store_requests(azurite: Azurite, lean: 
     store = new_table_store(azurite, lean=lean, hook=lambda request: sent.append(request.http_request.method))
     calls: list[str] = []
 
-    def handler(order: dict[str, Any], context: Any) -> Any:
-        charge = context.step("charge", lambda key: calls.append(key) or {"id": key})
-        effects = order_handler()(order, context)
-        return type(effects)([*effects.entities], result={"charge": charge["id"]})
+    def call(key: str) -> dict[str, str]:
+        calls.append(key)
+        return {"id": key}
 
-    consumer = IdempotentConsumer("orders", store, handler, schema=SCHEMA, config=DedupConfig(cache_size=0))
-    deliveries = [servicebus_delivery(servicebus_message(o, o["orderId"])) for o in (an_order() for _ in range(20))]
+    def handler(payload: dict[str, Any], context: Any) -> Any:
+        charge = context.step("charge", call)
+        effects = item_handler()(payload, context)
+        assert isinstance(effects, Effects)
+        return Effects([*effects.entities], result={"charge": charge["id"]})
+
+    consumer = IdempotentConsumer("items", store, handler, schema=SCHEMA, config=DedupConfig(cache_size=0))
+    deliveries = [servicebus_delivery(servicebus_message(o, o["id"])) for o in (an_item() for _ in range(20))]
     sent.clear()
     assert {consumer.process(d).outcome for d in deliveries} == {Outcome.PROCESSED}
     assert len(sent) == 2 * 20 and len(calls) == 20
     for delivery in deliveries:  # each step completed by its message's transaction
-        order_id = json.loads(delivery.body)["orderId"]
-        marker = step_marker(store, order_id)
-        assert marker is not None and marker.state is State.COMPLETED and marker.result == {"id": charge_key(order_id)}
+        item_id = json.loads(delivery.body)["id"]
+        marker = step_marker(store, item_id)
+        assert marker is not None and marker.state is State.COMPLETED and marker.result == {"id": charge_key(item_id)}
     sent.clear()
     assert {consumer.process(d).outcome for d in deliveries} == {Outcome.DUPLICATE}
     # a redelivery: the claim meets the completed step (refused insert, one read), the commit its guard
@@ -305,9 +311,9 @@ def test_a_message_with_a_step_costs_two_store_requests(azurite: Azurite, lean: 
 def test_a_handler_failing_after_its_step_leaves_the_step_completed(app: TableStore, payments: PaymentService) -> None:
     """No commit to carry the completion: it is written on its own, so the redelivery
     neither waits for the lease nor calls again."""
-    order = an_order()
+    body = an_item()
     with pytest.MonkeyPatch.context() as patch:
-        consumer = orders_app.queue_consumer()
+        consumer = queue_consumer()
         handler = consumer._handler
 
         def failing(payload: Any, context: Any) -> Any:
@@ -316,25 +322,25 @@ def test_a_handler_failing_after_its_step_leaves_the_step_completed(app: TableSt
 
         patch.setattr(consumer, "_handler", failing)
         with pytest.raises(RetryLater):
-            orders(servicebus_message(order, order["orderId"]))
-    marker = step_marker(app, order["orderId"])
+            items(servicebus_message(body, body["id"]))
+    marker = step_marker(app, body["id"])
     assert marker is not None and marker.state is State.COMPLETED
-    orders(servicebus_message(order, order["orderId"], delivery_count=2))
-    assert payments.requests[charge_key(order["orderId"])] == 1
-    assert payments.charges_per_order() == {order["orderId"]: 1}
+    items(servicebus_message(body, body["id"], delivery_count=2))
+    assert payments.requests[charge_key(body["id"])] == 1
+    assert charges_per_item(payments) == {body["id"]: 1}
 
 
 def test_a_claim_taken_over_during_the_call_fails_the_commit_that_carries_its_completion(azurite: Azurite) -> None:
     """The fence, through the consumer: the message's transaction carries the completion at the
-    claim's ETag; a rival's takeover moved it, so nothing of the message is written."""
+    claim's ETag; a rival's takeover moved body, so nothing of the message is written."""
     from tests.conftest import new_table_store
 
     store = new_table_store(azurite, lean=True)
-    order = an_order()
+    body = an_item()
 
     def handler(payload: dict[str, Any], context: Any) -> Any:
         def call(key: str) -> Any:
-            mine = step_marker(store, payload["orderId"])  # taken over while the call runs
+            mine = step_marker(store, payload["id"])  # taken over while the call runs
             assert mine is not None and mine.version
             store.replace(Marker(mine.key, mine.partition, State.IN_PROGRESS, mine.fingerprint, utcnow(),
                                  mine.expires_at, lease_until=utcnow() + timedelta(minutes=5), owner="rival"),
@@ -342,14 +348,14 @@ def test_a_claim_taken_over_during_the_call_fails_the_commit_that_carries_its_co
             return {"id": key}
 
         context.step("charge", call)
-        return order_handler()(payload, context)
+        return item_handler()(payload, context)
 
-    consumer = IdempotentConsumer("orders", store, handler, schema=SCHEMA,
+    consumer = IdempotentConsumer("items", store, handler, schema=SCHEMA,
                                   config=DedupConfig(transient_wait=timedelta(0)))  # fmt: skip
-    result = consumer.process(servicebus_delivery(servicebus_message(order, order["orderId"])))
+    result = consumer.process(servicebus_delivery(servicebus_message(body, body["id"])))
     assert (result.outcome, result.reason) == (Outcome.TRANSIENT, "lease_lost")
-    assert effects_by_order(store, order["orderId"]) == {}  # no order, no marker
-    rival = step_marker(store, order["orderId"])
+    assert effects_by_item(store, body["id"]) == {}  # no item, no marker
+    rival = step_marker(store, body["id"])
     assert rival is not None and rival.owner == "rival" and rival.state is State.IN_PROGRESS
 
 
@@ -361,16 +367,20 @@ def test_two_copies_of_a_message_in_one_batch_do_not_wait_for_each_other(azurite
     store = new_table_store(azurite, lean=True)
     calls: list[str] = []
 
+    def call(key: str) -> dict[str, str]:
+        calls.append(key)
+        return {"id": key}
+
     def handler(payload: dict[str, Any], context: Any) -> Any:
-        context.step("charge", lambda key: calls.append(key) or {"id": key})
-        return order_handler()(payload, context)
+        context.step("charge", call)
+        return item_handler()(payload, context)
 
     config = DedupConfig(steps=StepPolicy(in_flight_wait=timedelta(0)), transient_wait=timedelta(0), cache_size=0)
-    consumer = IdempotentConsumer("orders", store, handler, schema=SCHEMA, config=config)
-    order = an_order()
-    delivery = servicebus_delivery(servicebus_message(order, order["orderId"]))
+    consumer = IdempotentConsumer("items", store, handler, schema=SCHEMA, config=config)
+    body = an_item()
+    delivery = servicebus_delivery(servicebus_message(body, body["id"]))
     results = consumer.process_batch([delivery, delivery])
     assert [r.outcome for r in results] == [Outcome.PROCESSED, Outcome.DUPLICATE]
     assert len(calls) == 1
-    marker = step_marker(store, order["orderId"])
+    marker = step_marker(store, body["id"])
     assert marker is not None and marker.state is State.COMPLETED

@@ -1,10 +1,11 @@
-"""The `orders` Service Bus function, driven with real ServiceBusMessage objects against
+"""The `items` Service Bus function (tests/app.py), driven with real ServiceBusMessage objects against
 a real Azurite."""
 
 from __future__ import annotations
 
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -12,7 +13,6 @@ from typing import Any
 import pytest
 from azure.data.tables import TableClient, TableServiceClient
 
-from consumers import orders as orders_app
 from shared.idempotency import Delivery, Effects, Entity, IdempotentConsumer, Outcome
 from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.functions import RetryLater, shared_store
@@ -20,22 +20,16 @@ from shared.idempotency.keys import DedupKey, consumer_partition, encode_key
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import Commit
 from shared.idempotency.stores._records import MARKER_KIND
-from shared.orders.checks import OrderEffects, effects_by_order
+from tests.app import effects_by_item, item, queue_consumer
 from tests.functions import app_settings, fresh_app, servicebus_message, store_down, user_function
 from tools.azurite import Azurite
 
-orders = user_function("orders")
+items = user_function("items")
 HOUR = timedelta(hours=1)
 
 
-def an_order(order_id: str | None = None, amount: float = 12.5) -> dict[str, Any]:
-    return {
-        "orderId": order_id or f"o-{uuid.uuid4().hex[:12]}",
-        "customerId": "c-1",
-        "amount": amount,
-        "currency": "EUR",
-        "items": [{"sku": "book", "quantity": 1}],
-    }
+def an_item(item_id: str | None = None, amount: float = 12.5) -> dict[str, Any]:
+    return item(item_id or f"i-{uuid.uuid4().hex[:12]}", amount)
 
 
 @pytest.fixture
@@ -46,48 +40,48 @@ def tables(azurite: Azurite) -> Iterator[tuple[TableClient, TableClient]]:
         yield service.get_table_client(name), service.get_table_client(name + "dl")
 
 
-def effects(table: TableClient, order_id: str) -> tuple[int, int]:
-    """(orders, charges) really stored for one order id, in the app's store."""
-    assert orders_app.queue_consumer().store.table.table_name == table.table_name  # type: ignore[attr-defined]
-    found = effects_by_order(orders_app.queue_consumer().store, order_id).get(order_id, OrderEffects())
-    return found.orders, found.charges
+def effects(table: TableClient, item_id: str) -> tuple[int, int]:
+    """(items, postings) really stored for one item id, in the app's store."""
+    assert queue_consumer().store.table.table_name == table.table_name  # type: ignore[attr-defined]
+    found = effects_by_item(queue_consumer().store, item_id).get(item_id, Counter())
+    return found["item"], found["posting"]
 
 
-def charge_amounts(table: TableClient, order_id: str) -> list[float]:
-    partition = encode_key(consumer_partition("orders", order_id))
+def posting_amounts(table: TableClient, item_id: str) -> list[float]:
+    partition = encode_key(consumer_partition("items", item_id))
     found = table.query_entities("PartitionKey eq @pk", parameters={"pk": partition})
-    return [e["amount"] for e in found if e["RowKey"].startswith("charge")]
+    return [e["amount"] for e in found if e["RowKey"].startswith("posting")]
 
 
-def test_a_new_order_writes_one_order_and_one_charge(tables: tuple[TableClient, TableClient]) -> None:
+def test_a_new_item_writes_one_item_and_one_posting(tables: tuple[TableClient, TableClient]) -> None:
     table, _ = tables
-    order = an_order()
-    orders(servicebus_message(order, order["orderId"]))
-    assert effects(table, order["orderId"]) == (1, 1)
-    assert charge_amounts(table, order["orderId"]) == [12.5]
+    body = an_item()
+    items(servicebus_message(body, body["id"]))
+    assert effects(table, body["id"]) == (1, 1)
+    assert posting_amounts(table, body["id"]) == [12.5]
 
 
 def test_redeliveries_and_reserialised_copies_apply_once(tables: tuple[TableClient, TableClient]) -> None:
     table, dead = tables
-    order = an_order()
-    orders(servicebus_message(order, order["orderId"]))
-    reordered = dict(reversed(list(order.items())))
+    body = an_item()
+    items(servicebus_message(body, body["id"]))
+    reordered = dict(reversed(list(body.items())))
     for count in range(2, 5):
-        orders(servicebus_message(reordered, order["orderId"], delivery_count=count))
-    assert effects(table, order["orderId"]) == (1, 1)
+        items(servicebus_message(reordered, body["id"], delivery_count=count))
+    assert effects(table, body["id"]) == (1, 1)
     assert list(dead.list_entities()) == []
 
 
 def test_eight_concurrent_deliveries_apply_once(tables: tuple[TableClient, TableClient]) -> None:
     table, _ = tables
-    order = an_order()
+    body = an_item()
     barrier = threading.Barrier(8)
     errors: list[BaseException] = []
 
     def deliver() -> None:
         barrier.wait()
         try:
-            orders(servicebus_message(order, order["orderId"]))
+            items(servicebus_message(body, body["id"]))
         except BaseException as exc:  # noqa: BLE001 - collected and asserted below
             errors.append(exc)
 
@@ -97,15 +91,15 @@ def test_eight_concurrent_deliveries_apply_once(tables: tuple[TableClient, Table
     for thread in threads:
         thread.join()
     assert errors == []
-    assert effects(table, order["orderId"]) == (1, 1)
+    assert effects(table, body["id"]) == (1, 1)
 
 
 def test_same_key_different_payload_is_dead_lettered_not_written(tables: tuple[TableClient, TableClient]) -> None:
     table, dead = tables
-    order = an_order(amount=10)
-    orders(servicebus_message(order, order["orderId"]))
-    orders(servicebus_message({**order, "amount": 99}, order["orderId"], correlation_id="corr-7"))
-    assert charge_amounts(table, order["orderId"]) == [10]
+    body = an_item(amount=10)
+    items(servicebus_message(body, body["id"]))
+    items(servicebus_message({**body, "amount": 99}, body["id"], correlation_id="corr-7"))
+    assert posting_amounts(table, body["id"]) == [10]
     [record] = list(dead.list_entities())
     assert record["Reason"] == "fingerprint_mismatch" and record["CorrelationId"] == "corr-7"
     assert record["Fingerprint"] != record["StoredFingerprint"]
@@ -114,26 +108,26 @@ def test_same_key_different_payload_is_dead_lettered_not_written(tables: tuple[T
 def test_the_mismatch_alert_carries_key_and_both_fingerprints(
     tables: tuple[TableClient, TableClient], caplog: pytest.LogCaptureFixture
 ) -> None:
-    order = an_order(amount=10)
-    orders(servicebus_message(order, order["orderId"]))
+    body = an_item(amount=10)
+    items(servicebus_message(body, body["id"]))
     with caplog.at_level("INFO", logger="idempotency"):
-        orders(servicebus_message({**order, "amount": 11}, order["orderId"], correlation_id="corr-8"))
+        items(servicebus_message({**body, "amount": 11}, body["id"], correlation_id="corr-8"))
     [alert] = [r for r in caplog.records if r.levelname == "ERROR"]
     fields = alert.dedup  # type: ignore[attr-defined]
-    assert fields["outcome"] == "conflict" and fields["dedup_key"] == order["orderId"]
-    assert fields["correlation_id"] == "corr-8" and fields["consumer"] == "orders"
+    assert fields["outcome"] == "conflict" and fields["dedup_key"] == body["id"]
+    assert fields["correlation_id"] == "corr-8" and fields["consumer"] == "items"
     assert (
         fields["fingerprint"] and fields["stored_fingerprint"] and fields["fingerprint"] != fields["stored_fingerprint"]
     )
 
 
 BAD_DELIVERIES: list[tuple[str, Callable[[], tuple[bytes | dict[str, Any], str | None]]]] = [
-    ("invalid_json", lambda: (b'{"orderId": ', "bad-json")),
+    ("invalid_json", lambda: (b'{"id": ', "bad-json")),
     ("invalid_json", lambda: (b"\xff\xfe not utf-8", "not-utf8")),
-    ("schema_violation", lambda: ({**an_order("neg"), "amount": -1}, "neg")),
-    ("schema_violation", lambda: ({k: v for k, v in an_order("noitems").items() if k != "items"}, "noitems")),
-    ("missing_key", lambda: (an_order(), None)),
-    ("key_mismatch", lambda: (an_order("o-1"), "o-2")),
+    ("schema_violation", lambda: ({**an_item("neg"), "amount": -1}, "neg")),
+    ("schema_violation", lambda: ({k: v for k, v in an_item("noamount").items() if k != "amount"}, "noamount")),
+    ("missing_key", lambda: (an_item(), None)),
+    ("key_mismatch", lambda: (an_item("i-1"), "i-2")),
 ]
 
 
@@ -143,8 +137,8 @@ def test_invalid_messages_are_dead_lettered_with_reason_and_nothing_written(
 ) -> None:
     table, dead = tables
     body, message_id = make()
-    orders(servicebus_message(body, message_id))
-    orders(servicebus_message(body, message_id, delivery_count=2))  # redelivered: still one record
+    items(servicebus_message(body, message_id))
+    items(servicebus_message(body, message_id, delivery_count=2))  # redelivered: still one record
     assert list(table.list_entities()) == []
     [record] = list(dead.list_entities())
     assert record["Reason"] == reason and record["Detail"]
@@ -152,17 +146,17 @@ def test_invalid_messages_are_dead_lettered_with_reason_and_nothing_written(
 
 def test_a_store_down_at_start_abandons_the_message() -> None:
     down = Azurite()  # never started: nothing listens on its port
-    with app_settings(DEDUP_STORAGE_CONNECTION=down.connection_string, DEDUP_TABLE="ordersdown"):
-        order = an_order()
+    with app_settings(DEDUP_STORAGE_CONNECTION=down.connection_string, DEDUP_TABLE="itemsdown"):
+        body = an_item()
         with pytest.raises(StoreUnavailable):  # raised: the host abandons, nothing is lost
-            orders(servicebus_message(order, order["orderId"]))
+            items(servicebus_message(body, body["id"]))
 
 
 def test_markers_never_exist_without_their_effects(tables: tuple[TableClient, TableClient]) -> None:
     table, _ = tables
     for _ in range(20):
-        order = an_order()
-        orders(servicebus_message(order, order["orderId"]))
+        body = an_item()
+        items(servicebus_message(body, body["id"]))
     markers = [e for e in table.list_entities() if e.get("Kind") == MARKER_KIND]
     assert len(markers) == 20
     for marker in markers:
@@ -170,19 +164,19 @@ def test_markers_never_exist_without_their_effects(tables: tuple[TableClient, Ta
 
 
 def test_store_errors_are_retried_by_the_broker(tables: tuple[TableClient, TableClient], azurite: Azurite) -> None:
-    order = an_order()
-    with store_down(orders_app.queue_consumer()), pytest.raises(RetryLater) as info:
-        orders(servicebus_message(order, order["orderId"]))
+    body = an_item()
+    with store_down(queue_consumer()), pytest.raises(RetryLater) as info:
+        items(servicebus_message(body, body["id"]))
     assert info.value.result.outcome.value == "transient"
-    orders(servicebus_message(order, order["orderId"], delivery_count=2))
-    assert effects(tables[0], order["orderId"]) == (1, 1)
+    items(servicebus_message(body, body["id"], delivery_count=2))
+    assert effects(tables[0], body["id"]) == (1, 1)
 
 
 def test_a_handler_with_more_effects_than_one_commit_holds_is_invalid(azurite: Azurite) -> None:
     """It could never succeed: dead-lettered with a reason, not retried until the DLQ."""
     with fresh_app(azurite):
-        store = orders_app.queue_consumer().store
-        consumer = IdempotentConsumer("too-many", store, lambda order, context: Effects(
+        store = queue_consumer().store
+        consumer = IdempotentConsumer("too-many", store, lambda body, context: Effects(
             [Entity(f"line|{i}", {"n": i}) for i in range(store.max_effects + 1)]))  # fmt: skip
         result = consumer.process(Delivery(body=b'{"n": 1}', message_id="m-1"))
         assert (result.outcome, result.reason) == (Outcome.INVALID, "too_many_effects")
