@@ -13,13 +13,15 @@ from typing import Any
 
 import pytest
 
-import recipes
 from shared.idempotency import Context, DedupConfig, Delivery, Effects, Entity, IdempotentConsumer, Outcome, Outgoing
+from shared.idempotency.functions.registry import using_sender
 from shared.idempotency.messages import utcnow
 from shared.idempotency.outbox import DUE, ROWS, Outbox, message_id
 from shared.idempotency.stores import DedupStore, TableStore
 from shared.idempotency.testing import entities
+from tests.app import effects_by_item, item, queue_consumer, subscriber_consumer
 from tests.conftest import new_table_store
+from tests.functions import fresh_app
 from tools.azurite import Azurite
 from tools.broker import PeekLockQueue
 from tools.topic import Topic
@@ -187,41 +189,38 @@ def test_a_handler_that_sends_without_a_sender_is_a_bug_never_a_lost_message(sto
                      "orders|o-10") is None, c_key  # nothing committed  # fmt: skip
 
 
-# -- the example, end to end: orders → order-events → billing + shipping --------------------
+# -- through an app: items → the items topic → item-subscriber ------------------------------
 
 
-def test_the_example_publishes_order_accepted_and_each_subscriber_acts_once(azurite: Azurite, topic: Topic) -> None:
-    """orders (queue) commits the order and OrderAccepted; billing and shipping each get one
-    copy and record one invoice and one pick list, however often each hop repeats."""
-    order_topic = recipes.module("order_topic")
-    billing_consumer, shipping_consumer = order_topic.billing_consumer, order_topic.shipping_consumer
-    from consumers.orders import queue_consumer
-    from shared.idempotency.functions.registry import using_sender
-    from tests.functions import fresh_app
-
-    order = {"orderId": "e2e-1", "customerId": "c-1", "amount": 12.5, "currency": "EUR",
-             "items": [{"sku": "A", "quantity": 1}]}  # fmt: skip
-    body = json.dumps(order).encode()
-    with fresh_app(azurite, ORDER_ACCEPTED_TOPIC="order-events"), using_sender(topic):
+def test_the_app_publishes_each_item_and_its_subscriber_acts_once(azurite: Azurite) -> None:
+    """The test app's items (queue, ITEMS_TOPIC set) commits the item and ItemRecorded and
+    sends it with the app's shared sender; the subscription gets one copy and item-subscriber
+    records the item once, however often each hop repeats."""
+    topic = Topic("items", {"subscriber": PeekLockQueue(60, 10, 0)})
+    sent = item("e2e-1", 12.5)
+    body = json.dumps(sent).encode()
+    with fresh_app(azurite, ITEMS_TOPIC="items"), using_sender(topic):
         topic.lose_ack = 1  # the first send's answer is lost: sent again, dropped by detection
         assert queue_consumer().process(Delivery(body, message_id="e2e-1", delivery_count=1)).reason == (
             "dispatch_failed")  # fmt: skip
         for count in (2, 3):  # the redelivery re-sends; a lost completion redelivers once more
             assert queue_consumer().process(Delivery(body, message_id="e2e-1", delivery_count=count)).acknowledge
         assert (topic.sent, topic.dropped_by_detection) == (1, 1)
-        for name, build in (("billing", billing_consumer), ("shipping", shipping_consumer)):
-            [copy] = topic.subscriptions[name]._ready
-            assert json.loads(copy.body) == order
-            outcomes = [build().process(Delivery(copy.body, message_id=copy.message_id, delivery_count=n)).outcome
-                        for n in (1, 2)]  # a duplicate delivery at this hop too  # fmt: skip
-            assert outcomes == [Outcome.PROCESSED, Outcome.DUPLICATE]
+        [copy] = topic.subscriptions["subscriber"]._ready
+        assert json.loads(copy.body) == sent
+        outcomes = [subscriber_consumer().process(Delivery(copy.body, message_id=copy.message_id,
+                                                           delivery_count=n)).outcome
+                    for n in (1, 2)]  # a duplicate delivery at this hop too  # fmt: skip
+        assert outcomes == [Outcome.PROCESSED, Outcome.DUPLICATE]
         store = queue_consumer().store
-        assert len(store.read_entities("orders|e2e-1", ROWS, 10)) == 0
+        assert effects_by_item(store, "e2e-1") == {"e2e-1": {"item": 1, "posting": 1}}
+        assert effects_by_item(store, "e2e-1", "item-subscriber") == {"e2e-1": {"item": 1, "posting": 1}}
+        assert len(store.read_entities("items|e2e-1", ROWS, 10)) == 0
 
 
 def test_a_servicebus_message_carries_the_outbox_id_properties_and_session() -> None:
     """The wire fields, built by the real azure-servicebus code (no namespace needed); the
-    send itself needs one: tests/client (SMOKE_SERVICEBUS_NAMESPACE) exercises a real send."""
+    send itself needs one: the next test (OUTBOX_TEST_SERVICEBUS_NAMESPACE) makes a real send."""
     from shared.idempotency.functions._senders import to_servicebus
 
     wire = to_servicebus(Outgoing("order-events", {"orderId": "o-1", "é": 1}, "accepted", {"type": "OrderAccepted"},
@@ -231,12 +230,12 @@ def test_a_servicebus_message_carries_the_outbox_id_properties_and_session() -> 
     assert json.loads(str(wire)) == {"orderId": "o-1", "é": 1}
 
 
-LIVE = os.environ.get("OUTBOX_TEST_SERVICEBUS_NAMESPACE"), os.environ.get("OUTBOX_TEST_TOPIC", "order-events")
+LIVE = os.environ.get("OUTBOX_TEST_SERVICEBUS_NAMESPACE"), os.environ.get("OUTBOX_TEST_TOPIC", "items")
 
 
 @pytest.mark.skipif(not LIVE[0], reason="sends to a real namespace: set OUTBOX_TEST_SERVICEBUS_NAMESPACE "
-                    "(<name>.servicebus.windows.net; OUTBOX_TEST_TOPIC, default order-events, with a "
-                    "'billing' subscription) and sign in with a Data Sender + Receiver role")  # fmt: skip
+                    "(<name>.servicebus.windows.net; OUTBOX_TEST_TOPIC, default items, with a "
+                    "'subscriber' subscription) and sign in with a Data Sender + Receiver role")  # fmt: skip
 def test_a_real_topic_takes_the_outbox_message_with_its_id_and_drops_the_re_send() -> None:
     from azure.identity import DefaultAzureCredential
     from azure.servicebus import ServiceBusClient
@@ -245,13 +244,13 @@ def test_a_real_topic_takes_the_outbox_message_with_its_id_and_drops_the_re_send
 
     namespace, topic_name = LIVE
     assert namespace is not None
-    with ServiceBusClient(namespace, DefaultAzureCredential()) as client:
-        sender = ServiceBusSender(client)
-        message = Outgoing(topic_name, {"orderId": "live-" + os.urandom(4).hex()}, "accepted",
-                           {"type": "OrderAccepted"}, message_id=os.urandom(16).hex())  # fmt: skip
+    with ServiceBusClient(namespace, DefaultAzureCredential()) as service_bus:
+        sender = ServiceBusSender(service_bus)
+        message = Outgoing(topic_name, item("live-" + os.urandom(4).hex()), "published",
+                           {"type": "ItemRecorded"}, message_id=os.urandom(16).hex())  # fmt: skip
         sender.send([message])
         sender.send([message])  # the same MessageId: the topic's duplicate detection drops it
-        with client.get_subscription_receiver(topic_name, "billing", max_wait_time=10) as receiver:
+        with service_bus.get_subscription_receiver(topic_name, "subscriber", max_wait_time=10) as receiver:
             got = [m for m in receiver.receive_messages(max_message_count=50, max_wait_time=10)
                    if m.message_id == message.message_id]  # fmt: skip
             for m in got:
