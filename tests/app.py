@@ -102,7 +102,8 @@ def item_handler(payments: IdempotentHttp | None = None, *, topic: str | None = 
         record = {"id": body["id"], "amount": float(body["amount"])}
         posting = uuid.uuid4().hex
         if payments is not None:
-            posting = str(context.step("charge", lambda key: payments.post("/charges", record, key))["id"])
+            charge = {"itemId": body["id"], "amount": record["amount"]}
+            posting = str(context.step("charge", lambda key: payments.post("/charges", charge, key))["id"])
         return Effects(
             [Entity(ITEM_OF + body["id"] if shared else ITEM, record), Entity(POSTING + posting, record)],
             {"id": body["id"], "posted": record["amount"]},

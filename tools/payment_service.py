@@ -42,9 +42,10 @@ class PaymentService:
         assert self._server is not None, "start() the service first"
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def charges_per_order(self) -> dict[str, int]:
+    def charges_per(self, field: str) -> dict[str, int]:
+        """How many charges it accepted per value of the charges' ``field`` (``orderId``)."""
         with self._mutex:
-            return dict(Counter(charge["orderId"] for charge in self.accepted))
+            return dict(Counter(str(charge[field]) for charge in self.accepted))
 
     def start(self) -> PaymentService:
         service = self

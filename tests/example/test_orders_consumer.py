@@ -118,7 +118,7 @@ def test_a_new_order_is_charged_once_then_written(app: TableStore, payments: Pay
     order = an_order()
     orders(servicebus_message(order, order["orderId"]))
     orders(servicebus_message(order, order["orderId"], delivery_count=2))
-    assert payments.charges_per_order() == {order["orderId"]: 1}
+    assert payments.charges_per("orderId") == {order["orderId"]: 1}
     found = effects_by_order(app, order["orderId"])[order["orderId"]]
     assert (found.orders, found.charges) == (1, 1)
     marker = step_marker(app, order["orderId"])
