@@ -29,6 +29,7 @@ from pathlib import Path
 
 from tools.azurite import Azurite
 from tools.chain import ChainConfig, ChainReport, run_chain
+from tools.demo import ORDERS
 from tools.eventhub import StreamConfig, StreamReport, run_stream
 from tools.harness import Report, RunConfig, run
 from tools.sessions import SessionConfig, SessionReport, run_sessions
@@ -97,11 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.ERROR)  # the idempotency log is counted, not shown
     config = config_from_env()
     with tempfile.TemporaryDirectory(prefix="chaos-azurite-") as data, Azurite(location=Path(data)) as azurite:
-        report = run(config, azurite)
+        report = run(config, azurite, ORDERS)
         ok = summarise(config, report)
         for name, trouble in trouble_configs(config.seed).items():
             print(f"\n{name}, 16 concurrent calls, no resubmission:")
-            ok = summarise(trouble, run(trouble, azurite)) and ok
+            ok = summarise(trouble, run(trouble, azurite, ORDERS)) and ok
         chain = int(os.environ.get("CHAOS_CHAIN_MESSAGES", "2000"))
         if chain > 0:
             ok = summarise_chain(run_chain(ChainConfig(messages=chain, seed=config.seed), azurite)) and ok

@@ -19,10 +19,30 @@ from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, MetricsData, PeriodicExportingMetricReader
 
-from tools import other_triggers, runtimes
+from consumers import orders
+from shared.idempotency import IdempotentConsumer
+from shared.idempotency.functions.registry import reset
+from shared.idempotency.stores import DedupStore
+from shared.orders.checks import effects_by_order
+from tools import other_triggers, runtimes, workload
 from tools.azurite import Azurite
 from tools.cosmos_emulator import EMULATOR_KEY, CosmosEmulator
-from tools.harness import Report, RunConfig, run
+from tools.harness import Report, RunConfig, Target, run
+
+
+def orders_consumer(connection: str, table: str) -> IdempotentConsumer:
+    """Configure the app as its settings would, and return the function's consumer."""
+    os.environ.update(DEDUP_STORAGE_CONNECTION=connection, DEDUP_TABLE=table, DEDUP_DEADLETTER_TABLE=table + "dl")
+    reset()
+    return orders.queue_consumer()
+
+
+def charges_per_order(store: DedupStore) -> dict[str, int]:
+    return {order_id: found.charges for order_id, found in effects_by_order(store).items()}
+
+
+# The harness's target in `make demo` and `make chaos`: the `orders` function, on orders.
+ORDERS = Target("orders", orders_consumer, workload.generate, charges_per_order, "PAYMENT_API_URL", "orderId")
 
 
 def summary(report: Report) -> str:
@@ -92,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"Store: Azure Table Storage (Azurite), table {config.table}")
         print(f"Runtime: {'the real Azure Functions Python worker (gRPC)' if runtime == 'worker' else 'in process'}")
-        report = run(config, azurite)
+        report = run(config, azurite, ORDERS)
         with runtimes.started(runtime) as functions:
             triggers = other_triggers.drive(functions)
     print(summary(report))

@@ -1,10 +1,12 @@
 """At-least-once delivery of a message stream to a real function, by competing workers,
 with optional faults and a store outage; then an invariant check that reads the real
-store. Shared by `make demo` (no faults) and `make chaos`.
+store. Shared by `make demo` (no faults) and `make chaos` (the example's orders: their
+target is in tools/demo.py) and the library's chaos tests (tests/app.py's items).
 
-The harness drives a ``Target``: the `orders` example by default. To prove your own
-handler, give it your function's name, how to point its consumer at a table, a workload
-generator and a reader that counts, per message key, how often its effect is in the table.
+The harness drives a ``Target``: to prove your own handler, give it your function's name,
+how to point its consumer at a table, a workload generator, a reader that counts, per
+message key, how often its effect is in the table, and (for ``RunConfig.payments``) the
+setting naming the payment API and the field of a charge holding the key.
 """
 
 from __future__ import annotations
@@ -20,45 +22,39 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+import isodate
 from azure.data.tables import TableServiceClient
 
-from consumers import orders
 from shared.idempotency import IdempotentConsumer
-from shared.idempotency.functions.registry import reset
 from shared.idempotency.keys import DedupKey, marker_id
 from shared.idempotency.stores import CosmosStore, DedupStore, TableStore
 from shared.idempotency.stores._azure import TRANSPORT, table_transactions
 from shared.idempotency.stores._records import GUARD_KIND
 from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.stores._transport import transaction_transport
-from shared.orders.checks import effects_by_order
 from tools import runtimes, workload
 from tools.azurite import Azurite
 from tools.broker import Lock, PeekLockQueue
 from tools.cosmos_emulator import emulated
-from tools.delivery_checks import dedup_settings, host_settings, redeliveries
+from tools.delivery_checks import dedup_settings, host_settings
 from tools.faults import WORKER_FAULTS, Crash, FaultPlan, FaultyTransport
-from tools.infra_checks import ROOT
+from tools.infra_checks import ROOT, parameter_values
 from tools.payment_service import PaymentService
-
-
-def orders_consumer(connection: str, table: str) -> IdempotentConsumer:
-    """Configure the app as its settings would, and return the function's consumer."""
-    os.environ.update(DEDUP_STORAGE_CONNECTION=connection, DEDUP_TABLE=table, DEDUP_DEADLETTER_TABLE=table + "dl")
-    reset()
-    return orders.queue_consumer()
-
-
-def charges_per_order(store: DedupStore) -> dict[str, int]:
-    return {order_id: found.charges for order_id, found in effects_by_order(store).items()}
 
 
 @dataclass(frozen=True)
 class Target:
-    function: str = "orders"
-    consumer: Callable[[str, str], IdempotentConsumer] = orders_consumer
-    generate: Callable[[int, int, float, float], list[workload.LogicalMessage]] = workload.generate
-    applied: Callable[[DedupStore], dict[str, int]] = charges_per_order
+    """The Service Bus queue function the harness delivers to, and what it must know of it."""
+
+    function: str  # its name, as the host indexes it
+    # (storage connection, table): point the app's settings there, as the app's settings
+    # would, and return the function's consumer
+    consumer: Callable[[str, str], IdempotentConsumer]
+    # (count, seed, mismatch rate, invalid rate): the logical messages, e.g. workload.generate
+    generate: Callable[[int, int, float, float], list[workload.LogicalMessage]]
+    applied: Callable[[DedupStore], dict[str, int]]  # per message key, how often its effect is in the store
+    payment_setting: str  # the app setting naming the payment API's URL (RunConfig.payments)
+    charged_for: str  # the field of a charge (its request's body) that holds the message's key
 
 
 @dataclass(frozen=True)
@@ -147,9 +143,7 @@ def _counting_outcomes(counts: Counter[str]) -> Iterator[None]:
         logger.setLevel(level)
 
 
-def run(
-    config: RunConfig, azurite: Azurite, target: Target = Target(), *, break_store: type[TableStore] | None = None
-) -> Report:
+def run(config: RunConfig, azurite: Azurite, target: Target, *, break_store: type[TableStore] | None = None) -> Report:
     """``break_store`` swaps in a deliberately broken store class, so that tests can show
     the invariant checker catching what it claims to catch."""
     report = Report(config)
@@ -168,7 +162,7 @@ def run(
     plan.lose_lock = lambda: queue.lose(running.lock)
     with ExitStack() as stack:
         payments = stack.enter_context(PaymentService(hook=_payment_faults(plan))) if config.payments else None
-        _configure(timing, payments)
+        _configure(timing, payments, target.payment_setting)
         consumer = target.consumer(azurite.connection_string, config.table)
         if isinstance(consumer.store, CosmosStore):  # faults are injected on the Table transport only
             store: DedupStore = emulated_view(consumer.store)
@@ -183,10 +177,12 @@ def run(
 
         _deliver_all(config, azurite, queue, deliver, plan, report)
         applied = target.applied(store)
-        if payments is not None:  # one accepted charge per order, and one posting
-            charges = payments.charges_per_order()
+        if payments is not None:  # one accepted charge per message, and one effect
+            charges = payments.charges_per(target.charged_for)
             report.payment_charges = sum(charges.values())
             applied = {key: max(applied.get(key, 0), charges.get(key, 0)) for key in applied.keys() | charges.keys()}
+    if payments is not None:  # stopped with the run: nothing may call it any more
+        os.environ.pop(target.payment_setting, None)
 
     report.sends, report.dropped_by_detection = queue.sent, queue.dropped_by_detection
     report.deliveries, report.lock_expiries, report.locks_lost = queue.deliveries, queue.lock_expiries, queue.locks_lost
@@ -223,17 +219,19 @@ class Timing:
 
     @staticmethod
     def of(config: RunConfig) -> Timing:
-        """The run's timing: what the config sets, the rest as shipped (infra/, host.json,
-        the dedup defaults), scaled to its lock."""
-        shipped = next(p for p in redeliveries() if p.name.endswith(":orders"))
+        """The run's timing: what the config sets, the rest as shipped (the Service Bus
+        queues' lock duration and delivery count in infra/main.bicep, host.json, the dedup
+        defaults), scaled to its lock."""
+        infra = parameter_values(ROOT / "infra")
+        lock = isodate.parse_duration(infra["lockDuration"])
         dedup, host = dedup_settings(), host_settings(json.loads((ROOT / "host.json").read_text()))
-        scale = config.lock_duration / shipped.lock.total_seconds()
+        scale = config.lock_duration / lock.total_seconds()
 
         def scaled(value: timedelta, given: float | None) -> float:
             return value.total_seconds() * scale if given is None else given
 
         return Timing(
-            config.max_delivery_count or shipped.max_deliveries,
+            config.max_delivery_count or int(infra["maxDeliveryCount"]),
             scaled(dedup.lease, config.lease),
             scaled(dedup.in_flight_wait, config.in_flight_wait),
             scaled(dedup.transient_wait, config.transient_wait),
@@ -241,18 +239,21 @@ class Timing:
         )
 
 
-def _configure(timing: Timing, payments: PaymentService | None) -> None:
-    """The app's settings for the run, as infra sets them, scaled."""
+def _configure(timing: Timing, payments: PaymentService | None, payment_setting: str | None = None) -> None:
+    """The app's settings for the run, as infra sets them, scaled; ``payment_setting``, the
+    target's, points at ``payments`` (or is removed)."""
     os.environ.update(
         DEDUP_LEASE=f"PT{timing.lease:.3f}S",
         DEDUP_IN_FLIGHT_WAIT=f"PT{timing.in_flight_wait:.3f}S",
         DEDUP_TRANSIENT_WAIT=f"PT{timing.transient_wait:.3f}S",
         DEDUP_MAX_DELIVERY_COUNT=str(timing.max_deliveries),
     )
+    if payment_setting is None:
+        return
     if payments is None:
-        os.environ.pop("PAYMENT_API_URL", None)
+        os.environ.pop(payment_setting, None)
     else:
-        os.environ["PAYMENT_API_URL"] = payments.url
+        os.environ[payment_setting] = payments.url
 
 
 def _payment_faults(plan: FaultPlan) -> Callable[[str, str], str | None]:

@@ -1,11 +1,15 @@
-"""Seeded order streams for the demo and the chaos harness: orders, producer retries
-(some re-serialised), same-id/different-payload pairs, and invalid messages."""
+"""Seeded message streams for the demo and the chaos harness: bodies, producer retries
+(some re-serialised), same-id/different-payload pairs, and invalid messages. A body's
+shape is the target's: its key first, and an ``amount`` (``order``, ``item``)."""
 
 from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+Body = Callable[[str, random.Random], dict[str, object]]  # (key, rng) -> the body carrying that key
 
 
 @dataclass(frozen=True)
@@ -17,7 +21,8 @@ class LogicalMessage:
     serialisations: tuple[bytes, ...] = field(default=(), compare=False)  # equal payloads, other bytes
 
 
-def _order(order_id: str, rng: random.Random) -> dict[str, object]:
+def order(order_id: str, rng: random.Random) -> dict[str, object]:
+    """The example's order (consumers/orders.py)."""
     return {
         "orderId": order_id,
         "customerId": f"c-{rng.randrange(1000)}",
@@ -27,47 +32,51 @@ def _order(order_id: str, rng: random.Random) -> dict[str, object]:
     }
 
 
-def _reserialised(order: dict[str, object]) -> bytes:
+def item(item_id: str, rng: random.Random) -> dict[str, object]:
+    """The library tests' item (tests/app.py)."""
+    return {"id": item_id, "amount": round(rng.uniform(1, 500), 2)}
+
+
+def _reserialised(body: dict[str, object]) -> bytes:
     """Same JSON value, different bytes: reversed key order and other spacing."""
-    return json.dumps(dict(reversed(list(order.items()))), indent=1).encode()
+    return json.dumps(dict(reversed(list(body.items()))), indent=1).encode()
 
 
-def _invalid(i: int, rng: random.Random) -> LogicalMessage:
-    order = _order(f"bad-{i}", rng)
+def _invalid(i: int, rng: random.Random, shape: Body) -> LogicalMessage:
+    body = shape(f"bad-{i}", rng)
     kind = i % 4
-    if kind == 0:
-        return LogicalMessage(
-            f"bad-{i}", b'{"orderId": "bad-' + str(i).encode() + b'", ', invalid_reason="invalid_json"
-        )
+    if kind == 0:  # cut off after its key
+        key_only = json.dumps(dict([next(iter(body.items()))]))
+        return LogicalMessage(f"bad-{i}", (key_only[:-1] + ", ").encode(), invalid_reason="invalid_json")
     if kind == 1:
         return LogicalMessage(
-            f"bad-{i}", json.dumps({**order, "amount": -1}).encode(), invalid_reason="schema_violation"
+            f"bad-{i}", json.dumps({**body, "amount": -1}).encode(), invalid_reason="schema_violation"
         )
     if kind == 2:
-        return LogicalMessage(None, json.dumps(order).encode(), invalid_reason="missing_key")
-    return LogicalMessage(f"other-{i}", json.dumps(order).encode(), invalid_reason="key_mismatch")
+        return LogicalMessage(None, json.dumps(body).encode(), invalid_reason="missing_key")
+    return LogicalMessage(f"other-{i}", json.dumps(body).encode(), invalid_reason="key_mismatch")
 
 
-def generate(count: int, seed: int, mismatch_rate: float = 0.005, invalid_rate: float = 0.01) -> list[LogicalMessage]:
-    """``count`` logical messages; a mismatch is a second logical message reusing an
-    earlier order's id with another amount."""
+def generate(count: int, seed: int, mismatch_rate: float = 0.005, invalid_rate: float = 0.01,
+             body: Body = order) -> list[LogicalMessage]:  # fmt: skip
+    """``count`` logical messages of ``body``'s shape; a mismatch is a second logical message
+    reusing an earlier one's key with another amount."""
     rng = random.Random(seed)
     messages: list[LogicalMessage] = []
-    orders: list[dict[str, object]] = []
+    made: list[tuple[str, dict[str, object]]] = []
     for i in range(count):
         roll = rng.random()
         if roll < invalid_rate:
-            messages.append(_invalid(i, rng))
-        elif roll < invalid_rate + mismatch_rate and orders:
-            twin = {**rng.choice(orders), "amount": round(rng.uniform(501, 999), 2)}
-            messages.append(LogicalMessage(str(twin["orderId"]), json.dumps(twin).encode(), key=str(twin["orderId"])))
+            messages.append(_invalid(i, rng, body))
+        elif roll < invalid_rate + mismatch_rate and made:
+            key, original = rng.choice(made)
+            twin = {**original, "amount": round(rng.uniform(501, 999), 2)}
+            messages.append(LogicalMessage(key, json.dumps(twin).encode(), key=key))
         else:
-            order = _order(f"o-{seed}-{i}", rng)
-            orders.append(order)
-            body = json.dumps(order).encode()
-            messages.append(
-                LogicalMessage(str(order["orderId"]), body, str(order["orderId"]), None, (_reserialised(order),))
-            )
+            key = f"m-{seed}-{i}"
+            new = body(key, rng)
+            made.append((key, new))
+            messages.append(LogicalMessage(key, json.dumps(new).encode(), key, None, (_reserialised(new),)))
     return messages
 
 

@@ -1,5 +1,6 @@
 """The short chaos run that guards the invariants on every change (`make chaos` is the
-long one), and proof that its checker catches what it claims to catch."""
+long one, on the example's orders), and proof that its checker catches what it claims to
+catch: on the library tests' `items` function (tests/app.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from shared.idempotency.keys import encode_key
 from shared.idempotency.stores import Commit, CommitResult, CommitStatus, TableStore
+from tests.targets import ITEMS
 from tools.azurite import Azurite
 from tools.harness import RunConfig, run
 
@@ -29,7 +31,7 @@ def test_faults_and_an_outage_cause_no_double_effect_and_no_loss(
     monkeypatch.setenv("DEDUP_TABLE_TRANSACTIONS", transactions)
     config = RunConfig(messages=300, workers=6, dup_rate=0.3, fault_rate=0.08, seed=20261130, outage=True,
                        table="chaosshort" + transactions)  # fmt: skip
-    report = run(config, persistent_azurite)
+    report = run(config, persistent_azurite, ITEMS)
     assert report.violations == []
     assert (report.double_effects, report.lost, report.orphans) == (0, 0, 0)
     assert report.store_restarts == 1
@@ -54,7 +56,7 @@ TROUBLE = {
 def test_an_outage_or_throttling_is_waited_out_inside_the_deliveries(persistent_azurite: Azurite, trouble: str) -> None:
     config = RunConfig(**{"messages": 240, "workers": 16, "dup_rate": 0.2, "seed": 7,
                           "table": "trouble" + str(len(trouble)), **TROUBLE[trouble]})  # type: ignore[arg-type]  # fmt: skip
-    report = run(config, persistent_azurite)
+    report = run(config, persistent_azurite, ITEMS)
     assert report.violations == []
     assert (report.broker_dead_lettered, report.double_effects, report.lost, report.resubmitted) == (0, 0, 0, 0)
     assert report.effects_applied == report.messages - report.dead_lettered
@@ -68,23 +70,23 @@ def test_a_consumer_that_gives_up_at_once_empties_its_delivery_budget(persistent
     outage spends the ten immediate redeliveries and leaves messages in the broker's DLQ."""
     config = RunConfig(messages=240, workers=16, dup_rate=0.2, seed=7, table="givesup", outage=True,
                        outage_seconds=2.0, transient_wait=0.0)  # fmt: skip
-    report = run(config, persistent_azurite)
+    report = run(config, persistent_azurite, ITEMS)
     assert report.broker_dead_lettered > 0 and not report.ok
     assert (report.double_effects, report.lost) == (0, 0)
 
 
 @pytest.mark.parametrize("transactions", ["lean", "sdk"])
-def test_two_phase_payments_under_faults_charge_each_order_once(
+def test_two_phase_payments_under_faults_charge_each_item_once(
     persistent_azurite: Azurite, transactions: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Claims, and completions folded into the order's transaction, on both paths."""
+    """Claims, and completions folded into the item's transaction, on both paths."""
     monkeypatch.setenv("DEDUP_TABLE_TRANSACTIONS", transactions)
     config = RunConfig(messages=200, workers=6, dup_rate=0.3, fault_rate=0.08, seed=4242, outage=True,
                        payments=True, table="chaospay" + transactions)  # fmt: skip
-    report = run(config, persistent_azurite)
+    report = run(config, persistent_azurite, ITEMS)
     assert report.violations == []
     assert (report.double_effects, report.lost, report.orphans) == (0, 0, 0)
-    assert report.payment_charges == report.effects_applied  # one accepted charge per order
+    assert report.payment_charges == report.effects_applied  # one accepted charge per item
     assert report.faults["payment_503"] + report.faults["payment_response_lost"] > 0
     assert report.store_restarts == 1
 
@@ -99,9 +101,13 @@ class NoMarkerStore(TableStore):
         return [CommitResult(CommitStatus.NEW) for _ in commits]
 
 
-def test_the_checker_catches_double_effects_of_a_consumer_without_markers(azurite: Azurite) -> None:
+def test_the_checker_catches_double_effects_of_a_consumer_without_markers(
+    azurite: Azurite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # without the cache of completed keys, which would answer the copies this one process sees
+    monkeypatch.setenv("DEDUP_CACHE_SIZE", "0")
     config = RunConfig(messages=150, workers=4, dup_rate=0.5, seed=5, table="chaosbroken")
-    report = run(config, azurite, break_store=NoMarkerStore)
+    report = run(config, azurite, ITEMS, break_store=NoMarkerStore)
     assert report.double_effects > 0
     assert report.orphans > 0  # effects without markers
     assert not report.ok

@@ -1,7 +1,8 @@
 """A step owner that dies after its call, or cannot complete the step, is recovered by a
 redelivery inside the broker's delivery budget — at the shipped proportions (lock duration,
 maxDeliveryCount, DEDUP_LEASE, DEDUP_IN_FLIGHT_WAIT from infra/ and the defaults, scaled in
-time so that the lock lasts 2 s), through the peek-lock broker, with a real payment API."""
+time so that the lock lasts 2 s), through the peek-lock broker, with a real payment API, on the
+library tests' `items` function (tests/app.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from shared.idempotency.downstream import IdempotentHttp
 from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._records import Commit, CommitResult, Marker
+from tests.targets import ITEMS
 from tools.azurite import Azurite
 from tools.faults import Crash
 from tools.harness import Report, RunConfig, Timing, run
@@ -91,7 +93,7 @@ def crashed(monkeypatch: pytest.MonkeyPatch) -> FirstTimeOnly:
 def test_a_worker_that_dies_after_the_call_is_recovered_by_a_redelivery(
     azurite_on_disk: Azurite, crashed: FirstTimeOnly
 ) -> None:
-    report = run(config(), azurite_on_disk)
+    report = run(config(), azurite_on_disk, ITEMS)
     assert len(crashed.seen) == 24
     assert_recovered(report)
 
@@ -117,7 +119,7 @@ class CompletionFailsOnce(TableStore):
 
 def test_a_step_that_cannot_complete_is_recovered_by_a_redelivery(azurite_on_disk: Azurite) -> None:
     CompletionFailsOnce.failed, CompletionFailsOnce.failed_alone = FirstTimeOnly(), FirstTimeOnly()
-    report = run(config(), azurite_on_disk, break_store=CompletionFailsOnce)
+    report = run(config(), azurite_on_disk, ITEMS, break_store=CompletionFailsOnce)
     assert len(CompletionFailsOnce.failed.seen) == 24
     assert_recovered(report)
 
@@ -129,6 +131,8 @@ def test_without_waiting_the_old_lease_ran_out_of_deliveries_and_only_an_operato
     30 s: 330 s, here 11 s), the ten deliveries ran out while a dead owner's claim was still
     leased. The harness sees it (messages left in the broker's DLQ), and counts apart what
     an operator's resubmission then recovered."""
-    report = run(config(messages=8, lease=2.0 * 330 / 60, transient_wait=0.0, resubmit_rounds=5), azurite_on_disk)
+    report = run(
+        config(messages=8, lease=2.0 * 330 / 60, transient_wait=0.0, resubmit_rounds=5), azurite_on_disk, ITEMS
+    )
     assert report.resubmitted >= 8  # every message went to the broker's DLQ at least once
     assert (report.double_effects, report.lost) == (0, 0) and report.payment_charges == 8

@@ -25,7 +25,7 @@ from tests.conftest import EMULATED, REAL_COSMOS, new_cosmos_store
 from tools import other_triggers
 from tools.azurite import Azurite
 from tools.cosmos_emulator import CosmosEmulator
-from tools.demo import use_cosmos_emulator
+from tools.demo import ORDERS, use_cosmos_emulator
 from tools.harness import Report, RunConfig, run
 from tools.runtimes import InProcess
 
@@ -131,11 +131,12 @@ def test_cosmos_deletes_expired_markers_by_itself(cosmos: CosmosStore) -> None:
     assert sorted(str(item["entity"]) for item in items(cosmos, key.id)) == ["charge|1", "order"]
 
 
+# On the example's orders still: tests/app.py's records carry "id", which Cosmos DB reserves.
 def test_every_trigger_runs_unchanged_on_cosmos(azurite: Azurite, cosmos_emulator: CosmosEmulator) -> None:
     saved = dict(os.environ)
     try:
         use_cosmos_emulator(cosmos_emulator, "fnorders")
-        report = run(RunConfig(messages=200, workers=4, dup_rate=0.5, seed=9, table="fnorders"), azurite)
+        report = run(RunConfig(messages=200, workers=4, dup_rate=0.5, seed=9, table="fnorders"), azurite, ORDERS)
         triggers = other_triggers.drive(InProcess(), events=30, orders=30)  # Event Grid, CloudEvents, HTTP
     finally:
         os.environ.clear()
@@ -154,7 +155,7 @@ def test_two_phase_steps_complete_on_the_cosmos_emulator(azurite: Azurite, cosmo
     try:
         use_cosmos_emulator(cosmos_emulator, "payorders")
         config = RunConfig(messages=60, workers=4, dup_rate=0.5, seed=11, table="payorders", payments=True)
-        report = run(config, azurite)
+        report = run(config, azurite, ORDERS)
     finally:
         os.environ.clear()
         os.environ.update(saved)

@@ -1,6 +1,7 @@
 """Scheduled jobs on a real store (Azurite): each item once per occurrence, through a restart
 mid-run and a second instance running the same occurrence at once; an occurrence whose every
-try failed is caught up by the next run."""
+try failed is caught up by the next run. On the library tests' job (tests/app.py: ``due``,
+``job_handler``)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from shared.idempotency.functions import RetryLater, on_schedule
 from shared.idempotency.functions import _bindings as bindings
 from shared.idempotency.jobs import complete, occurrence, run_job
 from shared.idempotency.stores import TableStore
-from shared.orders.reminders import SCHEMA, due, reminder_handler
+from tests.app import SCHEMA, due, job_handler
 from tools.azurite import Azurite
 
 DAY, SIX = timedelta(days=1), timedelta(hours=6)
@@ -46,7 +47,7 @@ def test_a_run_knows_its_occurrence_from_the_schedule(now: str, expected: str) -
 
 
 def reminders(store: TableStore) -> Counter[tuple[str, str]]:
-    return Counter((item.data["occurrence"], item.data["customerId"]) for item in store.scan()
+    return Counter((item.data["occurrence"], item.data["id"]) for item in store.scan()
                    if item.entity == "reminder")  # fmt: skip
 
 
@@ -55,23 +56,23 @@ class Crash(BaseException):
 
 
 def consumer(store: TableStore, crash_at: set[str] | None = None) -> IdempotentConsumer:
-    def handler(balance: dict[str, Any], context: Context) -> Effects:
-        if crash_at is not None and balance["customerId"] in crash_at:
-            crash_at.discard(balance["customerId"])
+    def handler(body: dict[str, Any], context: Context) -> Effects:
+        if crash_at is not None and body["id"] in crash_at:
+            crash_at.discard(body["id"])
             raise Crash  # the instance dies mid-run
-        return reminder_handler(balance, context)
+        return job_handler(body, context)
 
-    return IdempotentConsumer("reminders", store, handler, schema=SCHEMA, config=DedupConfig(transient_wait=DAY * 0))
+    return IdempotentConsumer("item-job", store, handler, schema=SCHEMA, config=DedupConfig(transient_wait=DAY * 0))
 
 
 def test_a_run_cut_off_mid_way_is_run_again_and_does_each_item_once(table_store: TableStore) -> None:
     day = at("2026-12-01T06:00")
     with pytest.raises(Crash):
-        run_job(consumer(table_store, crash_at={"c-3"}), day, due(day), batch=1)
-    assert len(reminders(table_store)) == 3  # c-0, c-1, c-2 done before the crash
+        run_job(consumer(table_store, crash_at={"i-3"}), day, due(day), batch=1)
+    assert len(reminders(table_store)) == 3  # i-0, i-1, i-2 done before the crash
     again = run_job(consumer(table_store), day, due(day))  # past due after the restart: the same occurrence
     assert (again.done, again.count(Outcome.DUPLICATE), again.count(Outcome.PROCESSED)) == (True, 3, 2)
-    assert reminders(table_store) == Counter({("2026-12-01T06:00:00Z", f"c-{i}"): 1 for i in range(5)})
+    assert reminders(table_store) == Counter({("2026-12-01T06:00:00Z", f"i-{i}"): 1 for i in range(5)})
 
 
 def test_two_instances_on_the_same_occurrence_do_each_item_once(table_store: TableStore) -> None:
@@ -129,7 +130,7 @@ def test_a_day_whose_every_try_failed_is_caught_up_by_the_next_run(
         assert sum(reminders(store).values()) == 15 + 8 * 5 and set(reminders(store).values()) == {1}
         assert "2026-12-04T06:00:00Z" not in Counter(day for day, _ in reminders(store))
         [lost] = [record for record in caplog.records if record.levelno >= logging.ERROR]
-        assert lost.getMessage().startswith("dedup job reminders: 2 occurrences after 2026-12-03T06:00:00Z")
+        assert lost.getMessage().startswith("dedup job item-job: 2 occurrences after 2026-12-03T06:00:00Z")
 
 
 def test_an_occurrence_whose_items_cannot_be_listed_never_stops_the_others(
@@ -142,7 +143,7 @@ def test_an_occurrence_whose_items_cannot_be_listed_never_stops_the_others(
 
     def items(when: datetime) -> Any:
         if f"{when:%Y-%m-%dT%H:%M:%SZ}" in broken:
-            raise ConnectionError("the customers' database is down")
+            raise ConnectionError("the items' database is down")
         return due(when)
 
     def run(now: str, tries: Any) -> None:

@@ -1,23 +1,24 @@
 """Every ``python -m`` command docs/operations.md gives an operator, read from the page and
 run as written: a new process from the app's root, the app settings pointed at a real
 Azurite (tests/integration/operators.py). What each prints is compared with the output the
-page shows under it, so the page and the tools cannot drift apart."""
+page shows under it, so the page and the tools cannot drift apart. The page names the
+example's consumers; here the commands run on the library tests' own (tests/app.py), in their
+place (``on_test_app``). tests/example/test_example_operator_commands.py lists the example's."""
 
 from __future__ import annotations
 
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-import recipes
 from shared.idempotency import Delivery, Outcome, Result
 from shared.idempotency.functions.registry import declared
-from shared.orders.checks import tracking_by_event
+from tests.app import item, job_consumer, stream_consumer
 from tests.functions import fresh_app, servicebus_message, user_function
 from tests.integration.operators import ROOT, run_tool
+from tests.integration.test_eventhubs import tracked
 from tools.azurite import Azurite
 
 DOC = ROOT / "docs" / "operations.md"
@@ -26,8 +27,9 @@ COMMAND = re.compile(r"^(?:\.venv/bin/)?python -m (\S+)(.*)$")
 MENTION = re.compile(r"python -m ([\w.]+)")
 TOOLS = {"shared.idempotency.resubmit", "shared.idempotency.replay"}  # run below, as the page writes them
 NOT_RUN = {  # the page's other commands, and where they are run instead
-    "client.smoke": "sends to a deployed namespace: tests/client, when SMOKE_SERVICEBUS_NAMESPACE is set",
-    "tools.purge_cost": "a measurement (make bench): tests/integration/test_bench.py runs it small",
+    "client.smoke": "sends to a deployed namespace: tests/example/test_producer_and_smoke.py, when "
+    "SMOKE_SERVICEBUS_NAMESPACE is set",
+    "tools.purge_cost": "a measurement (make bench): tests/example/test_bench.py runs it small",
     "tools.workbook_picture": "redraws docs/workbook.png: tests/unit/test_entry_points.py runs its --help",
 }
 
@@ -51,9 +53,15 @@ def columns(output: str) -> list[list[str]]:
     return [re.split(r"\t|\s{2,}", line.strip()) for line in output.splitlines()]
 
 
-def an_order(order_id: str, amount: float = 9.5) -> dict[str, Any]:
-    return {"orderId": order_id, "customerId": "c-1", "amount": amount, "currency": "EUR",
-            "items": [{"sku": "a", "quantity": 2}]}  # fmt: skip
+# The page's consumers (the example's), and the test app's that stand in for them.
+IN_PLACE = {"orders": "items", "shipments": "item-stream", "orderId": "id"}
+
+
+def on_test_app(argv: list[str], consumer: str | None = None) -> list[str]:
+    """The page's command on tests/app.py's consumers: each name of the page's in its place
+    (``consumer`` for the one named), and ``--consumers tests.app``."""
+    return [*((consumer or IN_PLACE[arg]) if arg in ("orders", "shipments") else IN_PLACE.get(arg, arg)
+              for arg in argv), "--consumers", "tests.app"]  # fmt: skip
 
 
 def test_every_command_of_the_page_is_run_here_or_said_where() -> None:
@@ -66,38 +74,33 @@ def test_the_resubmit_commands_print_what_the_page_shows(azurite: Azurite, tmp_p
     commands = documented("shared.idempotency.resubmit")
     assert len(commands) == 2
     with fresh_app(azurite):
-        for order in (an_order("o-17"), an_order("o-20")):
-            user_function("orders")(servicebus_message(order, order["orderId"]))
-        bodies = [an_order("o-17"), an_order("o-20", amount=12.0), an_order("o-18")]  # the DLQ's export
+        for body in (item("o-17", 9.5), item("o-20", 9.5)):
+            user_function("items")(servicebus_message(body, body["id"]))
+        bodies = [item("o-17", 9.5), item("o-20", 12.0), item("o-18", 9.5)]  # the DLQ's export
         (tmp_path / "dead-letters.jsonl").write_text("".join(json.dumps(b) + "\n" for b in bodies))
         for argv, shown in commands:
             # the operator's export, wherever it is: the command as written otherwise
-            argv = [str(tmp_path / arg) if arg.endswith(".jsonl") else arg for arg in argv]
+            argv = on_test_app([str(tmp_path / arg) if arg.endswith(".jsonl") else arg for arg in argv])
             done = run_tool(*argv)
             assert (done.returncode, done.stderr) == (0, ""), done.stderr
             assert columns(done.stdout) == columns(shown), done.stdout
 
 
-@pytest.mark.parametrize("consumer", ["shipments", "reminders"])
+@pytest.mark.parametrize("consumer", ["item-stream", "item-job"])
 def test_the_replay_command_applies_what_was_parked_once(azurite: Azurite, consumer: str) -> None:
-    """The page's command (for shipments), and the same for the other consumer that parks."""
+    """The page's command (for the Event Hubs stream), and the same for the other consumer
+    that parks (the timer's job)."""
     [(argv, shown)] = documented("shared.idempotency.replay")
-    argv = [consumer if arg == "shipments" else arg for arg in argv]
+    argv = on_test_app(argv, consumer)
     with fresh_app(azurite):
-        if consumer == "shipments":
-            parking = recipes.module("shipments").tracking_consumer
-        else:
-            parking = recipes.module("reminders").reminders_consumer
-        built = parking()
+        built = stream_consumer() if consumer == "item-stream" else job_consumer()
         failed = Result(Outcome.TRANSIENT, reason="store_unavailable", detail="503 while the checkpoint moved on")
         for message_id in ("e-41", "e-42"):
-            event = ({"shipmentId": message_id, "orderId": "o-1", "status": "picked"} if consumer == "shipments"
-                     else {"customerId": message_id, "balance": 12.5, "currency": "EUR"})  # fmt: skip
-            assert built.park(Delivery(json.dumps(event).encode(), message_id=message_id), failed).outcome is (
-                Outcome.PARKED)  # fmt: skip
-        first, again = run_tool(*argv, switched_on=[consumer]), run_tool(*argv, switched_on=[consumer])
-        if consumer == "shipments":
-            assert tracking_by_event(built.store) == {"e-41": 1, "e-42": 1}
+            delivery = Delivery(json.dumps(item(message_id, 12.5)).encode(), message_id=message_id)
+            assert built.park(delivery, failed).outcome is Outcome.PARKED
+        first, again = run_tool(*argv), run_tool(*argv)
+        if consumer == "item-stream":
+            assert tracked(built.store) == {"e-41": 1, "e-42": 1}
     assert (first.returncode, first.stderr, again.returncode, again.stderr) == (0, "", 0, ""), first.stderr
     assert sorted(columns(first.stdout)[:-1]) == sorted(columns(shown)[:-1]) == [["e-41", "processed"],
                                                                                  ["e-42", "processed"]]  # fmt: skip
@@ -106,18 +109,19 @@ def test_the_replay_command_applies_what_was_parked_once(azurite: Azurite, consu
                                              ['{"parked": 2, "duplicate": 2}']]  # fmt: skip
 
 
-@pytest.mark.parametrize("switched_on", [[], sorted(recipes.MODULES.values())], ids=["default", "every recipe"])
-def test_an_unknown_consumer_in_a_fresh_process_lists_every_consumer_of_the_app(
-    azurite: Azurite, switched_on: list[str]
-) -> None:
+# A module, and a package whose ``__init__`` imports none of its modules; some of their consumers.
+APPS = {"tests.app": {"items", "item-stream", "item-job"}, "tests.integration.resubmit_app": {"checks", "states"}}
+
+
+@pytest.mark.parametrize("module", sorted(APPS))
+def test_an_unknown_consumer_in_a_fresh_process_lists_every_consumer_of_the_app(azurite: Azurite, module: str) -> None:
     """Nothing imported the consumers' modules before: the tools import them themselves."""
     with fresh_app(azurite):
-        modules = ["consumers", *(recipes.module(name).__name__ for name in switched_on)]
-        expected = {c.name for module in modules for c in declared(module)}
-        assert {"orders", "order-events"} <= expected
+        expected = {c.name for c in declared(module)}
+        assert APPS[module] <= expected
         for tool in sorted(TOOLS):
             ids = ["--ids", "o-1"] if tool.endswith("resubmit") else []
-            done = run_tool(tool, "--consumer", "nosuch", *ids, switched_on=switched_on)
+            done = run_tool(tool, "--consumer", "nosuch", *ids, "--consumers", module)
             assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
             known = set(done.stderr.split("known: ")[1].strip().split(", "))
             assert known == expected, done.stderr  # the app's, whichever they are
@@ -128,16 +132,14 @@ def test_a_parked_record_that_kept_only_the_head_of_its_body_is_never_replayed(a
     from its source, and the run exits 1 (not everything was applied)."""
     [(argv, _)] = documented("shared.idempotency.replay")
     with fresh_app(azurite):
-        tracking_consumer = recipes.module("shipments").tracking_consumer
-
-        built = tracking_consumer()
-        event = {"shipmentId": "s-big", "orderId": "o-1", "status": "x" * (1 << 20)}  # over the 1 MiB a record keeps
+        built = stream_consumer()
+        event = item("i-big", note="x" * (1 << 20))  # over the 1 MiB a record keeps
         failed = Result(Outcome.TRANSIENT, reason="store_unavailable", detail="503")
         built.park(Delivery(json.dumps(event).encode(), message_id="e-big"), failed)
-        [record] = built.store.dead_letters("shipments")
+        [record] = built.store.dead_letters("item-stream")
         assert record.truncated
-        done = run_tool(*argv, switched_on=["shipments"])
-        assert tracking_by_event(built.store) == {}
+        done = run_tool(*on_test_app(argv))
+        assert tracked(built.store) == {}
     assert (done.returncode, done.stderr) == (1, "")
     [line, summary] = columns(done.stdout)
     assert line[:2] == ["e-big", "truncated"] and line[2].endswith("replay it from its source")
