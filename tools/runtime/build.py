@@ -27,7 +27,7 @@ import tarfile
 import tomllib
 import venv
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +43,8 @@ DOWNLOADED = CACHE / "downloads" / f"azure-functions-python-worker-{RELEASE}.tar
 SOURCE_SETTING = "FUNCTIONS_PYTHON_WORKER"
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 PACKAGES = Path(".python_packages", "lib", "site-packages")  # where the worker looks for the app's packages
+# The library tests' own consumers (tests/app.py), deployed as one more module of consumers/.
+LIBRARY_TESTS = {"library_tests": ROOT / "tests" / "app.py"}
 
 
 class WorkerNotConfigured(RuntimeError):
@@ -67,9 +69,12 @@ def configured() -> Path | None:
     return DOWNLOADED if DOWNLOADED.exists() else None
 
 
-def prepare(switched_on: Sequence[str] = ()) -> Runtime:
+def prepare(
+    switched_on: Sequence[str] = (), *, extra: Mapping[str, Path] | None = None, with_tests: bool = False
+) -> Runtime:
     """The worker and the app; ``switched_on``: recipes' modules moved into consumers/ in the
-    deployed copy, as ``make recipe`` moves them."""
+    deployed copy, as ``make recipe`` moves them; ``extra``: more modules deployed into
+    consumers/ (name -> source file); ``with_tests``: the library tests' consumers among them."""
     source = configured()
     if source is None:
         raise WorkerNotConfigured(
@@ -78,7 +83,8 @@ def prepare(switched_on: Sequence[str] = ()) -> Runtime:
         )
     worker = worker_dir(verified_release(source))
     host_stubs(worker)
-    return Runtime(python=bare_python(), worker=worker, app=app_dir(switched_on))
+    modules = {**(extra or {}), **(LIBRARY_TESTS if with_tests else {})}
+    return Runtime(python=bare_python(), worker=worker, app=app_dir(switched_on, modules))
 
 
 # -- the worker --------------------------------------------------------------------------------
@@ -188,10 +194,11 @@ def host_stubs(worker: Path) -> Path:
 # -- the app -----------------------------------------------------------------------------------
 
 
-def app_dir(switched_on: Sequence[str] = ()) -> Path:
+def app_dir(switched_on: Sequence[str] = (), extra: Mapping[str, Path] | None = None) -> Path:
     """The app as deployed: files that survive .funcignore, packages in .python_packages
-    (reinstalled only when requirements.txt changes); with recipes ``switched_on``, in a
-    folder of its own whose packages are the plain app's."""
+    (reinstalled only when requirements.txt changes); with recipes ``switched_on`` or
+    ``extra`` modules (name -> source), in a folder of its own whose packages are the plain app's."""
+    extra = dict(extra or {})
     plain = CACHE / "wwwroot"
     packages = plain / PACKAGES
     requirements = (ROOT / "requirements.txt").read_bytes()
@@ -201,17 +208,24 @@ def app_dir(switched_on: Sequence[str] = ()) -> Path:
         shutil.rmtree(packages, ignore_errors=True)
         _pip_install(packages, ["-r", str(ROOT / "requirements.txt")])
         stamp.write_text(wanted)
-    app = CACHE / "wwwroot-recipes" if switched_on else plain
+    # one folder per kind of deployment, so that one never rewrites another's app under its worker
+    app = CACHE / "-".join(["wwwroot", *(["recipes"] if switched_on else []), *sorted(extra)])
     app.mkdir(parents=True, exist_ok=True)
     for entry in app.iterdir():  # the app's own files: always the current ones
         if entry.name != PACKAGES.parts[0]:
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-    if switched_on and not (app / PACKAGES.parts[0]).exists():
+    if app != plain and not (app / PACKAGES.parts[0]).exists():
         (app / PACKAGES.parts[0]).symlink_to(plain / PACKAGES.parts[0], target_is_directory=True)
     for name in deployed_files():
         _write(app / name, (ROOT / name).read_bytes())
-    for module in switched_on:  # recipes/ is not deployed (.funcignore): a recipe on is in consumers/
-        _write(app / "consumers" / f"{module}.py", (ROOT / "recipes" / f"{module}.py").read_bytes())
+    # recipes/ is not deployed (.funcignore): a recipe on is in consumers/; recipes/ is only read
+    # when one is asked for (an app without the example has none)
+    modules = {**{module: ROOT / "recipes" / f"{module}.py" for module in switched_on}, **extra}
+    for module, source in modules.items():
+        target = app / "consumers" / f"{module}.py"
+        if module in extra and target.exists():
+            raise ValueError(f"consumers/{module}.py exists already: name the extra module otherwise")
+        _write(target, source.read_bytes())
     return app
 
 
