@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint typecheck chaos bench check-retention check-leases scan-infra worker recipe clean
+.PHONY: install demo test lint typecheck chaos bench check-retention check-leases scan-infra worker recipe remove-example clean
 
 install: $(VENV)/.installed node_modules/.installed
 
@@ -43,7 +43,7 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 
 typecheck: install
-	$(VENV)/bin/mypy shared consumers recipes function_app.py tools bench client
+	$(VENV)/bin/mypy shared consumers function_app.py tools $(wildcard recipes bench client)
 
 # Store round trips and throughput per scenario, the purge, and the consumer through the real
 # Functions worker (fetched by `make worker` unless FUNCTIONS_PYTHON_WORKER names it);
@@ -70,6 +70,17 @@ scan-infra: .venv-checkov/.installed
 # FUNCTIONS_PYTHON_WORKER to the release archive or folder instead.
 worker: install
 	$(PY) -m tools.runtime.build
+
+# The example (orders, its recipes, and what drives them: demo, chaos, bench, the smoke client),
+# deleted at once: what stays is the library, its tests (on tests/app.py) and your consumers.
+# infra/ keeps the orders queue and the Event Grid subscription for yours (docs/pattern.md).
+EXAMPLE := consumers/orders.py consumers/order_events.py shared/orders shared/ledger recipes tests/example \
+	tools/demo.py tools/chaos.py tools/chain.py tools/eventhub.py tools/sessions.py tools/other_triggers.py \
+	tools/soak.py tools/outbox_cost.py tools/recipe.py bench client test.http
+remove-example:
+	rm -rf $(EXAMPLE)
+	@echo "Removed the example. Next: infra/main.bicep's orders queue (ORDERS_QUEUE) and order_events"
+	@echo "subscription are yours to rename or delete (docs/pattern.md#without-the-example)."
 
 test: lint typecheck check-retention check-leases scan-infra
 	$(PY) -m pytest -q

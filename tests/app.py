@@ -99,7 +99,7 @@ def item_handler(payments: IdempotentHttp | None = None, *, topic: str | None = 
     def handle(body: dict[str, Any], context: Context) -> Effects:
         if key_is_id and body["id"] != context.key.id:
             raise InvalidMessage("key_mismatch", "the message's key is not its id")
-        record = {"id": body["id"], "amount": float(body["amount"])}
+        record = {"itemId": body["id"], "amount": float(body["amount"])}
         posting = uuid.uuid4().hex
         if payments is not None:
             charge = {"itemId": body["id"], "amount": record["amount"]}
@@ -118,26 +118,32 @@ def effects_by_item(store: DedupStore, item_id: str | None = None, consumer: str
     of every consumer, or of one item (in ``consumer``'s partition)."""
     found: dict[str, Counter[str]] = {}
     for stored in store.scan(None if item_id is None else consumer_partition(consumer, item_id)):
-        if stored.entity is not None and "id" in stored.data:
+        if stored.entity is not None and "itemId" in stored.data:
             kind = (ITEM if stored.entity == ITEM or stored.entity.startswith(ITEM_OF)
                     else "posting" if stored.entity.startswith(POSTING) else stored.entity)  # fmt: skip
-            found.setdefault(str(stored.data["id"]), Counter())[kind] += 1
+            found.setdefault(str(stored.data["itemId"]), Counter())[kind] += 1
     return found
+
+
+def stored(body: dict[str, Any]) -> dict[str, Any]:
+    """A body as a record: its ``id`` as ``itemId`` (Cosmos DB reserves ``id`` for the item's own)."""
+    return {"itemId": body["id"], **{name: value for name, value in body.items() if name != "id"}}
 
 
 def shipped_handler(event: dict[str, Any], context: Context) -> Effects:
     data = event["data"]
-    return Effects([Entity("shipment", {"id": data["id"]})], {"id": data["id"], "shipped": True})
+    return Effects([Entity("shipment", stored(data))], {"id": data["id"], "shipped": True})
 
 
 def state_handler(change: dict[str, Any], context: Context) -> LatestState:
-    return LatestState(Entity("state", {"id": change["id"], "status": change["status"]}), int(change["version"]),
+    return LatestState(Entity("state", {"itemId": change["id"], "status": change["status"]}), int(change["version"]),
                        {"status": change["status"]})  # fmt: skip
 
 
 def stream_handler(event: dict[str, Any], context: Context) -> Effects:
     # named after the event: a bucket's events share a partition, where a name is unique
-    return Effects([Entity(f"tracking|{context.key.id}", {**event, "eventKey": context.key.id})], {"id": event["id"]})
+    return Effects([Entity(f"tracking|{context.key.id}", {**stored(event), "eventKey": context.key.id})],
+                   {"id": event["id"]})  # fmt: skip
 
 
 def bucket(key: DedupKey) -> str:
@@ -152,7 +158,7 @@ def due(day: datetime, count: int = 5) -> list[tuple[str, dict[str, Any]]]:
 
 def job_handler(body: dict[str, Any], context: Context) -> Effects:
     occurrence = context.key.id.partition("/")[0]
-    return Effects([Entity("reminder", {**body, "occurrence": occurrence})], {"reminded": body["id"]})
+    return Effects([Entity("reminder", {**stored(body), "occurrence": occurrence})], {"reminded": body["id"]})
 
 
 BY_ID = from_body_field("id")

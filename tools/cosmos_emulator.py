@@ -7,10 +7,11 @@ batches are not atomic, TTL is not enforced."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from typing import Any
 
-from azure.cosmos import ContainerProxy, CosmosClient, exceptions
+from azure.cosmos import ContainerProxy, CosmosClient, PartitionKey, exceptions
 
 from tools.azurite import free_port, start_listening
 
@@ -74,3 +75,18 @@ def emulated(container: ContainerProxy) -> EmulatedContainer:
     proxy = EmulatedContainer.__new__(EmulatedContainer)
     proxy.__dict__.update(container.__dict__)
     return proxy
+
+
+def use_cosmos_emulator(emulator: CosmosEmulator, container: str) -> None:
+    """Provision what infra provisions on Azure, and point the app at it."""
+    database = emulator.client().create_database_if_not_exists("dedup")
+    database.create_container_if_not_exists(container, PartitionKey("/partitionKey"), default_ttl=30 * 24 * 3600)
+    database.create_container_if_not_exists(container + "dl", PartitionKey("/scope"), default_ttl=-1)
+    os.environ.update(
+        DEDUP_STORE="cosmos",
+        COSMOS_ENDPOINT=emulator.endpoint,
+        COSMOS_KEY=EMULATOR_KEY,
+        COSMOS_DATABASE="dedup",
+        COSMOS_CONTAINER=container,
+        COSMOS_DEADLETTER_CONTAINER=container + "dl",
+    )

@@ -14,7 +14,6 @@ import os
 import sys
 from contextlib import ExitStack
 
-from azure.cosmos import PartitionKey
 from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, MetricsData, PeriodicExportingMetricReader
@@ -26,7 +25,7 @@ from shared.idempotency.stores import DedupStore
 from shared.orders.checks import effects_by_order
 from tools import other_triggers, runtimes, workload
 from tools.azurite import Azurite
-from tools.cosmos_emulator import EMULATOR_KEY, CosmosEmulator
+from tools.cosmos_emulator import CosmosEmulator, use_cosmos_emulator
 from tools.harness import Report, RunConfig, Target, run
 
 
@@ -57,21 +56,6 @@ def summary(report: Report) -> str:
             f"In the store: {report.effects_applied} orders charged once, {report.dead_lettered} dead-lettered "
             f"with a reason, {report.double_effects} double charges, {report.lost} lost.",
         ]
-    )
-
-
-def use_cosmos_emulator(emulator: CosmosEmulator, container: str) -> None:
-    """Provision what infra provisions on Azure, and point the app at it."""
-    database = emulator.client().create_database_if_not_exists("dedup")
-    database.create_container_if_not_exists(container, PartitionKey("/partitionKey"), default_ttl=30 * 24 * 3600)
-    database.create_container_if_not_exists(container + "dl", PartitionKey("/scope"), default_ttl=-1)
-    os.environ.update(
-        DEDUP_STORE="cosmos",
-        COSMOS_ENDPOINT=emulator.endpoint,
-        COSMOS_KEY=EMULATOR_KEY,
-        COSMOS_DATABASE="dedup",
-        COSMOS_CONTAINER=container,
-        COSMOS_DEADLETTER_CONTAINER=container + "dl",
     )
 
 

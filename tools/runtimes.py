@@ -11,6 +11,7 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from importlib.util import find_spec
 from typing import Any, Protocol
 
 import azure.functions as func
@@ -85,7 +86,7 @@ def app_settings() -> dict[str, str]:
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "local.settings.json.example")
     with open(path) as file:
         documented: dict[str, str] = json.load(file)["Values"]
-    prefixes = ("DEDUP_", "COSMOS_", "PAYMENT_", "ORDERS_", "ORDER_", "LEDGER_", "BILLING_", "SHIPPING_")
+    prefixes = ("DEDUP_", "COSMOS_", "PAYMENT_", "ORDERS_", "ORDER_", "LEDGER_", "BILLING_", "SHIPPING_", "ITEMS_")
     ours = {k: v for k, v in os.environ.items() if k in documented or k.startswith(prefixes)}
     return {**documented, **ours}
 
@@ -109,7 +110,8 @@ def _relay(entry: Any) -> None:
 @contextmanager
 def started(kind: str) -> Iterator[Runtime]:
     """``process`` or ``worker`` (DEMO_RUNTIME / CHAOS_RUNTIME). The worker is started now,
-    with the app settings as they are in this process."""
+    with the app settings as they are in this process, on the app with the library tests'
+    consumers beside it (tests/app.py, where it is), as the in-process host sees them."""
     if kind == "process":
         yield InProcess()
         return
@@ -118,6 +120,9 @@ def started(kind: str) -> Iterator[Runtime]:
     from tools.runtime.build import prepare
     from tools.runtime.host import WorkerHost
 
+    with_tests = find_spec("tests") is not None and find_spec("tests.app") is not None
+
     # the worker's own switch for DEBUG records: everyday outcomes log at DEBUG (telemetry.py); the harness counts them
-    with WorkerHost(prepare(), {**app_settings(), "PYTHON_ENABLE_DEBUG_LOGGING": "1"}, on_log=_relay) as host:
+    settings = {**app_settings(), "PYTHON_ENABLE_DEBUG_LOGGING": "1"}
+    with WorkerHost(prepare(with_tests=with_tests), settings, on_log=_relay) as host:
         yield InWorker(host.start_app())

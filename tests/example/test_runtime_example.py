@@ -9,7 +9,6 @@ Skips without the worker release, as tests/runtime/test_python_worker.py does.""
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 import time
 import uuid
@@ -26,7 +25,13 @@ import recipes
 from shared.idempotency.functions import housekeeping
 from shared.idempotency.keys import DedupKey
 from shared.idempotency.outbox import message_id
-from tests.runtime.test_python_worker import DOCUMENTED, FUNCTION_KEY, ROOT, app_settings, configured
+from tests.runtime.test_python_worker import (
+    FUNCTION_KEY,
+    app_settings,
+    assert_documented_and_deployed,
+    configured,
+    settings_named,
+)
 from tools.azurite import Azurite
 from tools.demo import ORDERS
 from tools.harness import RunConfig, run
@@ -153,22 +158,10 @@ def test_the_worker_indexes_and_loads_every_function(worker: WorkerHost) -> None
 
 
 def test_every_setting_a_binding_names_is_documented_and_deployed(worker: WorkerHost) -> None:
-    """%NAME% expressions and connection prefixes resolve from local.settings.json.example
-    and from the app settings that infra/main.bicep deploys."""
-    bicep = (ROOT / "infra" / "main.bicep").read_text() + (ROOT / "infra/modules/functionapp.bicep").read_text()
-    named: set[str] = set()
-    connections: set[str] = set()
-    for function in worker.functions.values():  # every function the app declares, whatever they are
-        for binding in function.bindings:
-            named |= {m for value in binding.values() if isinstance(value, str) for m in re.findall(r"%(\w+)%", value)}
-            connections |= {binding["connection"]} if binding.get("connection") else set()
+    """With every recipe on: the example's queue and hub among them."""
+    named, connections = settings_named(worker.functions.values())
     assert {"ORDERS_QUEUE", "SHIPMENT_HUB"} <= named and {"ServiceBusConnection", "EventHubConnection"} <= connections
-    for name in named:
-        assert name in DOCUMENTED, name
-        assert re.search(rf"^\s*{name}:", bicep, re.MULTILINE), f"{name} is not an app setting in infra"
-    for connection in connections:
-        assert connection in DOCUMENTED, connection
-        assert f"{connection}__fullyQualifiedNamespace:" in bicep, connection  # managed identity, no key
+    assert_documented_and_deployed(named, connections)
 
 
 # -- the outbox of POST /api/orders (the recipe ``http``) ------------------------------------------

@@ -74,7 +74,7 @@ def test_a_changed_event_under_the_same_id_is_recorded_and_not_applied(
     with caplog.at_level("INFO", logger="idempotency"):
         item_events(cloud_event(event_id, data={"id": "i-9"},
                                 traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"))  # fmt: skip
-    assert [s["id"] for s in shipments(store)] == ["i-1"]
+    assert [s["itemId"] for s in shipments(store)] == ["i-1"]
     [record] = store.dead_letters("item-events")
     assert record.reason == "fingerprint_mismatch"
     assert record.correlation_id == "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -313,7 +313,7 @@ def test_an_http_caller_cannot_pre_claim_an_event_grid_event(store: DedupStore) 
     headers, body = structured(event_id)
     assert post_event({**headers, "x-functions-key": "attacker"}, body).status_code == 204
     item_events(cloud_event(event_id, data={"id": "i-genuine"}))
-    assert "i-genuine" in [s["id"] for s in shipments(store)]
+    assert "i-genuine" in [s["itemId"] for s in shipments(store)]
     assert store.dead_letters("item-events") == []
 
 

@@ -265,7 +265,7 @@ def test_an_idempotency_key_reused_with_another_payload_is_422(store: DedupStore
     assert post(first, "k-1").status_code == 201
     reused = post(other, "k-1")
     assert reused.status_code == 422 and reused.mimetype == "application/problem+json"
-    assert [i["id"] for i in entities(store, "item")] == [first["id"]]  # no second item
+    assert [i["itemId"] for i in entities(store, "item")] == [first["id"]]  # no second item
     replay = post(first, "k-2")  # a new key for an existing item still replays
     assert replay.status_code == 201 and replay.headers.get(REPLAYED) == "true"
     assert post(first, "k-1").headers.get(REPLAYED) == "true"  # the same key and payload: replayed

@@ -47,7 +47,7 @@ def test_a_run_knows_its_occurrence_from_the_schedule(now: str, expected: str) -
 
 
 def reminders(store: TableStore) -> Counter[tuple[str, str]]:
-    return Counter((item.data["occurrence"], item.data["id"]) for item in store.scan()
+    return Counter((item.data["occurrence"], item.data["itemId"]) for item in store.scan()
                    if item.entity == "reminder")  # fmt: skip
 
 

@@ -13,8 +13,8 @@ skips otherwise, and never skips when the variable is set."""
 
 from __future__ import annotations
 
-import functools
 import json
+import re
 import tempfile
 import uuid
 from collections import Counter
@@ -209,6 +209,36 @@ def test_the_worker_indexes_and_loads_every_function(worker: WorkerHost) -> None
                            else []), name  # fmt: skip
 
 
+def settings_named(functions: Iterable[Any]) -> tuple[set[str], set[str]]:
+    """The %NAME% expressions and the connection prefixes of these functions' bindings."""
+    named: set[str] = set()
+    connections: set[str] = set()
+    for function in functions:
+        for binding in function.bindings:
+            named |= {m for value in binding.values() if isinstance(value, str) for m in re.findall(r"%(\w+)%", value)}
+            connections |= {binding["connection"]} if binding.get("connection") else set()
+    return named, connections
+
+
+def assert_documented_and_deployed(named: set[str], connections: set[str]) -> None:
+    """Each resolves from local.settings.json.example and from the app settings that
+    infra/main.bicep deploys (a connection by managed identity, no key)."""
+    bicep = (ROOT / "infra" / "main.bicep").read_text() + (ROOT / "infra/modules/functionapp.bicep").read_text()
+    for name in named:
+        assert name in DOCUMENTED, name
+        assert re.search(rf"^\s*{name}:", bicep, re.MULTILINE), f"{name} is not an app setting in infra"
+    for connection in connections:
+        assert connection in DOCUMENTED, connection
+        assert f"{connection}__fullyQualifiedNamespace:" in bicep, connection
+
+
+def test_every_setting_the_apps_bindings_name_is_documented_and_deployed(worker: WorkerHost) -> None:
+    """Whatever consumers/ holds (the walkthrough's new consumer too): its bindings' settings
+    are in local.settings.json.example and in what infra deploys."""
+    app = declared_functions(consumers.modules(), consumers.housekeeping())
+    assert_documented_and_deployed(*settings_named(worker.functions[name] for name in app))
+
+
 def test_without_dependency_isolation_the_workers_own_azure_functions_fails_indexing(
     runtime: build.Runtime, store_server: Azurite, table: str
 ) -> None:
@@ -337,7 +367,7 @@ def shipped(event_id: str, item_id: str, tracking: str = "T-1") -> dict[str, Any
 
 
 def shipments(store: TableStore, item_id: str) -> int:
-    return sum(found.entity == "shipment" for found in store.scan() if found.data.get("id") == item_id)
+    return sum(found.entity == "shipment" for found in store.scan() if found.data.get("itemId") == item_id)
 
 
 def test_event_grid_cloudevent_applies_once(worker: WorkerHost, store: TableStore) -> None:
@@ -422,7 +452,7 @@ def test_a_scheduled_job_handles_each_item_once_per_occurrence(worker: WorkerHos
         trigger = timer(worker.trigger("item_job"), past_due=past_due)
         assert worker.failed(worker.invoke("item_job", trigger)) is None
     when = f"{occurrence(datetime.now(UTC), timedelta(days=1), timedelta(hours=6)):%Y-%m-%dT%H:%M:%SZ}"
-    found = Counter(found.data["id"] for found in store.scan()
+    found = Counter(found.data["itemId"] for found in store.scan()
                     if found.entity == "reminder" and found.data["occurrence"] == when)  # fmt: skip
     assert found == Counter({f"i-{i}": 1 for i in range(5)})
 
@@ -559,13 +589,9 @@ def test_the_worker_4_34_placeholder_defect_is_still_there(
     assert "KeyError: 'azurefunctions'" in host.exception(reloaded)
 
 
-def test_the_chaos_harness_delivers_through_the_worker(
-    runtime: build.Runtime, store_server: Azurite, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_chaos_harness_delivers_through_the_worker(runtime: build.Runtime, store_server: Azurite) -> None:
     """CHAOS_RUNTIME=worker on the library tests' items: competing deliveries, duplicates,
     lost acknowledgements and a store outage, through the worker; the checker reads Azurite."""
-    # tools.runtimes starts the worker on build.prepare(): here, the app with the test app's items
-    monkeypatch.setattr(build, "prepare", functools.partial(build.prepare, with_tests=True))
     config = RunConfig(messages=200, workers=4, dup_rate=0.4, fault_rate=0.05, seed=20261130, outage=True,
                        table="rt" + uuid.uuid4().hex[:12], runtime="worker")  # fmt: skip
     report = run(config, store_server, ITEMS)
