@@ -64,8 +64,8 @@ def test_a_conflict_inside_a_batch_isolates_only_its_message(store: DedupStore) 
         message("c-1", 8.0),  # another partition: its own transaction
     ]
     item_batch(batch)
-    stored = sorted((item.data["itemId"], str(item.entity).partition("|")[0], item.data["amount"]) for item in store.scan()
-                    if item.entity is not None)  # fmt: skip
+    stored = sorted((item.data["itemId"], str(item.entity).partition("|")[0], item.data["amount"])
+                    for item in store.scan() if item.entity is not None)  # fmt: skip
     assert stored == [("b-1", "item", 5.0), ("b-1", "posting", 5.0), ("b-2", "item", 6.0), ("b-2", "posting", 6.0),
                       ("b-3", "item", 7.0), ("b-3", "posting", 7.0), ("c-1", "item", 8.0),
                       ("c-1", "posting", 8.0)]  # fmt: skip
