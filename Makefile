@@ -1,11 +1,11 @@
-# Two commands on a fresh machine (Python 3.11, Node 20 + npm, make):
+# Two commands on a fresh machine (Python 3.11, 3.12 or 3.13, Node 20 + npm, make):
 #   make demo   run the orders consumer against Azurite with an at-least-once stream
 #   make test   lint, types, delivery checks, checkov, all tests (Azurite started by the tests)
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint typecheck chaos bench check-retention check-leases scan-infra worker recipe remove-example clean
+.PHONY: install demo test lint typecheck chaos bench check-retention check-leases scan-infra worker recipe remove-example test-versions clean
 
 install: $(VENV)/.installed node_modules/.installed
 
@@ -85,5 +85,10 @@ remove-example:
 test: lint typecheck check-retention check-leases scan-infra
 	$(PY) -m pytest -q
 
+# The other supported Pythons (3.12, 3.13), each in .venv-X.Y: types, unit, infra, integration and
+# runtime tests (tools/pythons.py; a missing interpreter is named in one line).
+test-versions: install
+	$(PY) -m tools.pythons
+
 clean:
-	rm -rf $(VENV) .venv-checkov node_modules .pytest_cache .mypy_cache .ruff_cache .hypothesis .runtime
+	rm -rf $(VENV) .venv-3.* .venv-checkov node_modules .pytest_cache .mypy_cache .ruff_cache .hypothesis .runtime

@@ -40,7 +40,8 @@ def ensure_telemetry() -> None:
 
 
 ensure_telemetry()
-if "azure_functions_worker" in sys.modules:  # loaded by the Functions worker: bad settings fail the start
+# loaded by a Functions worker (azure_functions_runtime behind the proxy on 3.13+): bad settings fail the start
+if not {"azure_functions_worker", "azure_functions_runtime"}.isdisjoint(sys.modules):
     check_app_settings()
 app = func.FunctionApp()
 for blueprint in [*consumers.blueprints(), *housekeeping(consumers.housekeeping())]:

@@ -63,6 +63,10 @@ param dedupRetentionDays int = 30
 @description('Private networking: VNet integration of the app, private endpoints for storage, Service Bus (then Premium), Event Hubs (eventhubs recipe) and Cosmos DB, public access to them off. Off by default (cost: Premium Service Bus).')
 param vnetEnabled bool = false
 
+@description('The app\'s Python version on Flex Consumption: `azd env set PYTHON_VERSION 3.12`. Both are proven through their runtime (README, Python versions).')
+@allowed(['3.12', '3.13'])
+param pythonVersion string = '3.13'
+
 @description('E-mail address the alerts are sent to (empty: they show in the portal only).')
 param alertEmail string = ''
 
@@ -284,6 +288,7 @@ module functionApp 'modules/functionapp.bicep' = {
     appInsightsConnectionString: monitoring.outputs.appInsightsConnectionString
     easyAuthClientId: easyAuthClientId
     subnetId: vnetEnabled ? network.outputs.appSubnetId : ''
+    pythonVersion: pythonVersion
     appSettings: union(settings, topicSettings, outboxSettings, sessionsSettings, batchSettings, eventHubsSettings, paymentsSettings)
   }
 }

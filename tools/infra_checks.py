@@ -23,6 +23,7 @@ from pycep import BicepParser
 
 ROOT = Path(__file__).resolve().parent.parent
 INFRA = ROOT / "infra"
+PYTHON_VERSIONS = ("3.12", "3.13")  # what the runtime suite proves (tools/pythons.py), deployable on Flex
 
 
 def parse(path: Path) -> dict[str, Any]:
@@ -75,13 +76,19 @@ class RecipeError(ValueError):
     """infra/recipes.json is not a list of the recipe names main.bicep allows."""
 
 
+def allowed_values(bicep: Path, parameter: str) -> list[Any] | None:
+    """The ``@allowed`` values of a parameter of a Bicep file (None: no such decorator)."""
+    spec = parse(bicep)["parameters"].get(parameter, {})
+    found = [d["argument"] for d in spec.get("decorators", []) if d.get("type") == "allowed"]
+    return list(found[0]) if found else None
+
+
 def allowed_recipes(infra: Path = INFRA) -> list[str]:
     """The recipe names main.bicep allows (the ``@allowed`` of its ``recipes`` parameter)."""
-    spec = parse(infra / "main.bicep")["parameters"].get("recipes", {})
-    for decorator in spec.get("decorators", []):
-        if decorator.get("type") == "allowed":
-            return list(decorator["argument"])
-    raise RecipeError(f"{infra / 'main.bicep'}: no recipes parameter with its allowed names")
+    allowed = allowed_values(infra / "main.bicep", "recipes")
+    if allowed is None:
+        raise RecipeError(f"{infra / 'main.bicep'}: no recipes parameter with its allowed names")
+    return allowed
 
 
 def read_recipes(infra: Path = INFRA) -> list[str]:
@@ -456,7 +463,14 @@ def policy_violations(infra: Path = INFRA, recipes: Sequence[str] | None = None)
                     and validation.get("excludedPaths", []) == ["/runtime/webhooks/eventgrid"],
                     f"{site.symbol}: Easy Auth lets unauthenticated calls through")  # fmt: skip
         runtime = site.properties.get("functionAppConfig", {}).get("runtime", {})
-        require(runtime == {"name": "python", "version": "3.11"}, f"{site.symbol}: runtime is not Python 3.11")
+        # a version, or the parameter whose allowed values are the proven versions (checked below)
+        require(runtime.get("name") == "python" and runtime.get("version") in (*PYTHON_VERSIONS, "pythonVersion"),
+                f"{site.symbol}: runtime is not Python {' or '.join(PYTHON_VERSIONS)}")  # fmt: skip
+    for bicep in (infra / "main.bicep", infra / "modules" / "functionapp.bicep"):
+        require(
+            allowed_values(bicep, "pythonVersion") == list(PYTHON_VERSIONS),
+            f"{bicep.name}: pythonVersion does not allow exactly Python {', '.join(PYTHON_VERSIONS)}",
+        )
 
     settings = deployment.app_settings()
     for name in settings:

@@ -1,4 +1,4 @@
-// Function app on Flex Consumption, Python 3.11, running as the user-assigned identity.
+// Function app on Flex Consumption, Python 3.12 or 3.13, running as the user-assigned identity.
 // Every connection is identity-based: no connection strings, no keys.
 param name string
 param location string
@@ -14,6 +14,8 @@ param appSettings object
 param easyAuthClientId string = ''
 @description('vnetEnabled: the app\'s outbound traffic through this subnet (delegated to Microsoft.App/environments).')
 param subnetId string = ''
+@allowed(['3.12', '3.13'])
+param pythonVersion string = '3.13'
 
 var baseSettings = {
   AzureWebJobsStorage__accountName: storageAccountName
@@ -78,7 +80,7 @@ resource app 'Microsoft.Web/sites@2024-04-01' = {
         maximumInstanceCount: 100
         instanceMemoryMB: 2048
       }
-      runtime: { name: 'python', version: '3.11' }
+      runtime: { name: 'python', version: pythonVersion }
     }
   }
 

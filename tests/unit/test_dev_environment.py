@@ -13,7 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_dev_container_installs_with_make_and_starts_azurite() -> None:
     container = json.loads((ROOT / ".devcontainer" / "devcontainer.json").read_text())
-    assert "3.11" in container["image"] and container["postCreateCommand"].startswith("make install")
+    deployed = re.search(r"param pythonVersion string = '([\d.]+)'", (ROOT / "infra" / "main.bicep").read_text())
+    assert deployed and f"-{deployed[1]}-" in container["image"]  # the version a deployment runs by default
+    assert container["postCreateCommand"].startswith("make install")
     assert "azurite" in container["postStartCommand"] and 10002 in container["forwardPorts"]
     features = " ".join(container["features"])
     assert all(tool in features for tool in ("node", "azd", "azure-functions-core-tools"))
@@ -24,7 +26,8 @@ def test_ci_runs_the_readme_test_command_with_the_real_worker() -> None:
     assert re.search(r"^\s+- run: make worker$", workflow, re.MULTILINE)
     assert re.search(r"^\s+- run: make test$", workflow, re.MULTILINE)
     assert "make test" in (ROOT / ".ci" / "run").read_text() and "make test" in (ROOT / "README.md").read_text()
-    assert 'python-version: "3.11"' in workflow
+    assert 'python-version: ["3.11", "3.12", "3.13"]' in workflow  # make test on each supported version
+    assert "make test-versions" in (ROOT / ".ci" / "run").read_text()
 
 
 def test_the_deploy_workflow_uses_federated_credentials_and_azd() -> None:

@@ -23,7 +23,7 @@ def describes_itself(module: str) -> None:
 
 @pytest.mark.parametrize("module", ["tools.purge_cost", "tools.delivery_checks", "shared.idempotency.resubmit",
                                     "tools.runtime.build", "tools.infra_checks", "shared.idempotency.replay",
-                                    "tools.workbook_picture"])  # fmt: skip
+                                    "tools.workbook_picture", "tools.pythons"])  # fmt: skip
 def test_help_describes_the_command_and_starts_nothing(module: str) -> None:
     describes_itself(module)
 
@@ -50,3 +50,12 @@ def test_a_telemetry_failure_does_not_keep_the_functions_from_loading(monkeypatc
     monkeypatch.setattr(logging.getLogger("idempotency"), "exception", lambda message, *a: logged.append(message))
     function_app.ensure_telemetry()
     assert logged and "could not be configured" in logged[0]
+
+
+def test_a_python_version_not_on_the_machine_is_named_in_one_line() -> None:
+    """make test-versions on a machine without one of the interpreters: one line naming it
+    (exit 2), no stack trace, and nothing else was run for it."""
+    done = subprocess.run([sys.executable, "-m", "tools.pythons", "2.1"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.count("\n") == 1 and "Python 2.1 not found" in done.stderr, done.stderr

@@ -43,6 +43,13 @@ DOWNLOADED = CACHE / "downloads" / f"azure-functions-python-worker-{RELEASE}.tar
 SOURCE_SETTING = "FUNCTIONS_PYTHON_WORKER"
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 PACKAGES = Path(".python_packages", "lib", "site-packages")  # where the worker looks for the app's packages
+# Python 3.13+: Azure runs the host's own proxy worker (not published) in front of azure-functions-runtime
+# (PyPI), and worker 4.34 refuses 3.13. tools/runtime/proxy.py stands in for the proxy, with the packages
+# the proxy bundles for 3.13 (its workers/pyproject.toml); the .proto files are the release's.
+PROXY = sys.version_info >= (3, 13)
+HOST_STUBS = CACHE / f"host-stubs-{PYTHON_VERSION}"  # the stubs' protobuf is this Python's
+PROXY_PACKAGES = ["azure-functions-runtime==1.3.0", "azure-functions==1.24.0", "azurefunctions-extensions-base==1.1.0",
+                  "grpcio~=1.70.0", "protobuf~=5.29.0"]  # fmt: skip
 # The library tests' own consumers (tests/app.py), deployed as one more module of consumers/.
 LIBRARY_TESTS = {"library_tests": ROOT / "tests" / "app.py"}
 
@@ -81,7 +88,8 @@ def prepare(
             f"the Azure Functions Python worker {RELEASE} is not available: run `make worker` (online) "
             f"or set {SOURCE_SETTING} to its release archive or folder"
         )
-    worker = worker_dir(verified_release(source))
+    files = verified_release(source)
+    worker = proxy_dir(files) if PROXY else worker_dir(files)
     host_stubs(worker)
     modules = {**(extra or {}), **(LIBRARY_TESTS if with_tests else {})}
     return Runtime(python=bare_python(), worker=worker, app=app_dir(switched_on, modules))
@@ -148,7 +156,27 @@ def worker_dir(files: dict[str, bytes]) -> Path:
     _write(target / "worker.py", files["python/prodV4/worker.py"])
     _write(workers / "worker.config.json", files["python/prodV4/worker.config.json"])
     _pip_install(target, _dependencies(files["pyproject.toml"]))
-    _generate_stubs(target)
+    _generate_stubs(target / "azure_functions_worker" / "protos", target, ["setuptools<81"])
+    (target / ".complete").touch()
+    return target
+
+
+def proxy_dir(files: dict[str, bytes]) -> Path:
+    """The same folder for Python 3.13+: tools/runtime/proxy.py as worker.py, the proxy's packages,
+    and the release's protos as ``proxy_worker.protos`` (the module the proxy hands the runtime)."""
+    proxy = Path(__file__).with_name("proxy.py").read_bytes()
+    digest = hashlib.sha256(MANIFEST.read_bytes() + proxy + f"{PROXY_PACKAGES}{PYTHON_VERSION}".encode()).hexdigest()
+    target = CACHE / f"proxy-{digest[:16]}" / "workers" / "python" / PYTHON_VERSION / "LINUX" / "X64"
+    if (target / ".complete").exists():
+        return target
+    shutil.rmtree(target.parents[4], ignore_errors=True)
+    for name, content in files.items():
+        if name.startswith("azure_functions_worker/protos/"):
+            _write(target / "proxy_worker" / name.removeprefix("azure_functions_worker/"), content)
+    _write(target / "proxy_worker" / "__init__.py", b"")
+    _write(target / "worker.py", proxy)
+    _pip_install(target, PROXY_PACKAGES)
+    _generate_stubs(target / "proxy_worker" / "protos", target, ["grpcio-tools~=1.70.0"])
     (target / ".complete").touch()
     return target
 
@@ -160,14 +188,13 @@ def _dependencies(pyproject: bytes) -> list[str]:
     return [f"{r.name}{r.specifier}" for r in requirements if r.marker is None or r.marker.evaluate()]
 
 
-def _generate_stubs(target: Path) -> None:
-    """protoc with the worker's pinned grpcio-tools; the imports made package-relative so the
-    stubs live in azure_functions_worker.protos, which is what the worker imports."""
-    protos = target / "azure_functions_worker" / "protos"
+def _generate_stubs(protos: Path, target: Path, tools: list[str]) -> None:
+    """protoc with the grpcio-tools of the worker's pins (``target``) or ``tools``; the imports
+    made package-relative so the stubs live in the ``protos`` package the worker imports."""
     sources = protos / "_src" / "src" / "proto"
     names = [p.relative_to(sources).as_posix() for p in sorted(sources.rglob("*.proto"))]
     build_tools = target.parents[4] / "build-tools"  # grpcio-tools 1.59 imports pkg_resources
-    _pip_install(build_tools, ["setuptools<81"])
+    _pip_install(build_tools, tools)
     _run([str(bare_python()), "-m", "grpc_tools.protoc", f"-I{sources}", f"--python_out={protos}",
           f"--grpc_python_out={protos}", *names], env={"PYTHONPATH": f"{target}:{build_tools}"})  # fmt: skip
     for stub in protos.rglob("*_pb2*.py"):
@@ -181,8 +208,8 @@ def _generate_stubs(target: Path) -> None:
 def host_stubs(worker: Path) -> Path:
     """The same generated stubs for the test's side of the stream, as package ``functionrpc``
     under .runtime/host-stubs (tools/runtime/host.py imports them)."""
-    protos = worker / "azure_functions_worker" / "protos"
-    package = CACHE / "host-stubs" / "functionrpc"
+    protos = worker / ("proxy_worker" if PROXY else "azure_functions_worker") / "protos"
+    package = HOST_STUBS / "functionrpc"
     shutil.rmtree(package, ignore_errors=True)
     for stub in protos.rglob("*_pb2*.py"):
         _write(package / stub.relative_to(protos), stub.read_bytes())
@@ -199,7 +226,7 @@ def app_dir(switched_on: Sequence[str] = (), extra: Mapping[str, Path] | None = 
     (reinstalled only when requirements.txt changes); with recipes ``switched_on`` or
     ``extra`` modules (name -> source), in a folder of its own whose packages are the plain app's."""
     extra = dict(extra or {})
-    plain = CACHE / "wwwroot"
+    plain = CACHE / f"wwwroot-{PYTHON_VERSION}"  # each Python version its own packages
     packages = plain / PACKAGES
     requirements = (ROOT / "requirements.txt").read_bytes()
     stamp = packages / ".requirements.sha256"
@@ -209,7 +236,7 @@ def app_dir(switched_on: Sequence[str] = (), extra: Mapping[str, Path] | None = 
         _pip_install(packages, ["-r", str(ROOT / "requirements.txt")])
         stamp.write_text(wanted)
     # one folder per kind of deployment, so that one never rewrites another's app under its worker
-    app = CACHE / "-".join(["wwwroot", *(["recipes"] if switched_on else []), *sorted(extra)])
+    app = CACHE / "-".join([plain.name, *(["recipes"] if switched_on else []), *sorted(extra)])
     app.mkdir(parents=True, exist_ok=True)
     for entry in app.iterdir():  # the app's own files: always the current ones
         if entry.name != PACKAGES.parts[0]:

@@ -29,7 +29,7 @@ from typing import Any
 import grpc
 
 from tools.azurite import process_cpu_seconds
-from tools.runtime.build import CACHE, PACKAGES, Runtime
+from tools.runtime.build import CACHE, HOST_STUBS, PACKAGES, Runtime
 from tools.runtime.triggers import Invocation, typed
 
 HOST_VERSION = "4.1037.0"  # reported to the worker, which only logs it
@@ -49,8 +49,8 @@ HOST_CAPABILITIES = {"MultiStream": "10"}
 
 def rpc() -> tuple[ModuleType, ModuleType]:
     """FunctionRpc_pb2 and FunctionRpc_pb2_grpc, generated from the worker's own .proto files
-    (tools/runtime/build.py copies them to .runtime/host-stubs/functionrpc)."""
-    stubs = CACHE / "host-stubs"
+    (tools/runtime/build.py copies them to .runtime/host-stubs-<version>/functionrpc)."""
+    stubs = HOST_STUBS
     if str(stubs) not in sys.path:
         sys.path.append(str(stubs))
     return importlib.import_module("functionrpc.FunctionRpc_pb2"), importlib.import_module(
