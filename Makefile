@@ -4,6 +4,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# A target that drives the example says so once make remove-example deleted it.
+example = @test -e $(1) || { echo "make $@ drives the example, which make remove-example deleted" >&2; exit 2; }
 
 .PHONY: install demo test lint typecheck chaos bench check-retention check-leases scan-infra worker recipe remove-example test-versions clean
 
@@ -26,16 +28,19 @@ node_modules/.installed: package.json package-lock.json
 	touch $@
 
 demo: install
+	$(call example,tools/demo.py)
 	$(PY) -m tools.demo
 
 # Switch a recipe on (recipes/README.md): its module moves into consumers/, its name into
 # infra/recipes.json (what the next deployment creates for it). make recipe NAME=eventhubs
 recipe: $(VENV)/.installed
+	$(call example,recipes)
 	$(PY) -m tools.recipe $(NAME)
 
 # The long fault-injection run; knobs: CHAOS_MESSAGES CHAOS_WORKERS CHAOS_DUP_RATE
 # CHAOS_FAULT_RATE CHAOS_SEED CHAOS_OUTAGE (see docs/reliability.md).
 chaos: install
+	$(call example,tools/chaos.py)
 	$(PY) -m tools.chaos
 
 lint: install
@@ -49,6 +54,7 @@ typecheck: install
 # Functions worker (fetched by `make worker` unless FUNCTIONS_PYTHON_WORKER names it);
 # writes bench/results/latest.{json,md,png}.
 bench: install
+	$(call example,bench)
 	$(if $(FUNCTIONS_PYTHON_WORKER),,$(MAKE) worker)
 	$(PY) -m bench
 
@@ -76,8 +82,14 @@ worker: install
 # infra/ keeps the orders queue and the Event Grid subscription for yours (docs/pattern.md).
 EXAMPLE := consumers/orders.py consumers/order_events.py shared/orders shared/ledger recipes tests/example \
 	tools/demo.py tools/chaos.py tools/chain.py tools/eventhub.py tools/sessions.py tools/other_triggers.py \
-	tools/soak.py tools/outbox_cost.py tools/recipe.py bench client test.http
+	tools/soak.py tools/outbox_cost.py tools/recipe.py tools/findings.py tools/delay_proxy.py bench client test.http
+# Refused while a recipe is switched on: its module in consumers/ (your code by then) uses the example's domain.
+USING_EXAMPLE = $(shell grep -lE 'shared[.](orders|ledger)|from shared import ledger' \
+	$(filter-out $(EXAMPLE),$(wildcard consumers/*.py)) 2>/dev/null)
 remove-example:
+	@if [ -n "$(USING_EXAMPLE)" ] || [ "$$(tr -d ' \n' < infra/recipes.json)" != "[]" ]; then \
+		echo "make remove-example: switch the recipes off first (infra/recipes.json: $$(tr -d '\n' < infra/recipes.json);" \
+			"in consumers/ and using shared/orders or shared/ledger: $(or $(USING_EXAMPLE),none))" >&2; exit 2; fi
 	rm -rf $(EXAMPLE)
 	@echo "Removed the example. Next: infra/main.bicep's orders queue (ORDERS_QUEUE) and order_events"
 	@echo "subscription are yours to rename or delete (docs/pattern.md#without-the-example)."
@@ -85,8 +97,8 @@ remove-example:
 test: lint typecheck check-retention check-leases scan-infra
 	$(PY) -m pytest -q
 
-# The other supported Pythons (3.12, 3.13), each in .venv-X.Y: types, unit, infra, integration and
-# runtime tests (tools/pythons.py; a missing interpreter is named in one line).
+# The other supported Pythons (of 3.11, 3.12, 3.13), each in .venv-X.Y: types, unit, infra, integration
+# and runtime tests (tools/pythons.py; a missing interpreter is named in one line).
 test-versions: install
 	$(PY) -m tools.pythons
 

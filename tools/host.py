@@ -47,7 +47,11 @@ def indexed() -> tuple[Any, ...]:
     root.setLevel(logging.ERROR)  # it warns that auth levels apply to HTTP functions only
     try:
         function_app.app.get_functions()  # the app itself must index
-        return tuple(everything.get_functions())
+        try:
+            return tuple(everything.get_functions())
+        except ValueError as clash:  # "Function items does not have a unique function name"
+            beside = ", ".join(m.__name__ for m in others())
+            raise ValueError(f"{clash}: a function of consumers/ has the name of one in {beside}: rename it") from None
     finally:
         root.setLevel(level)
 

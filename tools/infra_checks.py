@@ -466,11 +466,12 @@ def policy_violations(infra: Path = INFRA, recipes: Sequence[str] | None = None)
         # a version, or the parameter whose allowed values are the proven versions (checked below)
         require(runtime.get("name") == "python" and runtime.get("version") in (*PYTHON_VERSIONS, "pythonVersion"),
                 f"{site.symbol}: runtime is not Python {' or '.join(PYTHON_VERSIONS)}")  # fmt: skip
+    app_params = body(main.get("modules", {}).get("functionApp", {})).get("params") or {}
+    require(app_params.get("pythonVersion") == "pythonVersion",
+            "main.bicep: the functionApp module is not given the pythonVersion parameter")  # fmt: skip
     for bicep in (infra / "main.bicep", infra / "modules" / "functionapp.bicep"):
-        require(
-            allowed_values(bicep, "pythonVersion") == list(PYTHON_VERSIONS),
-            f"{bicep.name}: pythonVersion does not allow exactly Python {', '.join(PYTHON_VERSIONS)}",
-        )
+        require(allowed_values(bicep, "pythonVersion") == list(PYTHON_VERSIONS),
+                f"{bicep.name}: pythonVersion does not allow exactly Python {', '.join(PYTHON_VERSIONS)}")  # fmt: skip
 
     settings = deployment.app_settings()
     for name in settings:

@@ -1,8 +1,8 @@
-"""`make test-versions`: the suite on the other Python versions the template supports, each in a
-virtual environment of its own (``.venv-3.12``, ``.venv-3.13``, from requirements-dev.txt): types
-checked for that version, then the unit, infra, integration (Azurite) and runtime tests. The
-runtime suite runs worker 4.34.0 on 3.12, and azure-functions-runtime behind a stand-in of the
-host's proxy worker on 3.13 (tools/runtime/build.py). `make test` is the default version's.
+"""`make test-versions`: the suite on the other Python versions the template supports (3.11,
+3.12, 3.13 but the one running), each in a virtual environment of its own (``.venv-3.12``, from
+requirements-dev.txt, as `make install` builds it): `make typecheck`, then the unit, infra,
+integration (Azurite) and runtime tests. The runtime suite runs worker 4.34.0 up to 3.12, and
+azure-functions-runtime behind a stand-in of the host's proxy worker on 3.13 (tools/runtime/build.py).
 
 An interpreter is ``pythonX.Y`` on PATH, else pyenv's newest X.Y; a missing one is said in one
 line naming it (exit 2), after the versions that are there have run."""
@@ -16,12 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tools.infra_checks import PYTHON_VERSIONS
+
 ROOT = Path(__file__).resolve().parents[1]
-VERSIONS = ("3.12", "3.13")
+SUPPORTED = ("3.11", *PYTHON_VERSIONS)  # 3.11 for local use; Azure gets those infra/ allows
 TESTS = ("tests/unit", "tests/infra", "tests/integration", "tests/runtime")
-# what `make typecheck` checks (recipes/, bench/ and client/ go with the example)
-CHECKED = ["shared", "consumers", "function_app.py", "tools",
-           *(d for d in ("recipes", "bench", "client") if (ROOT / d).is_dir())]  # fmt: skip
 
 
 def interpreter(version: str) -> Path | None:
@@ -42,31 +41,23 @@ def interpreter(version: str) -> Path | None:
     return python if python.exists() else None
 
 
-def environment(version: str, python: Path) -> Path:
-    """.venv-X.Y with requirements-dev.txt, reinstalled when a requirements file changes."""
-    venv = ROOT / f".venv-{version}"
-    stamp = venv / ".installed"
-    requirements = [ROOT / "requirements.txt", ROOT / "requirements-dev.txt"]
-    if not stamp.exists() or any(r.stat().st_mtime > stamp.stat().st_mtime for r in requirements):
-        subprocess.run([str(python), "-m", "venv", "--clear", str(venv)], check=True)
-        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        subprocess.run([*pip, "--upgrade", "pip"], check=True)
-        subprocess.run([*pip, "-r", "requirements-dev.txt"], cwd=ROOT, check=True)
-        stamp.touch()
-    return venv / "bin" / "python"
-
-
 def run(version: str, python: Path) -> bool:
+    """make typecheck with .venv-X.Y (make installs it from the requirements), then the tests."""
     print(f"== Python {version} ({python})", flush=True)
-    venv = environment(version, python)
-    typed = subprocess.run([str(venv), "-m", "mypy", "--python-version", version, *CHECKED], cwd=ROOT, check=False)
-    tests = subprocess.run([str(venv), "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS], cwd=ROOT, check=False)
+    venv = f".venv-{version}"
+    typed = subprocess.run(["make", "--no-print-directory", f"VENV={venv}", f"PYTHON={python}", "typecheck"],
+                           cwd=ROOT, check=False)  # fmt: skip
+    tests = subprocess.run([f"{venv}/bin/python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS], cwd=ROOT,
+                           check=False)  # fmt: skip
     return typed.returncode == 0 and tests.returncode == 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.pythons", description=__doc__.split("\n\n")[0])
-    parser.add_argument("versions", nargs="*", default=list(VERSIONS), help="X.Y (default: %(default)s)")
+    others = [v for v in SUPPORTED if v != f"{sys.version_info.major}.{sys.version_info.minor}"]
+    parser.add_argument(
+        "versions", nargs="*", default=others, help="X.Y (default: the supported but this one, %(default)s)"
+    )
     versions = parser.parse_args(argv).versions
     found = {version: interpreter(version) for version in versions}
     failed = [version for version, python in found.items() if python is not None and not run(version, python)]

@@ -51,6 +51,7 @@ BREAKAGES = [
      "not CloudEvents"),
     ("modules/monitoring.bicep", "DisableLocalAuth: true", "DisableLocalAuth: false", "App Insights"),
     ("modules/functionapp.bicep", "version: pythonVersion", "version: '3.11'", "runtime is not Python 3.12 or 3.13"),
+    ("main.bicep", "    pythonVersion: pythonVersion\n", "", "not given the pythonVersion parameter"),
     ("main.bicep", "@allowed(['3.12', '3.13'])", "@allowed(['3.12', '3.13', '3.14'])",
      "main.bicep: pythonVersion does not allow exactly"),
     ("modules/functionapp.bicep", "@allowed(['3.12', '3.13'])", "@allowed(['3.11', '3.12', '3.13'])",

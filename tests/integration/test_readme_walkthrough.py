@@ -198,3 +198,16 @@ def test_without_the_example_the_library_and_its_tests_stand(copy: Path) -> None
     fast = run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit", "tests/test_invoices.py",
                "tests/integration/test_telemetry.py")  # fmt: skip
     assert " passed" in fast.splitlines()[-1] and "failed" not in fast.splitlines()[-1], fast[-2000:]
+
+
+def test_the_example_is_not_removed_under_a_recipe_switched_on(copy: Path) -> None:
+    """A recipe on (its module in consumers/, as make recipe moves it, and its name in
+    infra/recipes.json) uses the example's domain: removing it would break the app, so make
+    refuses in one line naming both, and deletes nothing."""
+    (copy / "recipes" / "orders_api.py").rename(copy / "consumers" / "orders_api.py")
+    (copy / "infra" / "recipes.json").write_text('["http"]\n')
+    done = subprocess.run(["make", "--no-print-directory", "remove-example"], cwd=copy, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.startswith("make remove-example: switch the recipes off first")
+    assert '["http"]' in done.stderr and "consumers/orders_api.py" in done.stderr, done.stderr
+    assert (copy / "shared" / "orders").is_dir() and (copy / "consumers" / "orders.py").is_file()

@@ -65,6 +65,12 @@ class Relay(logging.Handler):
             self.loop.call_soon_threadsafe(done.set_result, None)
 
     async def dispatch(self, message: Any) -> None:
+        try:
+            await self._dispatch(message)
+        except Exception:  # the host would wait for an answer: say why there is none
+            log.exception("relaying %s failed", message.WhichOneof("content"))
+
+    async def _dispatch(self, message: Any) -> None:
         global runtime
         kind = message.WhichOneof("content")
         if kind == "worker_status_request":
