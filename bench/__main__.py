@@ -48,14 +48,26 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import azure.functions as func
 from azure.core.exceptions import ResourceExistsError
 from azure.data.tables import TableServiceClient, UpdateMode
+from azure.functions import meta
+from azure.functions.servicebus import ServiceBusMessage
 from jsonschema import Draft202012Validator
 
 from bench import worker
 from shared import ledger
-from shared.idempotency import Delivery, Effects, IdempotentConsumer, Outcome
+from shared.idempotency import Delivery, Effects, IdempotentConsumer, Outcome, Outgoing, from_body_field
 from shared.idempotency.config import DedupConfig
+from shared.idempotency.consumer import Handler
+from shared.idempotency.functions import stored_response
+from shared.idempotency.functions.adapters import (
+    eventgrid_delivery,
+    eventhub_deliveries,
+    http_delivery,
+    http_response,
+    servicebus_delivery,
+)
 from shared.idempotency.keys import encode_key
 from shared.idempotency.payload import parse_json
 from shared.idempotency.steps import Context
@@ -63,7 +75,8 @@ from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._expiry import NOTES_PER_ROW
 from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.stores._transport import pooled_transport
-from shared.orders import SCHEMA, order_handler
+from shared.orders import SCHEMA, SHIPPED, SHIPPED_SCHEMA, order_handler, shipment_handler
+from shared.orders import tracking as hub
 from tools import outbox_cost, purge_cost
 from tools.azurite import Azurite
 from tools.broker import PeekLockQueue
@@ -72,6 +85,7 @@ from tools.topic import Topic
 
 RESULTS = Path(__file__).resolve().parent / "results"
 INDEX_PER_MARKER = 1 / NOTES_PER_ROW  # the expiry index (Table Storage's purge): one row per 250 markers
+INDEX = ("~expiry|", "%7Eexpiry%7C")  # a request that writes the index names its partition (body or URL)
 TRANSPORT = {"retry_total": 0}  # a benchmark must not hide failures behind retries
 
 
@@ -79,9 +93,11 @@ TRANSPORT = {"retry_total": 0}  # a benchmark must not hide failures behind retr
 class Measure:
     messages: int
     seconds: float
-    requests: int
+    requests: int  # every store request, the expiry index's included
     client_cpu: float  # seconds of this process's CPU (SDK threads included)
     violations: int  # exactly-once breaches found by the check after the run
+    index_requests: int = 0  # of ``requests``: the expiry index's (one row per NOTES_PER_ROW markers)
+    sends: int = 0  # outgoing messages sent (the outbox)
 
 
 class Bench:
@@ -91,14 +107,18 @@ class Bench:
         self.connection = azurite.connection_string.replace(f":{azurite.port}/", f":{port}/")
         self.n = messages
         self.concurrency = concurrency
-        self._sent = 0
+        self._sent = self._index = 0
         self._lock = threading.Lock()
         self._created: list[tuple[TableServiceClient, str]] = []
         self._stores: list[TableStore] = []
 
     def count(self, request: Any) -> None:
+        http = request.http_request
+        body = getattr(http, "body", None) or getattr(http, "content", None) or b""
+        text = str(http.url) + (body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body))
         with self._lock:
             self._sent += 1
+            self._index += any(mark in text for mark in INDEX)
 
     def store(self, lean: bool) -> TableStore:
         return self.tables(lean)[0]
@@ -115,17 +135,17 @@ class Bench:
         self._stores.append(store)
         return store, transactions
 
-    def timed(
-        self, calls: list[Callable[[], Any]], sizes: list[int] | None = None, check: Callable[[], int] = lambda: 0
-    ) -> Measure:
-        """Run the calls on ``concurrency`` threads; ``sizes``: messages per call."""
-        self._sent = 0
+    def timed(self, calls: list[Callable[[], Any]], sizes: list[int] | None = None,
+              check: Callable[[], int] = lambda: 0, sends: Callable[[], int] = lambda: 0) -> Measure:  # fmt: skip
+        """Run the calls on ``concurrency`` threads; ``sizes``: messages per call; ``sends``:
+        how many messages the run sent (the outbox)."""
+        self._sent = self._index = 0
         client, started = time.process_time(), time.perf_counter()
         with ThreadPoolExecutor(self.concurrency) as pool:
             for future in [pool.submit(call) for call in calls]:
                 future.result()
-        seconds, cpu, sent = time.perf_counter() - started, time.process_time() - client, self._sent
-        measure = Measure(sum(sizes or [1] * len(calls)), seconds, sent, cpu, check())
+        seconds, cpu, sent, index = time.perf_counter() - started, time.process_time() - client, self._sent, self._index
+        measure = Measure(sum(sizes or [1] * len(calls)), seconds, sent, cpu, check(), index, sends())
         for store in self._stores:  # the notes of a last, partial index row: not left to a later scenario's count
             store._expiry.flush()
         self._stores.clear()
@@ -280,7 +300,8 @@ def outbox(bench: Bench) -> Measure:
     def check() -> int:
         return exact() + abs(topic.sent - len(deliveries))  # one send per order, or a violation
 
-    return bench.timed([lambda d=d: flow.process(d) for d in deliveries], check=check)  # type: ignore[misc]
+    return bench.timed([lambda d=d: flow.process(d) for d in deliveries], check=check,  # type: ignore[misc]
+                       sends=lambda: topic.sent)  # fmt: skip
 
 
 def powertools(duplicate_share: float = 0.0) -> Callable[[Bench], Measure]:
@@ -337,6 +358,90 @@ def batch(lean: bool, size: int = 100) -> Callable[[Bench], Measure]:
     return scenario
 
 
+def publishing(handler: Handler, topic: str) -> Handler:
+    """The handler's effects, and its payload published to ``topic`` (the outbox) — the same
+    for every source, so that the rows compare the sources, not the handlers."""
+
+    def handle(payload: Any, context: Context) -> Effects:
+        effects = handler(payload, context)
+        assert isinstance(effects, Effects)
+        return replace(effects, messages=[Outgoing(topic, payload, "published")])
+
+    return handle
+
+
+SOURCES = ("Service Bus queue", "Event Grid", "HTTP Idempotency-Key", "Event Hubs batch of 100")
+
+
+def source(kind: str, outbox: bool = False) -> Callable[[Bench], Measure]:
+    """All new messages as the trigger delivers them, through the library's adapter for the
+    source (the binding object, its Delivery, the settlement or HTTP answer), on the lean path;
+    with ``outbox``, each also published to an in-process topic model."""
+
+    def scenario(bench: Bench) -> Measure:
+        topic = Topic("published", {"subscriber": PeekLockQueue(60, 10, 0)})
+        store = bench.store(lean=True)
+        run = uuid.uuid4().hex[:6]
+        bodies = [json.loads(d.body) for d in orders(bench.n)]
+        options: dict[str, Any] = {"sender": topic} if outbox else {}
+        calls: list[Callable[[], Any]]
+        sizes: list[int] | None = None
+        if kind == "Event Grid":
+            handler: Handler = shipment_handler
+            events = [func.CloudEvent(id=f"{run}-{i}", source="/warehouse", type=SHIPPED, specversion="1.0",
+                                      data={"orderId": b["orderId"], "carrier": "c", "trackingNumber": f"t{i}"})
+                      for i, b in enumerate(bodies)]  # fmt: skip
+            flow = consumer(store, handler=publishing(handler, topic.name) if outbox else handler,
+                            schema=SHIPPED_SCHEMA, **options)  # fmt: skip
+            calls = [lambda e=e: flow.process(eventgrid_delivery(e)) for e in events]  # type: ignore[misc]
+            stored = "shipment"
+        elif kind == "HTTP Idempotency-Key":
+            answer = stored_response(publishing(order_handler(), topic.name) if outbox else order_handler(), 201,
+                                     "/api/orders/{orderId}")  # fmt: skip
+            flow = consumer(store, handler=answer, key_source=from_body_field("orderId"), replay_results=True,
+                            record_refusals=False, bind_request_keys=True, **options)  # fmt: skip
+            headers = [{"Idempotency-Key": f"k-{b['orderId']}", "Content-Type": "application/json"} for b in bodies]
+            requests = [func.HttpRequest("POST", "/api/orders", body=json.dumps(b).encode(), headers=h)
+                        for b, h in zip(bodies, headers, strict=True)]  # fmt: skip
+
+            def post(request: func.HttpRequest) -> None:
+                delivery = http_delivery(request)
+                assert isinstance(delivery, Delivery)
+                assert http_response(flow.process(delivery)).status_code == 201
+
+            calls = [lambda r=r: post(r) for r in requests]  # type: ignore[misc]
+            stored = "order"
+        elif kind == "Event Hubs batch of 100":
+            tracked = publishing(hub.tracking_handler, topic.name) if outbox else hub.tracking_handler
+            flow = consumer(store, handler=tracked, schema=hub.SCHEMA, partition_for=hub.bucket, **options)
+            where = json.dumps({"EventHubName": f"hub-{run}", "PartitionId": "0"})
+            metadata = {"PartitionContext": meta.Datum(where, "json")}  # as the library decodes the host's
+            shipped = [{"shipmentId": f"s{i}", "orderId": b["orderId"], "status": "shipped"}
+                       for i, b in enumerate(bodies)]  # fmt: skip
+            hub_events = [func.EventHubEvent(body=json.dumps(e).encode(), trigger_metadata=metadata, sequence_number=i)
+                      for i, e in enumerate(shipped)]  # fmt: skip
+            batches = [hub_events[i : i + 100] for i in range(0, len(hub_events), 100)]
+            calls = [lambda b=b: flow.process_batch(eventhub_deliveries(b)) for b in batches]  # type: ignore[misc]
+            sizes = [len(b) for b in batches]
+            stored = hub.TRACKING
+        else:  # Service Bus queue: MessageId = orderId
+            flow = consumer(store, handler=publishing(order_handler(), topic.name) if outbox else order_handler(),
+                            **options)  # fmt: skip
+            messages = [ServiceBusMessage(body=json.dumps(b).encode(), message_id=b["orderId"], delivery_count=1,
+                                          content_type="application/json", application_properties={},
+                                          user_properties={}) for b in bodies]  # fmt: skip
+            calls = [lambda m=m: flow.process(servicebus_delivery(m)) for m in messages]  # type: ignore[misc]
+            stored = "order"
+
+        def check() -> int:  # one record per message (and one send with the outbox), or violations
+            found = sum(str(item.entity).partition("|")[0] == stored for item in store.scan())
+            return abs(found - bench.n) + (abs(topic.sent - bench.n) if outbox else 0)
+
+        return bench.timed(calls, sizes, check=check, sends=lambda: topic.sent)
+
+    return scenario
+
+
 SCENARIOS: dict[str, Callable[[Bench], Measure]] = {
     "baseline, no dedup (SDK)": baseline(lean=False),
     "baseline, no dedup (lean)": baseline(lean=True),
@@ -351,6 +456,8 @@ SCENARIOS: dict[str, Callable[[Bench], Measure]] = {
     "outbox, all new (lean)": outbox,
     "batch of 100 (SDK)": batch(lean=False),
     "batch of 100 (lean)": batch(lean=True),
+    **{f"source: {kind}": source(kind) for kind in SOURCES},
+    **{f"source: {kind}, outbox": source(kind, outbox=True) for kind in SOURCES},
 }
 
 
@@ -358,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     n = int(os.environ.get("BENCH_MESSAGES", "1000"))
     repeats = max(1, int(os.environ.get("BENCH_REPEATS", "3")))
-    delays = [float(d) for d in os.environ.get("BENCH_DELAYS", "0,1,4").split(",")]
+    delays = [float(d) for d in os.environ.get("BENCH_DELAYS", "1,4").split(",")]
     concurrency = int(os.environ.get("BENCH_CONCURRENCY", "16"))
     rounds = int(os.environ.get("BENCH_PAIRED_ROUNDS", "10"))
     rounds = max(2, rounds + rounds % 2)  # both orders equally often
@@ -463,6 +570,10 @@ def summarize(runs: dict[float, dict[str, list[Measure]]], n: int, repeats: int,
                     "x_sdk_baseline": round(rate[name] / rate["baseline, no dedup (SDK)"], 3),
                     "x_lean_baseline": round(rate[name] / rate["baseline, no dedup (lean)"], 3),
                     "requests_per_message": round(statistics.median(m.requests / m.messages for m in measures), 4),
+                    "index_requests_per_message": round(
+                        statistics.median(m.index_requests / m.messages for m in measures), 4
+                    ),
+                    "sends_per_message": round(statistics.median(m.sends / m.messages for m in measures), 4),
                     "client_cpu_ms": round(statistics.median(m.client_cpu * 1000 / m.messages for m in measures), 3),
                     "violations": sum(m.violations for m in measures),
                 }
@@ -475,11 +586,28 @@ def summarize(runs: dict[float, dict[str, list[Measure]]], n: int, repeats: int,
         "delays_ms": tables,
         "paired": rounded(pairs),
         "targets": targets(tables, pairs),
+        "stretch": stretch(pairs),
     }
 
 
+ATOMIC, STRETCH, CPU = 0.75, 0.80, 1.40  # issue 42: the paired throughput ratio, its stretch, the client CPU ratio
+# Store requests per message where they are deterministic, the expiry index's apart (its share is stated).
+# HTTP: the Idempotency-Key's binding, then the commit. The outbox: the sent mark after the commit; a delivery
+# nobody is sure to redeliver (no delivery count: Event Grid, HTTP, Event Hubs) also parks and unparks its key.
+EXACT = {"atomic, all new (lean)": 1.0, "source: Service Bus queue": 1.0, "source: Event Grid": 1.0,
+         "source: HTTP Idempotency-Key": 2.0, "two-phase, all new (lean)": 2.0, "outbox, all new (lean)": 2.0,
+         "source: Service Bus queue, outbox": 2.0, "source: Event Grid, outbox": 4.0,
+         "source: HTTP Idempotency-Key, outbox": 5.0, "batch of 100 (lean)": 0.04}  # fmt: skip
+
+
+def store_requests(row: dict[str, Any]) -> float:
+    """A scenario's store requests per message, the expiry index's apart."""
+    return float(round(row["requests_per_message"] - row["index_requests_per_message"], 4))
+
+
 def targets(tables: dict[str, list[dict[str, Any]]], pairs: Pairs) -> dict[str, bool]:
-    """Issue 19's and 31's targets, at 1 and 4 ms of one-way delay (where measured)."""
+    """Issue 42's targets, at 1 and 4 ms of one-way delay (where measured): ratios measured in
+    the same run, and requests counted exactly."""
     checks: dict[str, bool] = {}
     for delay in ("1", "4"):
         if delay not in tables:
@@ -489,37 +617,46 @@ def targets(tables: dict[str, list[dict[str, Any]]], pairs: Pairs) -> dict[str, 
         at = f" ({delay} ms)"
         checks["atomic, all new: >= 2.0x the SDK baseline" + at] = new["x_sdk_baseline"] >= 2.0
         pair = pairs[delay]  # judged paired (module docstring): the medians drift on a shared machine
-        checks["atomic, all new: >= 0.80x the lean baseline, paired" + at] = pair["atomic"]["ratio"] >= 0.80
+        checks[f"atomic, all new: >= {ATOMIC}x the lean baseline, paired" + at] = pair["atomic"]["ratio"] >= ATOMIC
         for p in (10, 50, 90):
             ours, theirs = row[f"atomic, {p}% duplicates (lean)"], row[f"Powertools-style, {p}% duplicates"]
-            checks[f"{p}% duplicates: >= 1.5x Powertools-style, <= 1.0 request/message (+ the expiry index)" + at] = (
-                ours["messages_per_s"] >= 1.5 * theirs["messages_per_s"]
-                and ours["requests_per_message"] <= 1.0 + INDEX_PER_MARKER
+            checks[f"{p}% duplicates: >= 1.5x Powertools-style, <= 1.0 store request/message" + at] = (
+                ours["messages_per_s"] >= 1.5 * theirs["messages_per_s"] and store_requests(ours) <= 1.0
             )
         cpu = max(pair["atomic"]["client_cpu_ratio"], pair["duplicates"]["client_cpu_ratio"])
-        checks["client CPU <= 1.5x the lean baseline's, new and 90% duplicates, paired" + at] = cpu <= 1.5
+        checks[f"client CPU <= {CPU}x the lean baseline's, new and 90% duplicates, paired" + at] = cpu <= CPU
         checks["hot-cache duplicates: no request" + at] = (
             row["atomic, duplicates, hot cache (lean)"]["requests_per_message"] == 0
         )
-        checks["outbox, all new: <= 2.0 store requests/message (commit + sent mark; + the expiry index)" + at] = (
-            row["outbox, all new (lean)"]["requests_per_message"] <= 2.0 + INDEX_PER_MARKER
+        exact = {name: store_requests(row[name]) == count for name, count in EXACT.items()}
+        checks["store requests/message exact: " + ", ".join(f"{n} {c:g}" for n, c in EXACT.items()) + at] = all(
+            exact.values()
         )
-        before, two_phase = (row[name] for name in PAIRS["two-phase"])
-        checks["two-phase, all new: >= 2.0x the path it replaced (3 requests), paired; 2.0 store requests/message "
-               "(+ the expiry index)" + at] = (
-            pair["two-phase"]["ratio"] >= 2.0
-            and two_phase["requests_per_message"] <= 2.0 + 2 * INDEX_PER_MARKER
-            and before["requests_per_message"] == 3.0
-        )  # fmt: skip
+        checks[f"the expiry index: <= 1/{NOTES_PER_ROW} request per marker in every scenario" + at] = all(
+            r["index_requests_per_message"] <= 2 * INDEX_PER_MARKER
+            for r in row.values()  # two-phase: 2 markers
+        )
+        checks["every outbox scenario: one send per message" + at] = all(
+            r["sends_per_message"] == 1.0 for name, r in row.items() if "outbox" in name
+        )
+        before = row[PAIRS["two-phase"][0]]
+        checks["two-phase, all new: >= 2.0x the path it replaced (3 requests), paired" + at] = (
+            pair["two-phase"]["ratio"] >= 2.0 and before["requests_per_message"] == 3.0
+        )
         lean_batch, sdk_batch = row["batch of 100 (lean)"], row["batch of 100 (SDK)"]
-        checks["batch of 100: <= 0.04 request/message (+ the expiry index), >= 2x the SDK path" + at] = (
-            lean_batch["requests_per_message"] <= 0.04 + INDEX_PER_MARKER
-            and lean_batch["messages_per_s"] >= 2 * sdk_batch["messages_per_s"]
+        checks["batch of 100: >= 2x the SDK path" + at] = (
+            lean_batch["messages_per_s"] >= 2 * sdk_batch["messages_per_s"]
         )
     checks["every run exactly once (0 violations), paired runs included"] = all(
         r["violations"] == 0 for rows in tables.values() for r in rows
     ) and all(p["violations"] == 0 for kinds in pairs.values() for p in kinds.values())
     return checks
+
+
+def stretch(pairs: Pairs) -> dict[str, bool]:
+    """Reported, not judged: the 0.80x of issue 19 sits inside this machine's run-to-run band."""
+    name = f"atomic, all new: >= {STRETCH}x the lean baseline, paired"
+    return {f"{name} ({delay} ms)": kinds["atomic"]["ratio"] >= STRETCH for delay, kinds in pairs.items()}
 
 
 def purge_targets(purge: dict[str, Any]) -> dict[str, bool]:
@@ -557,17 +694,23 @@ def write(report: dict[str, Any]) -> None:
         f"Azurite behind a delay proxy, {report['concurrency']} concurrent calls, {report['messages_per_scenario']} "
         f"messages per scenario, median of {report['repeats']} interleaved runs; ratios measured in the same run.",
     ]
+    lines += ["", "What each message costs, per scenario and source (docs/performance.md says what each column "
+              "means): store requests with the expiry index's share apart, outbox sends, this process's CPU, and the "
+              "throughput as a ratio to the lean no-dedup baseline of the same run. `source:` rows go through the "
+              "library's adapter for the trigger (binding object to answer)."]  # fmt: skip
     for delay, rows in report["delays_ms"].items():
         lines += [
             "",
             f"**{delay} ms one-way delay**",
             "",
-            "| scenario | messages/s | x SDK baseline | x lean baseline | requests / message | client CPU ms / msg |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| scenario | messages/s | x lean baseline | x SDK baseline | store requests / msg | + expiry index / msg "
+            "| sends / msg | client CPU ms / msg |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         lines += [
-            f"| {r['scenario']} | {r['messages_per_s']:.0f} | {r['x_sdk_baseline']:.2f} | {r['x_lean_baseline']:.2f}"
-            f" | {r['requests_per_message']:.3f} | {r['client_cpu_ms']:.2f} |"
+            f"| {r['scenario']} | {r['messages_per_s']:.0f} | {r['x_lean_baseline']:.2f} | {r['x_sdk_baseline']:.2f}"
+            f" | {store_requests(r):.3f} | {r['index_requests_per_message']:.3f} | {r['sends_per_message']:.2f}"
+            f" | {r['client_cpu_ms']:.2f} |"
             for r in rows
         ]
     lines += ["", "**Paired** (alternating, order flipped each round, pooled):", ""]
@@ -604,6 +747,7 @@ def write(report: dict[str, Any]) -> None:
                   f"{through['dedup']['cpu_ms_per_message']['total']:.2f} vs "
                   f"{through['plain']['cpu_ms_per_message']['total']:.2f} ms"]  # fmt: skip
     lines += ["", *[f"- {'PASS' if ok else 'MISS'}: {target}" for target, ok in report["targets"].items()]]
+    lines += [f"- stretch, not judged: {'met' if ok else 'not met'}: {name}" for name, ok in report["stretch"].items()]
     (RESULTS / "latest.md").write_text("\n".join(lines) + "\n")
     chart(report["delays_ms"])
     print("\n".join(lines))
