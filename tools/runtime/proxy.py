@@ -22,7 +22,7 @@ SYSTEM = ("proxy_worker", "azure_functions_runtime", "azure.functions")  # proxy
 HANDLED = {"worker_init_request", "function_environment_reload_request", "functions_metadata_request",
            "function_load_request", "invocation_request"}  # fmt: skip
 log = logging.getLogger("proxy_worker")
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.realpath(__file__))  # as sys.path[0] has it: symlinks resolved
 invocation = contextvars.ContextVar("invocation", default=None)  # for async functions (task-local)
 runtime: Any = None  # azure_functions_runtime, imported at the first init/reload as the proxy does
 
@@ -80,14 +80,17 @@ class Relay(logging.Handler):
         properties = None
         if kind in ("worker_init_request", "function_environment_reload_request"):
             directory = getattr(message, kind).function_app_directory
-            if sys.path[0] == HERE:  # DependencyManager.prioritize_customer_dependencies: the app's packages
-                sys.path.pop(0)  # (PYTHONPATH) before the worker's, the app's folder last
+            # DependencyManager.prioritize_customer_dependencies: the app's packages (PYTHONPATH) before
+            # the worker's, the app's folder last
+            if os.path.realpath(sys.path[0]) == HERE:
+                sys.path.pop(0)
             if directory and directory not in sys.path:
                 sys.path.append(directory)
             if kind == "function_environment_reload_request":  # ... which also forgets what the placeholder
                 for name, module in list(sys.modules.items()):  # imported from the worker's folder
                     where = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", None) or []), "")
-                    if where and where.startswith(HERE) and not name.startswith(("proxy_worker", "grpc", "google")):
+                    kept = name.startswith(("proxy_worker", "grpc", "google"))
+                    if where and os.path.realpath(where).startswith(HERE) and not kept:
                         del sys.modules[name]
             import azure_functions_runtime
 
