@@ -221,8 +221,8 @@ class IdempotentConsumer:
                     if self._record_refusals:
                         self._dead_letter(delivery, result)  # the broker dead-letters it next: say why
                     if self.sender is not None and result.key is not None and result.key not in parked:
-                        self._park(self.outbox(self.sender), self.partition_of(result.key), result.key)  # rows an
-                        # earlier delivery may have left
+                        self._park(self.outbox(self.sender), self.partition_of(result.key), result.key, parked)  # rows
+                        # an earlier delivery may have left
                 telemetry.record(self.name, delivery, result, (time.perf_counter() - started) * 1000, span)
                 finished.append(result)
         finally:
@@ -276,7 +276,7 @@ class IdempotentConsumer:
         except DedupError as exc:
             # Parked again: the row written before the commit may be gone already (a sweep that
             # met it before the commit found nothing to send, and took it).
-            if self._parks(delivery) and self._park(outbox, commit.partition, commit.key):
+            if self._parks(delivery) and self._park(outbox, commit.partition, commit.key, parked):
                 # An HTTP call's send waits for the sweep quietly; a broker's last delivery alerts
                 # (a destination missing or a role not granted fails every send until fixed).
                 log.log(logging.WARNING if delivery.delivery_count is None else logging.ERROR,
@@ -292,9 +292,9 @@ class IdempotentConsumer:
         return result
 
     @staticmethod
-    def _park(outbox: Outbox, partition: str, key: DedupKey) -> bool:
+    def _park(outbox: Outbox, partition: str, key: DedupKey, parked: dict[DedupKey, Parked]) -> bool:
         try:
-            outbox.park(partition, key)
+            parked[key] = outbox.park(partition, key, again=parked.get(key))
         except DedupError:
             return False  # not parked: the message is not acknowledged either
         return True

@@ -147,11 +147,17 @@ class Outbox:
         self.sender = sender
         self.sweep_delay = sweep_delay
 
-    def park(self, partition: str, key: DedupKey, now: datetime | None = None) -> Parked:
+    def park(self, partition: str, key: DedupKey, now: datetime | None = None, *,
+             again: Parked | None = None) -> Parked:  # fmt: skip
         """Index the key for the sweep, before its commit; ``unpark`` once the delivery sent
-        its messages itself, so that the sweep only meets what is really left."""
-        due = (now or utcnow()) + self.sweep_delay
-        parked = Parked(DUE + f"{due:{_HOUR}}", f"{due:{_DUE}}|{rows_prefix(key)}")
+        its messages itself, so that the sweep only meets what is really left. ``again``: the
+        row this delivery parked before, written again under its name (a sweep may have taken
+        it) while the sweep's cursor cannot have passed its hour, so that a key has one row."""
+        now = now or utcnow()
+        parked = again
+        if parked is None or _hour(parked.partition[len(DUE) :]) + timedelta(hours=1) <= now:
+            due = now + self.sweep_delay
+            parked = Parked(DUE + f"{due:{_HOUR}}", f"{due:{_DUE}}|{rows_prefix(key)}")
         self.store.put_entity(parked.partition, Entity(parked.name, {"partition": partition}))
         return parked
 

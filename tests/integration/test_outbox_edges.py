@@ -55,10 +55,10 @@ def delivery(order: str, count: int | None = 1) -> Delivery:
     return Delivery(f'{{"orderId":"{order}"}}'.encode(), message_id=order, delivery_count=count)
 
 
-def index_rows(store: DedupStore, hours: int = 2) -> list[Entity]:
+def index_rows(store: DedupStore, hours: int = 2, since: int = 1) -> list[Entity]:
     now = utcnow()
-    return [row for h in range(-1, hours) for row in store.read_entities(DUE + f"{now + timedelta(hours=h):%Y%m%d%H}",
-                                                                         "", 1000)]  # fmt: skip
+    return [row for h in range(-since, hours) for row in store.read_entities(
+        DUE + f"{now + timedelta(hours=h):%Y%m%d%H}", "", 1000)]  # fmt: skip
 
 
 REFUSED = {
@@ -269,6 +269,24 @@ def test_a_budget_met_exactly_leaves_no_backlog(store: TableStore) -> None:
     outbox, later = backlog(store, topic, 6)
     swept = outbox.sweep(later, since=timedelta(hours=1), budget=6)
     assert (swept.parked, swept.left) == (6, False)
+
+
+@pytest.mark.parametrize(("step", "rows_per_key"), [(timedelta(seconds=1), 1), (timedelta(hours=1), 2)])
+def test_a_failed_send_parks_again_under_its_row_while_the_sweep_cannot_have_passed_it(
+    store: TableStore, monkeypatch: pytest.MonkeyPatch, step: timedelta, rows_per_key: int
+) -> None:
+    """Each park reads a clock ``step`` later than the one before. A second later, the row
+    written again keeps its name: one row per key, so an exact budget sweeps them all. An
+    hour later, the sweep's cursor may have passed the first row's hour: a new row, one send."""
+    topic, start = new_topic(), utcnow() - timedelta(hours=8)
+    ticks = iter(range(100))
+    monkeypatch.setattr(outbox_module, "utcnow", lambda: start + next(ticks) * step)
+    outbox, _ = backlog(store, topic, 3)
+    monkeypatch.undo()
+    assert len(index_rows(store, hours=1, since=9)) == 3 * rows_per_key
+    swept = outbox.sweep(utcnow(), since=timedelta(hours=9), budget=3 * rows_per_key)
+    assert (swept.parked, swept.left, topic.sent, len(index_rows(store, hours=1, since=9))) == (3 * rows_per_key,
+                                                                                               False, 3, 0)  # fmt: skip
 
 
 def test_a_store_failing_mid_sweep_stops_it_cleanly_and_the_next_sweep_finishes(
