@@ -28,7 +28,7 @@ through the real Functions Python worker (bench/worker.py: the dedup consumer ag
 no-dedup function doing the same transaction, same worker, same Azurite, alternating).
 Knobs: BENCH_MESSAGES (default 500), BENCH_REPEATS, BENCH_DELAYS (default "1,4"),
 BENCH_CONCURRENCY (default 16), BENCH_PAIRED_ROUNDS, BENCH_PURGE_MARKERS,
-BENCH_WORKER_MESSAGES (default 1000), BENCH_WORKER_ROUNDS (default 4).
+BENCH_WORKER_MESSAGES (default 400), BENCH_WORKER_ROUNDS (default 10).
 """
 
 from __future__ import annotations
@@ -496,8 +496,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[purge] {json.dumps(purge)}", file=sys.stderr)
         sweep = outbox_cost.sustained(azurite, int(os.environ.get("BENCH_SWEEP_PARKED", "500")))
         print(f"[outbox sweep] {json.dumps(sweep)}", file=sys.stderr)
-        through = worker.measure(int(os.environ.get("BENCH_WORKER_MESSAGES", "1000")), concurrency,
-                                 int(os.environ.get("BENCH_WORKER_ROUNDS", "4")), azurite=azurite)  # fmt: skip
+        through = worker.measure(int(os.environ.get("BENCH_WORKER_MESSAGES", worker.MESSAGES)), concurrency,
+                                 int(os.environ.get("BENCH_WORKER_ROUNDS", worker.ROUNDS)),
+                                 azurite=azurite)  # fmt: skip
         print(f"[worker] {json.dumps(through)}", file=sys.stderr)
     report = summarize(runs, n, repeats, concurrency, pairs)
     report["purge"], report["outbox_sweep"], report["worker"] = purge, sweep, through

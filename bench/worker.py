@@ -11,9 +11,10 @@ Two functions of one app (bench/worker_app.py) on the same store account:
 - ``plain``: the same business transaction without dedup (``baseline(lean=True)`` of
   bench/__main__.py): parse, validate, the same entities, one lean transaction.
 
-Both run once untimed (Azurite and the worker get faster after warm-up), then alternate for
-``rounds`` rounds, the order flipped each round; messages and seconds are pooled per function
-and ``ratio`` is dedup / plain messages per second. Store requests per message come from the
+Both run WARM_UP messages untimed (fewer in a short run) (Azurite and the worker get faster after warm-up), then
+alternate for ``rounds`` short rounds, the order flipped each round, so that the machine's
+changing load falls on both alike; messages and seconds are pooled per function and ``ratio``
+is dedup / plain messages per second. Store requests per message come from the
 ``dedup.store.requests`` counter in the worker (an in-memory OpenTelemetry reader, read
 between phases over an HTTP function); the CPU each message costs, per process (the worker,
 Azurite, and this process playing the host), from /proc; ``cpu_ratio`` is plain / dedup CPU
@@ -26,7 +27,7 @@ dedup marker, for ``dedup``).
 no worker release is available (FUNCTIONS_PYTHON_WORKER unset, `make worker` not run) it
 returns ``{"skipped": reason}``; anything else that goes wrong raises.
 
-    python -m bench.worker [--messages 1000] [--concurrency 16] [--rounds 4] [--no-request-count]
+    python -m bench.worker [--messages 400] [--concurrency 16] [--rounds 10] [--no-request-count]
 
 prints the result as JSON; exits 1 when an invocation failed, an order was not stored exactly
 once, or the ratio is below the target (0.85), 0 otherwise (a skip included).
@@ -62,6 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 APP_SOURCE = Path(__file__).with_name("worker_app.py")
 DOCUMENTED = json.loads((ROOT / "local.settings.json.example").read_text())["Values"]
 TARGET = 0.85  # dedup / plain messages per second
+MESSAGES, ROUNDS, WARM_UP = 400, 10, 1000  # per function: each timed round's messages, the rounds, the untimed ones
 FUNCTIONS = ("dedup", "plain")
 PROCESSES = ("worker", "azurite", "host")  # where a message's CPU goes: the worker, the store, the host's side
 
@@ -204,7 +206,7 @@ def skip_reason() -> str | None:
     return None
 
 
-def measure(messages: int = 1000, concurrency: int = 16, rounds: int = 4, *, azurite: Azurite | None = None,
+def measure(messages: int = MESSAGES, concurrency: int = 16, rounds: int = ROUNDS, *, azurite: Azurite | None = None,
             count_requests: bool = True) -> dict[str, Any]:  # fmt: skip
     """The paired measurement (module docstring). ``azurite``: a running Azurite started by
     this process (its CPU is read from /proc; default: one started here, in memory, and
@@ -228,7 +230,7 @@ def measure(messages: int = 1000, concurrency: int = 16, rounds: int = 4, *, azu
         host = stack.enter_context(WorkerHost(app, settings)).start_app()
         run = Run(host, server, concurrency)
         for function in FUNCTIONS:  # untimed: the store is built, Azurite's and the worker's paths warm
-            run.phase(function, messages)
+            run.phase(function, min(WARM_UP, messages * rounds))
         pooled = {name: Pooled() for name in FUNCTIONS}
         per_round = []
         for round_ in range(rounds):
@@ -283,9 +285,9 @@ def measure(messages: int = 1000, concurrency: int = 16, rounds: int = 4, *, azu
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.worker", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--messages", type=int, default=1000, help="messages per function per round")
+    parser.add_argument("--messages", type=int, default=MESSAGES, help="messages per function per round")
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--no-request-count", action="store_true", help="no OpenTelemetry counter in the worker")
     args = parser.parse_args(argv)
     result = measure(args.messages, args.concurrency, args.rounds, count_requests=not args.no_request_count)
