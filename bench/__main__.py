@@ -505,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
     report["targets"].update(purge_targets(purge))
     report["targets"].update(sweep_targets(sweep))
     report["targets"].update(worker_targets(through))
+    report["stretch"].update({f"through the worker: dedup >= {worker.STRETCH}x the no-dedup function": ok
+                              for ok in through.get("stretch", {}).values()})  # fmt: skip
     write(report)
     for target, ok in report["targets"].items():
         print(("PASS " if ok else "MISS ") + target)
@@ -658,7 +660,8 @@ def targets(tables: dict[str, list[dict[str, Any]]], pairs: Pairs) -> dict[str, 
 
 
 def stretch(pairs: Pairs) -> dict[str, bool]:
-    """Reported, not judged: issue 19's 0.80x and issue 31's 2.0x sit inside this machine's run-to-run band."""
+    """Reported, not judged: issue 19's 0.80x and issue 31's 2.0x sit inside this machine's run-to-run band
+    (as the worker's 0.85x does: bench/worker.py)."""
     atomic = f"atomic, all new: >= {STRETCH}x the lean baseline, paired"
     two_phase = f"two-phase, all new: >= {TWO_PHASE_STRETCH}x the path it replaced, paired"
     return {**{f"{atomic} ({delay} ms)": kinds["atomic"]["ratio"] >= STRETCH for delay, kinds in pairs.items()},
@@ -686,7 +689,10 @@ def sweep_targets(sweep: dict[str, Any]) -> dict[str, bool]:
 
 def worker_targets(through: dict[str, Any]) -> dict[str, bool]:
     """Through the real Functions Python worker (bench/worker.py); a skip is a miss, with its reason."""
-    name = f"through the worker: dedup >= {worker.TARGET}x the no-dedup function, every message once"
+    name = (
+        f"through the worker: dedup >= {worker.TARGET}x the no-dedup function, 1 store request per message, "
+        "every message once"
+    )
     if "skipped" in through:
         return {f"{name} (skipped: {through['skipped']})": False}
     met = all(through["target"].values())  # judged unrounded by worker.measure

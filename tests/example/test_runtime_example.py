@@ -25,12 +25,15 @@ import recipes
 from shared.idempotency.functions import housekeeping
 from shared.idempotency.keys import DedupKey
 from shared.idempotency.outbox import message_id
-from tests.runtime.test_python_worker import (
+from tests.runtime.test_python_worker import (  # with its fixtures: this module's own Azurite, table and app
     FUNCTION_KEY,
     app_settings,
     assert_documented_and_deployed,
     configured,
+    default_runtime,  # noqa: F401
     settings_named,
+    store_server,  # noqa: F401
+    table,  # noqa: F401
 )
 from tools.azurite import Azurite
 from tools.demo import ORDERS
@@ -45,25 +48,6 @@ def runtime() -> build.Runtime:
     """The app with every recipe switched on (their modules moved into consumers/)."""
     configured()
     return build.prepare(sorted(recipes.MODULES.values()))  # with the variable set, any failure is an error
-
-
-@pytest.fixture(scope="module")
-def default_runtime() -> build.Runtime:
-    """The app as the template ships it."""
-    configured()
-    return build.prepare()
-
-
-@pytest.fixture(scope="module")
-def store_server() -> Iterator[Azurite]:
-    """Persisted to disk, so that the demo's outage can stop it."""
-    with tempfile.TemporaryDirectory(prefix="runtime-azurite-") as data, Azurite(location=Path(data)) as azurite:
-        yield azurite
-
-
-@pytest.fixture(scope="module")
-def table(store_server: Azurite) -> str:
-    return "rx" + uuid.uuid4().hex[:12]
 
 
 @pytest.fixture(scope="module")

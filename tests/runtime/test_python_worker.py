@@ -82,7 +82,7 @@ def default_runtime() -> build.Runtime:
 
 @pytest.fixture(scope="module")
 def store_server() -> Iterator[Azurite]:
-    """This suite's own Azurite, persisted to disk so that the outage test can stop it."""
+    """The module's own Azurite, persisted to disk so that an outage test can stop it."""
     with tempfile.TemporaryDirectory(prefix="runtime-azurite-") as data, Azurite(location=Path(data)) as azurite:
         yield azurite
 
