@@ -11,8 +11,8 @@ Two functions of one app (bench/worker_app.py) on the same store account:
 - ``plain``: the same business transaction without dedup (``baseline(lean=True)`` of
   bench/__main__.py): parse, validate, the same entities, one lean transaction.
 
-Both run WARM_UP messages untimed (fewer in a short run) (Azurite and the worker get faster after warm-up), then
-alternate for ``rounds`` short rounds, the order flipped each round, so that the machine's
+Both run WARM_UP messages untimed, fewer in a short run (Azurite and the worker get faster
+after warm-up), then alternate for ``rounds`` short rounds, the order flipped each round, so that the machine's
 changing load falls on both alike; messages and seconds are pooled per function and ``ratio``
 is dedup / plain messages per second. Store requests per message come from the
 ``dedup.store.requests`` counter in the worker (an in-memory OpenTelemetry reader, read
@@ -64,9 +64,9 @@ ROOT = Path(__file__).resolve().parents[1]
 APP_SOURCE = Path(__file__).with_name("worker_app.py")
 DOCUMENTED = json.loads((ROOT / "local.settings.json.example").read_text())["Values"]
 # dedup / plain messages per second. Issue 42 kept 0.85x; it sits inside this machine's run-to-run band
-# (0.80-0.95x over twenty runs, the ratio following the CPU one: the marker is a third entity per transaction,
-# and Azurite spends it on the same two cores), so 0.80x is judged and 0.85x reported, as the atomic ratio's
-# 0.80x is; the store requests per message through the worker are judged as well, and they are exact.
+# (0.80-0.95x over twenty-two runs, docs/performance.md; the ratio follows the CPU one: the marker is a third
+# entity per transaction, and Azurite spends it on the same two cores), so 0.80x is judged and 0.85x reported,
+# as the atomic ratio's 0.80x is; the store requests per message through the worker are judged too (``targets``).
 TARGET, STRETCH = 0.80, 0.85
 MESSAGES, ROUNDS, WARM_UP = 400, 10, 1000  # per function: each timed round's messages, the rounds, the untimed ones
 FUNCTIONS = ("dedup", "plain")
@@ -277,7 +277,7 @@ def measure(messages: int = MESSAGES, concurrency: int = 16, rounds: int = ROUND
             pooled["plain"].cpu_ms_per_message()["total"] / pooled["dedup"].cpu_ms_per_message()["total"], 3
         ),
         "target": targets(ratio, pooled["dedup"], rounds),
-        "stretch": {f"ratio >= {STRETCH}": ratio >= STRETCH},
+        "stretch": {f"dedup >= {STRETCH}x the no-dedup function": ratio >= STRETCH},
         "violations": sum(side["violations"] for side in checks.values()),
         "failed_invocations": len(run.failures),
         "first_failures": run.failures[:3],
@@ -290,11 +290,13 @@ def measure(messages: int = MESSAGES, concurrency: int = 16, rounds: int = ROUND
 
 def targets(ratio: float, dedup: Pooled, rounds: int) -> dict[str, bool]:
     """The ratio; and, when counted, one store request per message (the commit) plus the
-    expiry index's rows: one per NOTES_PER_ROW markers, and a partial one per round at most."""
+    expiry index's rows, which land in whichever phase writes them: one per NOTES_PER_ROW
+    markers, and at most one more per round (a partial row of the flush timer's, a row of
+    the warm-up's)."""
     found = {f"ratio >= {TARGET}": ratio >= TARGET}
     if dedup.requests is not None:
         limit = dedup.messages * (1 + 1 / NOTES_PER_ROW) + rounds
-        found[f"dedup: 1 store request per message, + <= 1/{NOTES_PER_ROW} for the expiry index"] = (
+        found[f"dedup: 1 store request per message, + <= 1/{NOTES_PER_ROW} + 1 per round for the expiry index"] = (
             dedup.messages <= dedup.requests <= limit
         )
     return found

@@ -152,11 +152,11 @@ class Outbox:
         """Index the key for the sweep, before its commit; ``unpark`` once the delivery sent
         its messages itself, so that the sweep only meets what is really left. ``again``: the
         row this delivery parked before, written again under its name (a sweep may have taken
-        it) while the sweep's cursor cannot have passed its hour, so that a key has one row."""
-        now = now or utcnow()
+        it) when a new row would fall in the same hour: the sweep's cursor is then as far from
+        it as from a new one, and the key keeps one row."""
+        due = (now or utcnow()) + self.sweep_delay
         parked = again
-        if parked is None or _hour(parked.partition[len(DUE) :]) + timedelta(hours=1) <= now:
-            due = now + self.sweep_delay
+        if parked is None or parked.partition != DUE + f"{due:{_HOUR}}":
             parked = Parked(DUE + f"{due:{_HOUR}}", f"{due:{_DUE}}|{rows_prefix(key)}")
         self.store.put_entity(parked.partition, Entity(parked.name, {"partition": partition}))
         return parked

@@ -272,13 +272,15 @@ def test_a_budget_met_exactly_leaves_no_backlog(store: TableStore) -> None:
 
 
 @pytest.mark.parametrize(("step", "rows_per_key"), [(timedelta(seconds=1), 1), (timedelta(hours=1), 2)])
-def test_a_failed_send_parks_again_under_its_row_while_the_sweep_cannot_have_passed_it(
+def test_a_failed_send_parks_again_under_its_row_unless_a_new_one_falls_in_another_hour(
     store: TableStore, monkeypatch: pytest.MonkeyPatch, step: timedelta, rows_per_key: int
 ) -> None:
     """Each park reads a clock ``step`` later than the one before. A second later, the row
     written again keeps its name: one row per key, so an exact budget sweeps them all. An
-    hour later, the sweep's cursor may have passed the first row's hour: a new row, one send."""
-    topic, start = new_topic(), utcnow() - timedelta(hours=8)
+    hour later, a new row would fall in another hour, behind which the sweep's cursor may be:
+    a new row, one send."""
+    topic = new_topic()
+    start = (utcnow() - timedelta(hours=8)).replace(minute=10, second=0, microsecond=0)  # 6 s never cross an hour
     ticks = iter(range(100))
     monkeypatch.setattr(outbox_module, "utcnow", lambda: start + next(ticks) * step)
     outbox, _ = backlog(store, topic, 3)
