@@ -199,15 +199,20 @@ def test_the_sweep_pages_through_a_backlog_and_stops_at_its_budget_and_deadline(
     assert [store.read_entities(f"orders|o-{i}", ROWS, 5) for i in range(11)] == [[]] * 11
 
 
-def test_a_failed_send_parks_again_whatever_a_sweep_did_with_the_first_index_row(store: TableStore) -> None:
+def test_a_failed_send_parks_again_whatever_a_sweep_did_with_the_first_index_row(
+    store: TableStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A sweep that meets the index row between the park and the commit finds nothing to send
-    and takes the row: the delivery whose send then fails must index its key again."""
+    and takes the row: the delivery whose send then fails must index its key again. The
+    outbox's clock stands mid-hour: a sweep 5 s ahead never passes the hour of the row."""
+    now = utcnow().replace(minute=30)
+    monkeypatch.setattr(outbox_module, "utcnow", lambda: now)
     topic, down = new_topic(), Refusing()
     outbox = Outbox(store, topic, sweep_delay=timedelta(0))
     commit_many = store.commit_many
 
     def swept_first(commits: Any) -> Any:
-        assert outbox.sweep(utcnow() + timedelta(seconds=5), since=timedelta(hours=1)).parked == 1  # took the row
+        assert outbox.sweep(now + timedelta(seconds=5), since=timedelta(hours=1)).parked == 1  # took the row
         return commit_many(commits)
 
     c = IdempotentConsumer("orders", store, sending(Outgoing(topic.name, {"n": 1}, "m")),
@@ -216,7 +221,7 @@ def test_a_failed_send_parks_again_whatever_a_sweep_did_with_the_first_index_row
     store.commit_many = swept_first  # type: ignore[method-assign]
     assert c.process(delivery("o-4", None)).reason == "outbox_parked"
     store.commit_many = commit_many  # type: ignore[method-assign]
-    swept = outbox.sweep(utcnow() + timedelta(seconds=5), since=timedelta(hours=1))
+    swept = outbox.sweep(now + timedelta(seconds=5), since=timedelta(hours=1))
     assert (swept.parked, swept.sent, topic.sent) == (1, 1, 1)
 
 
