@@ -155,9 +155,8 @@ class Outbox:
         it) when a new row would fall in the same hour: the sweep's cursor is then as far from
         it as from a new one, and the key keeps one row."""
         due = (now or utcnow()) + self.sweep_delay
-        parked = again
-        if parked is None or parked.partition != DUE + f"{due:{_HOUR}}":
-            parked = Parked(DUE + f"{due:{_HOUR}}", f"{due:{_DUE}}|{rows_prefix(key)}")
+        hour = DUE + f"{due:{_HOUR}}"
+        parked = again if again and again.partition == hour else Parked(hour, f"{due:{_DUE}}|{rows_prefix(key)}")
         self.store.put_entity(parked.partition, Entity(parked.name, {"partition": partition}))
         return parked
 

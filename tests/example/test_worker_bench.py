@@ -31,7 +31,7 @@ def test_both_functions_process_every_message_exactly_once() -> None:
         assert side["sent"] == side["succeeded"] == side["stored_orders"] == side["stored_postings"] == sent, side
     assert (result["dedup"]["markers"], result["plain"]["markers"]) == (sent, 0)
     assert result["dedup"]["store_requests_per_message"] >= 1.0  # the commit: marker and effects together
-    assert [ok for name, ok in result["target"].items() if "store request" in name] == [True]  # judged exactly
+    assert [ok for name, ok in result["target"].items() if "store request" in name] == [True]  # within its bound
     assert result["plain"]["store_requests_per_message"] == 1.0
     assert result["dedup_per_s"] > 0 and result["plain_per_s"] > 0 and result["ratio"] > 0
 
