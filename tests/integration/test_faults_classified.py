@@ -1,13 +1,16 @@
 """Every failure classified once, at the right depth, on the real Azurite: what can never be
 stored is refused at the first delivery with its reason (a dead-letter record; HTTP: a 4xx),
 what clears by itself is waited out inside the delivery, a handler's own error is retried and
-recorded on the last delivery, and a commit applied but answered 500 reports ``processed``."""
+recorded on the last delivery, and a commit applied but answered 500, or answered cut short,
+reports ``processed``."""
 
 from __future__ import annotations
 
+import http.client
 import itertools
 import json
 import logging
+import socket
 import threading
 import time
 import uuid
@@ -38,7 +41,7 @@ from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.testing import entities
 from tests.app import EVENT_TYPE, effects_by_item, item, queue_consumer
 from tests.conftest import new_table_store
-from tests.functions import fresh_app, servicebus_message, user_function
+from tests.functions import app_settings, fresh_app, servicebus_message, user_function
 from tools.azurite import Azurite
 from tools.faults import PassThrough, status_response
 
@@ -330,6 +333,73 @@ def test_a_commit_applied_then_answered_500_reports_processed(azurite: Azurite, 
         assert outcomes == ["processed", "processed"]  # never "duplicate" for a first delivery
         assert response.status_code == 201 and REPLAYED not in response.headers
         assert len(entities(store, "item")) == 2
+
+
+class CutShortProxy(ThreadingHTTPServer):
+    """In front of Azurite: every request goes through, and the answer to the first
+    transaction is cut short — its headers announce the whole body, half of it arrives, the
+    connection closes (an IncompleteRead once the store has applied the commit)."""
+
+    def __init__(self, azurite: Azurite) -> None:
+        super().__init__(("127.0.0.1", 0), _Relay)
+        self.target, self.to_cut, self.lock = azurite.port, 1, threading.Lock()
+        self.connection_string = azurite.connection_string.replace(f":{azurite.port}/", f":{self.server_port}/")
+
+
+class _Relay(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: CutShortProxy
+
+    def relay(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        upstream = http.client.HTTPConnection("127.0.0.1", self.server.target, timeout=30)
+        upstream.request(self.command, self.path, body=body, headers=dict(self.headers))
+        answer = upstream.getresponse()
+        data = answer.read()
+        upstream.close()
+        with self.server.lock:
+            cut = "$batch" in self.path and self.server.to_cut > 0
+            self.server.to_cut -= cut
+        self.send_response(answer.status)
+        for name, value in answer.getheaders():
+            if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data[: len(data) // 2] if cut else data)
+        if cut:
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+            self.close_connection = True
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_MERGE = relay
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("path", ["lean", "sdk"])
+def test_a_commit_applied_then_cut_short_is_a_store_failure_waited_out(azurite: Azurite, path: str) -> None:
+    """The answer to an applied commit arrives cut short: a store failure (not the handler's),
+    waited out in the delivery, whose resend meets its own marker: processed once; the
+    redelivery is a duplicate. On both transaction paths (DEDUP_TABLE_TRANSACTIONS)."""
+    proxy = CutShortProxy(azurite)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        with (
+            fresh_app(azurite, DEDUP_TRANSIENT_WAIT="PT10S", DEDUP_TABLE_TRANSACTIONS=path),
+            app_settings(DEDUP_STORAGE_CONNECTION=proxy.connection_string),
+            caplog_outcomes() as outcomes,
+        ):
+            body = an_item()
+            items(servicebus_message(body, body["id"]))  # no RetryLater: waited out, then read back
+            items(servicebus_message(body, body["id"], delivery_count=2))
+            assert proxy.to_cut == 0  # the cut happened
+            assert outcomes == ["processed", "duplicate"]
+            assert [e["itemId"] for e in entities(shared_store(), "item")] == [body["id"]]
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
 
 
 class _Outcomes(logging.Handler):

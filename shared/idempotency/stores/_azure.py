@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from azure.core.exceptions import (
     ClientAuthenticationError,
+    DecodeError,
     HttpResponseError,
     ServiceRequestError,
     ServiceResponseError,
@@ -51,6 +52,9 @@ class store_errors:  # lower case: used as ``with store_errors():``, as the func
     Both SDKs raise azure-core's errors (Cosmos DB's are subclasses):
 
     - unreachable, throttled, 5xx → StoreUnavailable: wait, then let the broker redeliver;
+    - an answer lost or not read whole (azure-core's DecodeError: IncompleteReadError, a body
+      cut short after the status line; the request may have been applied) → StoreUnavailable:
+      the redelivery reads the marker back;
     - 401/403 → StoreUnavailable too, logged with the role the app's identity most likely
       lacks: a missing role assignment is fixed by an operator, not by dead-lettering;
     - 413 (the Table SDK's RequestTooLargeError too, which says 202 for a changeset's 413), or
@@ -66,7 +70,7 @@ class store_errors:  # lower case: used as ``with store_errors():``, as the func
         return None
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: TracebackType | None) -> None:
-        if isinstance(exc, ServiceRequestError | ServiceResponseError):
+        if isinstance(exc, ServiceRequestError | ServiceResponseError | DecodeError):
             raise StoreUnavailable(str(exc)) from exc
         if not isinstance(exc, HttpResponseError):
             return
