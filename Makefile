@@ -1,13 +1,15 @@
 # Two commands on a fresh machine (Python 3.11, 3.12 or 3.13, Node 20 + npm, make):
 #   make demo   run the orders consumer against Azurite with an at-least-once stream
-#   make test   lint, types, delivery checks, checkov, all tests (Azurite started by the tests)
+#   make test   lint, types, delivery checks, checkov, all tests (Azurite started by the tests);
+#               ARGS go to pytest: make test ARGS="tests/unit/test_keys.py -k body_field"
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # A target that drives the example says so once make remove-example deleted it.
 example = @test -e $(1) || { echo "make $@ drives the example, which make remove-example deleted" >&2; exit 2; }
 
-.PHONY: install demo test lint typecheck chaos bench check-retention check-leases scan-infra worker recipe remove-example test-versions clean
+.PHONY: install demo test lint typecheck chaos bench check-retention check-leases scan-infra worker recipe recipe-off \
+	remove-example test-versions test-adopters clean
 
 install: $(VENV)/.installed node_modules/.installed
 
@@ -32,10 +34,15 @@ demo: install
 	$(PY) -m tools.demo
 
 # Switch a recipe on (recipes/README.md): its module moves into consumers/, its name into
-# infra/recipes.json (what the next deployment creates for it). make recipe NAME=eventhubs
+# infra/recipes.json (what the next deployment creates for it). make recipe NAME=eventhubs;
+# make recipe-off NAME=eventhubs moves both back.
 recipe: $(VENV)/.installed
 	$(call example,recipes)
 	$(PY) -m tools.recipe $(NAME)
+
+recipe-off: $(VENV)/.installed
+	$(call example,recipes)
+	$(PY) -m tools.recipe --off $(NAME)
 
 # The long fault-injection run; knobs: CHAOS_MESSAGES CHAOS_WORKERS CHAOS_DUP_RATE
 # CHAOS_FAULT_RATE CHAOS_SEED CHAOS_OUTAGE (see docs/reliability.md).
@@ -78,8 +85,8 @@ worker: install
 	$(PY) -m tools.runtime.build
 
 # The example (orders, its recipes, and what drives them: demo, chaos, bench, the smoke client),
-# deleted at once: what stays is the library, its tests (on tests/app.py) and your consumers.
-# infra/ keeps the orders queue and the Event Grid subscription for yours (docs/pattern.md).
+# deleted at once with the order_events subscription in infra/main.bicep: what stays is the
+# library, its tests (on tests/app.py) and your consumers; what is left to edit is listed.
 EXAMPLE := consumers/orders.py consumers/order_events.py shared/orders shared/ledger recipes tests/example \
 	tools/demo.py tools/chaos.py tools/chain.py tools/eventhub.py tools/sessions.py tools/other_triggers.py \
 	tools/soak.py tools/outbox_cost.py tools/recipe.py tools/findings.py tools/delay_proxy.py bench client test.http
@@ -88,14 +95,26 @@ USING_EXAMPLE = $(shell grep -lE 'shared[.](orders|ledger)|from shared import le
 	$(filter-out $(EXAMPLE),$(wildcard consumers/*.py)) 2>/dev/null)
 remove-example:
 	@if [ -n "$(USING_EXAMPLE)" ] || [ "$$(tr -d ' \n' < infra/recipes.json)" != "[]" ]; then \
-		echo "make remove-example: switch the recipes off first (infra/recipes.json: $$(tr -d '\n' < infra/recipes.json);" \
+		echo "make remove-example: switch the recipes off first, make recipe-off NAME=<name> for each" \
+			"(infra/recipes.json: $$(tr -d ' \n' < infra/recipes.json);" \
 			"in consumers/ and using shared/orders or shared/ledger: $(or $(USING_EXAMPLE),none))" >&2; exit 2; fi
 	rm -rf $(EXAMPLE)
-	@echo "Removed the example. Next: infra/main.bicep's orders queue (ORDERS_QUEUE) and order_events"
-	@echo "subscription are yours to rename or delete (docs/pattern.md#without-the-example)."
+	sed "/^\/\/ The example's: the order_events function's subscription/,/^}$$/d" infra/main.bicep | cat -s > infra/main.bicep.new
+	mv infra/main.bicep.new infra/main.bicep
+	@echo "Removed the example, and its Event Grid subscription from infra/main.bicep. Left for you to edit:"
+	@echo "  the orders queue, yours to rename or delete: infra/modules/servicebus.bicep, ORDERS_QUEUE in"
+	@echo "    infra/main.bicep and local.settings.json.example, emulator/servicebus-config.json"
+	@echo "  README.md: the default app, the ORDERS_QUEUE setting and the recipes describe the example"
+	@echo "  (docs/pattern.md#without-the-example)"
 
 test: lint typecheck check-retention check-leases scan-infra
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(ARGS)
+
+# The template as its adopters change it, each in a copy: README "Start your own app" followed,
+# every recipe switched on, the example removed; then lint, types, the checks and the suites such
+# a change can break (tools/adopters.py). FULL=1: make test in each copy.
+test-adopters: install
+	$(PY) -m tools.adopters $(if $(FULL),--full)
 
 # The other supported Pythons (of 3.11, 3.12, 3.13), each in .venv-X.Y: types, unit, infra, integration
 # and runtime tests (tools/pythons.py; a missing interpreter is named in one line).

@@ -109,7 +109,7 @@ param eventMaxDeliveryAttempts int = 30
 @minValue(0)
 param deadLetterResubmitDays int = 7
 
-@description('Create the Event Grid subscription. It needs the order_events function to exist, so azd sets it after the first deploy (postdeploy hook).')
+@description('Create the Event Grid subscriptions. Each needs its function to exist, so azd sets it after the first deploy (postdeploy hook).')
 param deployEventSubscription bool = false
 
 @description('Optional Entra ID app registration (client id) for Easy Auth on the HTTP routes: `azd env set EASY_AUTH_CLIENT_ID <id>`. Empty: function keys only.')
@@ -316,6 +316,7 @@ module roles 'modules/roles.bicep' = {
   }
 }
 
+// The example's: the order_events function's subscription (make remove-example deletes this block).
 module eventSubscription 'modules/eventgrid-subscription.bicep' = if (deployEventSubscription) {
   name: 'eventgrid-subscription'
   params: {

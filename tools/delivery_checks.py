@@ -76,7 +76,7 @@ class Redelivery:
     max_deliveries: int
     time_to_live: timedelta
     lock: timedelta = timedelta(0)  # Service Bus only
-    count: int = 1  # entities declared by it (a ``[for name in [...]]`` loop declares several)
+    count: int = 1  # entities it stands for (a loop over names known at deployment only: one at least)
 
 
 def redeliveries(infra: Path = INFRA, recipes: Sequence[str] | None = None) -> list[Redelivery]:
@@ -95,21 +95,27 @@ def redeliveries(infra: Path = INFRA, recipes: Sequence[str] | None = None) -> l
         if resource.existing:  # declared elsewhere (e.g. a role's scope): read there
             continue
         properties, scope, path = resource.properties, scopes[resource.call], resource.path
-        name = f"{path}:{resource.symbol}" if paths[path] <= 1 else f"{path}[{resource.call}]:{resource.symbol}"
-        count = resource.count or 1  # a loop over values known at deployment only: one at least
-        if resource.type in (QUEUE, SUBSCRIPTION):
-            value = {k: _resolve(properties.get(k, d), scope) for k, d in SERVICE_BUS_DEFAULTS.items()}
-            found.append(Redelivery(name, "service bus", int(value["maxDeliveryCount"]),
-                                    _duration(value["defaultMessageTimeToLive"], name),
-                                    _duration(value["lockDuration"], name), count))  # fmt: skip
-        elif resource.type == EVENT_HUB:  # a replay from a checkpoint, up to the hub's retention
-            days = _resolve(properties.get("messageRetentionInDays", 1), scope)
-            found.append(Redelivery(name, "event hubs", 1, timedelta(days=int(days))))
-        elif resource.type in EVENT_SUBSCRIPTIONS:
-            retry = properties.get("retryPolicy", {})
-            value = {k: _resolve(retry.get(k, d), scope) for k, d in EVENT_GRID_DEFAULTS.items()}
-            found.append(Redelivery(name, "event grid", int(value["maxDeliveryAttempts"]),
-                                    timedelta(minutes=int(value["eventTimeToLiveInMinutes"]))))  # fmt: skip
+        # Each entity as deployed: ``file:symbol[its name]`` (the symbol alone where it is the name);
+        # a name known at deployment only: the module call tells two calls of one template apart.
+        place = f"{path}:{resource.symbol}"
+        if paths[path] > 1 and not resource.names:
+            place = f"{path}[{resource.call}]:{resource.symbol}"
+        names = [place if n == resource.symbol else f"{place}[{n}]" for n in resource.names] or [place]
+        count = 1 if resource.names else resource.count or 1  # a loop over values known at deployment only: 1+
+        for name in names:
+            if resource.type in (QUEUE, SUBSCRIPTION):
+                value = {k: _resolve(properties.get(k, d), scope) for k, d in SERVICE_BUS_DEFAULTS.items()}
+                found.append(Redelivery(name, "service bus", int(value["maxDeliveryCount"]),
+                                        _duration(value["defaultMessageTimeToLive"], name),
+                                        _duration(value["lockDuration"], name), count))  # fmt: skip
+            elif resource.type == EVENT_HUB:  # a replay from a checkpoint, up to the hub's retention
+                days = _resolve(properties.get("messageRetentionInDays", 1), scope)
+                found.append(Redelivery(name, "event hubs", 1, timedelta(days=int(days))))
+            elif resource.type in EVENT_SUBSCRIPTIONS:
+                retry = properties.get("retryPolicy", {})
+                value = {k: _resolve(retry.get(k, d), scope) for k, d in EVENT_GRID_DEFAULTS.items()}
+                found.append(Redelivery(name, "event grid", int(value["maxDeliveryAttempts"]),
+                                        timedelta(minutes=int(value["eventTimeToLiveInMinutes"]))))  # fmt: skip
     return found
 
 

@@ -233,10 +233,17 @@ class Resource:
     path: str = "main.bicep"  # the template, relative to infra/
     count: int | None = 1  # the entities a ``[for ...]`` declares (None: known at deployment only)
     existing: bool = False
+    names: tuple[str, ...] = ()  # the entities' names, where the templates fix them (a loop: each one's)
 
     @property
     def properties(self) -> dict[str, Any]:
         return self.config.get("properties") or {}
+
+    @property
+    def label(self) -> str:
+        """The symbol, with the entities' names when they are not the symbol: ``moreQueues[invoices]``."""
+        shown = [name for name in self.names if name != self.symbol]
+        return f"{self.symbol}[{', '.join(shown)}]" if shown else self.symbol
 
 
 def body(spec: dict[str, Any]) -> dict[str, Any]:
@@ -310,7 +317,7 @@ class Deployment:
                 deployed, count = self.deployed(spec, scope)
                 if deployed:
                     found.append(Resource(Path(path).name, symbol, spec["type"], body(spec), call, path, count,
-                                          bool(spec.get("existing"))))  # fmt: skip
+                                          bool(spec.get("existing")), _names(spec, scope)))  # fmt: skip
         return found
 
     def app_settings(self) -> dict[str, Any]:
@@ -322,6 +329,22 @@ class Deployment:
         if not isinstance(settings, dict):
             raise ValueError(f"{self.infra / 'main.bicep'}: cannot read the function app's appSettings: {settings!r}")
         return settings
+
+
+def _names(spec: dict[str, Any], scope: Scope) -> tuple[str, ...]:
+    """The names of the entities a declaration deploys, when they are known before deployment:
+    its ``name``, or in a ``[for item in array]`` whose name is the item, the array's strings."""
+    config, item, items = spec.get("config") or {}, None, None
+    while "condition" in config or "loop_type" in config:
+        if loop := (config.get("loop_type") or {}).get("detail"):
+            item, items = loop.get("item_name"), scope(loop["array_name"])
+        config = config["config"]
+    if item is None:
+        name = scope(config.get("name"))
+        return (name,) if isinstance(name, str) and not name.startswith("<") else ()  # not a placeholder
+    if config.get("name") == item and isinstance(items, list) and all(isinstance(i, str) for i in items):
+        return tuple(items)
+    return ()
 
 
 def _literal(value: Any) -> Any:
@@ -339,10 +362,8 @@ SECRET_PATTERNS = re.compile(r"listKeys|listConnectionStrings|AccountKey=|Shared
 
 # The operator (smoke test) may reach single entities only: never a namespace or an account.
 SENDER_SCOPES = frozenset({"Microsoft.ServiceBus/namespaces/topics", "Microsoft.ServiceBus/namespaces/queues"})
-RECEIVER_SCOPES = frozenset({
-    "Microsoft.ServiceBus/namespaces/queues",
-    "Microsoft.ServiceBus/namespaces/topics/subscriptions",
-})  # fmt: skip
+SUBSCRIPTION_TYPE = "Microsoft.ServiceBus/namespaces/topics/subscriptions"
+RECEIVER_SCOPES = frozenset({"Microsoft.ServiceBus/namespaces/queues", SUBSCRIPTION_TYPE})
 OPERATOR_SCOPES = frozenset({
     "Microsoft.ServiceBus/namespaces/queues",
     "Microsoft.EventGrid/topics",
@@ -389,13 +410,11 @@ def policy_violations(infra: Path = INFRA, recipes: Sequence[str] | None = None)
     queues = by_type("Microsoft.ServiceBus/namespaces/queues")
     require(bool(queues), "no Service Bus queue")
     for entity in queues + by_type("Microsoft.ServiceBus/namespaces/topics"):
-        require(
-            entity.properties.get("requiresDuplicateDetection") is True, f"{entity.symbol}: duplicate detection off"
-        )
-        require("duplicateDetectionHistoryTimeWindow" in entity.properties, f"{entity.symbol}: no detection window")
-    for entity in queues + by_type("Microsoft.ServiceBus/namespaces/topics/subscriptions"):
+        require(entity.properties.get("requiresDuplicateDetection") is True, f"{entity.label}: duplicate detection off")
+        require("duplicateDetectionHistoryTimeWindow" in entity.properties, f"{entity.label}: no detection window")
+    for entity in queues + by_type(SUBSCRIPTION_TYPE):
         require(entity.properties.get("deadLetteringOnMessageExpiration") is True,
-                f"{entity.symbol}: expired messages are dropped, not dead-lettered")  # fmt: skip
+                f"{entity.label}: expired messages are dropped, not dead-lettered")  # fmt: skip
 
     for account in by_type("Microsoft.Storage/storageAccounts"):
         require(account.properties.get("allowSharedKeyAccess") is False, f"{account.symbol}: shared keys allowed")
@@ -442,6 +461,20 @@ def policy_violations(infra: Path = INFRA, recipes: Sequence[str] | None = None)
         if "operatorPrincipalId" in _text(assignment.properties.get("principalId")):  # the smoke test's entities
             target = types.get((assignment.file, str(scope)))
             require(target in OPERATOR_SCOPES, f"{assignment.symbol}: the operator's role reaches beyond one entity")
+    # Each Service Bus queue and subscription deployed is received by the app through a role on
+    # that entity (a consumer's own queue too); none on an entity that is not deployed.
+    scopes = {(r.file, r.symbol): r for r in deployment.resources}
+    received: set[str] = set()
+    for assignment in by_type("Microsoft.Authorization/roleAssignments"):
+        if ("serviceBusDataReceiver" in _text(assignment.properties.get("roleDefinitionId"))
+                and assignment.properties.get("principalId") == "principalId"):  # the app's identity  # fmt: skip
+            scoped = scopes.get((assignment.file, str(_scope_symbol(assignment.config.get("scope")))))
+            received |= set(scoped.names if scoped else ())
+    entities = {name for r in queues + by_type(SUBSCRIPTION_TYPE) for name in r.names}
+    for name in sorted(entities - received):
+        found.append(f"Service Bus entity {name!r}: the app has no receive role on it (roles.bicep)")
+    for name in sorted(received - entities):
+        found.append(f"Service Bus entity {name!r}: a receive role, but infra does not deploy it")
     for assignment in by_type("Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments"):
         require("/dbs/" in _text(assignment.properties.get("scope")),
                 f"{assignment.symbol}: Cosmos role scoped beyond a database")  # fmt: skip

@@ -1,9 +1,12 @@
-"""Switch a recipe on: ``make recipe NAME=<name>`` (or ``python -m tools.recipe <name>``).
+"""Switch a recipe on or off: ``make recipe NAME=<name>``, ``make recipe-off NAME=<name>`` (or
+``python -m tools.recipe [--off] <name>``).
 
-Its module moves from recipes/ into consumers/ — the app registers it from there, and it is
-yours to change — and its name joins infra/recipes.json, so that the next ``azd up`` (or
-Bicep deployment) creates what it needs (recipes/README.md lists them). A feature of the
-orders consumers (``outbox``, ``payments``) has no module: its name only, and its setting."""
+On: its module moves from recipes/ into consumers/ — the app registers it from there, and it is
+yours to change — and its name joins infra/recipes.json, so that the next ``azd up`` (or Bicep
+deployment) creates what it needs (recipes/README.md lists them). Off: the module goes back to
+recipes/ (with your changes) and the name leaves infra/recipes.json, so that the next deployment
+removes what it created. A feature of the orders consumers (``outbox``, ``payments``) has no
+module: its name only, and its setting."""
 
 from __future__ import annotations
 
@@ -20,34 +23,40 @@ SETTINGS = {"outbox": "ORDER_ACCEPTED_TOPIC (the topic to publish OrderAccepted 
             "payments": "PAYMENT_API_URL (the payment API's base URL)"}  # fmt: skip
 
 
-def switch_on(name: str, root: Path = ROOT) -> list[str]:
-    """Move the recipe's module (git mv inside a git work tree) and record its name; returns
-    what was done. ValueError for a name no recipe has."""
+def switch(name: str, on: bool = True, root: Path = ROOT) -> list[str]:
+    """Move the recipe's module (git mv inside a git work tree) and record its name, or undo
+    both; returns what was done. ValueError for a name no recipe has."""
     if name not in recipes.MODULES and name not in recipes.FEATURES:
         raise ValueError(f"no recipe {name!r}: choose from {', '.join(sorted([*recipes.MODULES, *recipes.FEATURES]))}")
     done = []
     module = recipes.MODULES.get(name)
-    source, target = root / "recipes" / f"{module}.py", root / "consumers" / f"{module}.py"
-    if module and source.exists():
+    off_place, on_place = root / "recipes" / f"{module}.py", root / "consumers" / f"{module}.py"
+    source, target = (off_place, on_place) if on else (on_place, off_place)
+    if module and source.exists() and not target.exists():
         moved = subprocess.run(["git", "mv", str(source), str(target)], cwd=root, capture_output=True)
-        if moved.returncode != 0:  # not a git work tree (an unpacked copy): a plain move
+        if moved.returncode != 0:  # not a git work tree (an unpacked copy), or not tracked: a plain move
             source.rename(target)
-        done.append(f"moved recipes/{module}.py to consumers/")
+        done.append(f"moved {source.relative_to(root)} to {target.parent.relative_to(root)}/")
     switches = root / SWITCHES.relative_to(ROOT)
     names = json.loads(switches.read_text()) if switches.exists() else []
-    if name not in names:
-        switches.write_text(json.dumps(sorted([*names, name]), indent=2) + "\n")
-        done.append(f"added {name!r} to infra/recipes.json")
-    if name in SETTINGS:
-        done.append(f"set {SETTINGS[name]} in local.settings.json (infra sets it on Azure)")
-    return done or [f"{name!r} is on already"]
+    if (name in names) != on:
+        kept = sorted([*names, name]) if on else [n for n in names if n != name]
+        switches.write_text(json.dumps(kept, indent=2) + "\n")
+        done.append(f"{'added' if on else 'removed'} {name!r} {'to' if on else 'from'} infra/recipes.json")
+    if name in SETTINGS and done:
+        setting = SETTINGS[name]
+        done.append(f"set {setting} in local.settings.json (infra sets it on Azure)" if on else
+                    f"remove {setting.split()[0]} from local.settings.json (infra no longer sets it)")  # fmt: skip
+    return done or [f"{name!r} is {'on' if on else 'off'} already"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.recipe", description=__doc__.split("\n\n")[0])
     parser.add_argument("name", help="the recipe's name (recipes/README.md)")
+    parser.add_argument("--off", action="store_true", help="switch it off")
+    args = parser.parse_args(argv)
     try:
-        done = switch_on(parser.parse_args(argv).name)
+        done = switch(args.name, on=not args.off)
     except ValueError as exc:
         parser.exit(2, f"recipe: {exc}\n")
     print("\n".join(done))

@@ -29,8 +29,8 @@ def run_switched_on(*argv: str, switched_on: Sequence[str]) -> subprocess.Comple
     with tempfile.TemporaryDirectory(prefix="app-") as folder:
         root = Path(folder)
         shutil.copytree(ROOT / "consumers", root / "consumers", ignore=shutil.ignore_patterns("__pycache__"))
-        for name in switched_on:
-            shutil.copy(ROOT / "recipes" / f"{name}.py", root / "consumers")
+        for name in switched_on:  # from recipes/, or consumers/ once switched on (copied already)
+            shutil.copy(str(recipes.module(name).__file__), root / "consumers")
         return run_tool(*argv, root=root)
 
 

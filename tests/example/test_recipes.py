@@ -1,7 +1,7 @@
-"""Switching a recipe on as recipes/README.md writes it: ``make recipe NAME=<name>`` in a
-fresh copy of the template moves its module into consumers/ and names it in
-infra/recipes.json; the app then registers its functions (and the housekeeping they need),
-and nothing else changes."""
+"""Switching a recipe on and off as recipes/README.md writes it: ``make recipe NAME=<name>`` in
+a fresh copy of the template moves its module into consumers/ and names it in
+infra/recipes.json; the app then registers its functions (and the housekeeping they need), and
+nothing else changes; ``make recipe-off NAME=<name>`` undoes both."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 
 import recipes
 from tests.integration.operators import ROOT
+from tools.adopters import copy_tree
 
 LIST_FUNCTIONS = (
     "import json, function_app\n"
@@ -24,10 +25,9 @@ LIST_FUNCTIONS = (
 
 @pytest.fixture
 def template(tmp_path: Path) -> Path:
-    """A fresh clone of the template, its dependencies the ones installed here."""
-    app = tmp_path / "app"
-    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(app)], check=True)
-    (app / ".venv").symlink_to(ROOT / ".venv", target_is_directory=True)
+    """The template as a fresh clone has it (with what is not committed yet, committed there),
+    its dependencies the ones installed here."""
+    app = copy_tree(tmp_path / "app", linked=(".venv",))
     (app / "node_modules").mkdir()  # the recipe needs no npm tool: installed, as far as make knows
     for stamp in (ROOT / ".venv" / ".installed", app / "node_modules" / ".installed"):
         stamp.touch()
@@ -46,25 +46,52 @@ def functions(app: Path) -> list[str]:
     return found
 
 
-def test_make_recipe_switches_a_recipe_on(template: Path) -> None:
+def test_make_recipe_switches_a_recipe_off_and_on(template: Path) -> None:
+    """Off, then on again, whatever the template had: the module and the name move together."""
+    off = run(template, "make", "--no-print-directory", "recipe-off", "NAME=eventhubs")
+    assert off.returncode == 0, off.stderr
+    assert (template / "recipes" / "shipments.py").exists() and not (template / "consumers" / "shipments.py").exists()
+    assert "eventhubs" not in json.loads((template / "infra" / "recipes.json").read_text())
     before = functions(template)
+    assert "shipment_tracking" not in before
+    names = json.loads((template / "infra" / "recipes.json").read_text())
     done = run(template, "make", "--no-print-directory", "recipe", "NAME=eventhubs")
     assert done.returncode == 0, done.stderr
     assert (template / "consumers" / "shipments.py").exists() and not (template / "recipes" / "shipments.py").exists()
-    assert json.loads((template / "infra" / "recipes.json").read_text()) == ["eventhubs"]
+    assert json.loads((template / "infra" / "recipes.json").read_text()) == sorted([*names, "eventhubs"])
     assert sorted(functions(template)) == sorted([*before, "shipment_tracking"])
     again = run(template, "make", "--no-print-directory", "recipe", "NAME=eventhubs")
     assert again.returncode == 0 and "on already" in again.stdout
+    assert "R  recipes/shipments.py -> consumers/shipments.py" in run(template, "git", "status", "--porcelain").stdout
+    off = run(template, "make", "--no-print-directory", "recipe-off", "NAME=eventhubs")
+    assert off.returncode == 0 and json.loads((template / "infra" / "recipes.json").read_text()) == names
+    assert sorted(functions(template)) == sorted(before)
 
 
 def test_a_feature_recipe_is_named_for_infra_and_switched_on_by_its_setting(template: Path) -> None:
+    run(template, "make", "--no-print-directory", "recipe-off", "NAME=outbox")
     done = run(template, "make", "--no-print-directory", "recipe", "NAME=outbox")
     assert done.returncode == 0 and "set ORDER_ACCEPTED_TOPIC" in done.stdout, done.stderr
-    assert json.loads((template / "infra" / "recipes.json").read_text()) == ["outbox"]
+    assert "outbox" in json.loads((template / "infra" / "recipes.json").read_text())
     (template / "function_app.py").touch()
     env_run = subprocess.run([sys.executable, "-c", LIST_FUNCTIONS], cwd=template, capture_output=True, text=True,
                              env={**os.environ, "ORDER_ACCEPTED_TOPIC": "order-events"}, timeout=120)  # fmt: skip
     assert "dispatch_outbox" in env_run.stdout, env_run.stderr
+    off = run(template, "make", "--no-print-directory", "recipe-off", "NAME=outbox")
+    assert off.returncode == 0 and "remove ORDER_ACCEPTED_TOPIC" in off.stdout, off.stdout
+    assert "outbox" not in json.loads((template / "infra" / "recipes.json").read_text())
+
+
+def test_the_example_is_not_removed_under_a_recipe_switched_on(template: Path) -> None:
+    """A recipe on (its module in consumers/, its name in infra/recipes.json) uses the example's
+    domain: removing it would break the app, so make refuses in one line naming both and how to
+    switch them off, and deletes nothing."""
+    assert run(template, "make", "--no-print-directory", "recipe", "NAME=http").returncode == 0
+    done = run(template, "make", "--no-print-directory", "remove-example")
+    assert done.returncode == 2 and done.stderr.startswith("make remove-example: switch the recipes off first")
+    assert "make recipe-off NAME=" in done.stderr and '"http"' in done.stderr, done.stderr
+    assert "consumers/orders_api.py" in done.stderr, done.stderr
+    assert (template / "shared" / "orders").is_dir() and (template / "consumers" / "orders.py").is_file()
 
 
 def test_an_unknown_recipe_is_one_line_and_changes_nothing(template: Path) -> None:

@@ -104,7 +104,8 @@ def declared_functions(modules: Sequence[ModuleType] = (), needs: Iterable[str] 
     function_app registers them (indexed in this process); by default the app's consumers/
     and every recipe, with the needs of the documented settings (none)."""
     app = func.FunctionApp()
-    for blueprint in [*(m.bp for m in modules or [*consumers.modules(), *recipes.every()]), *housekeeping(needs)]:
+    modules = modules or list(dict.fromkeys([*consumers.modules(), *recipes.every()]))  # a recipe on is both
+    for blueprint in [*(m.bp for m in modules), *housekeeping(needs)]:
         app.register_functions(blueprint)
     return {str(f.get_function_name()) for f in app.get_functions()}
 

@@ -1,6 +1,9 @@
 """infra/ without a Bicep compiler: every template parses, the security policies hold on
 the parsed tree (and fail on deliberately broken copies), and the retention check — on the
-default deployment and with every recipe on (tests/infra/test_recipes.py: what each adds)."""
+deployment as infra/recipes.json has it, with no recipe, each one and every one on
+(tests/infra/test_recipes.py: what each adds). Rules over whatever infra/ deploys, so that an
+app's own queues and subscriptions are checked as the template's are; the example's own
+inventory is tests/example/test_example_infra.py's."""
 
 from __future__ import annotations
 
@@ -15,13 +18,23 @@ from pathlib import Path
 
 import pytest
 
-from tools.delivery_checks import Redelivery, lease_check, redeliveries, retention_check
-from tools.infra_checks import INFRA, ROOT, allowed_recipes, bicep_files, parse, policy_violations, timespan
+from tools.delivery_checks import lease_check, redeliveries, retention_check
+from tools.infra_checks import (
+    INFRA,
+    ROOT,
+    Deployment,
+    allowed_recipes,
+    bicep_files,
+    parse,
+    policy_violations,
+    timespan,
+)
 
 HOST = json.loads((ROOT / "host.json").read_text())
 ALL = allowed_recipes(INFRA)  # every recipe on
-DEPLOYMENTS = pytest.mark.parametrize("recipes", [[], *([name] for name in ALL), ALL],
-                                      ids=["default", *ALL, "all-recipes"])  # fmt: skip
+# As infra/recipes.json has it (None), none, each one, every one.
+DEPLOYMENTS = pytest.mark.parametrize("recipes", [None, [], *([name] for name in ALL), ALL],
+                                      ids=["as-configured", "no-recipe", *ALL, "all-recipes"])  # fmt: skip
 
 
 def test_every_template_parses() -> None:
@@ -41,7 +54,7 @@ BREAKAGES = [
     ("modules/servicebus.bicep", "requiresDuplicateDetection: true", "requiresDuplicateDetection: false",
      "duplicate detection off"),
     ("modules/servicebus.bicep", TOPIC_DETECTION, TOPIC_DETECTION.replace("true", "false"),
-     "orderEvents: duplicate detection off"),
+     "orderEvents[order-events]: duplicate detection off"),
     ("modules/servicebus.bicep", "name: 'Standard', tier: 'Standard'", "name: 'Basic', tier: 'Basic'",
      "Standard or Premium"),
     ("modules/servicebus.bicep", "disableLocalAuth: true", "disableLocalAuth: false", "local (SAS) auth"),
@@ -99,11 +112,38 @@ BREAKAGES = [
 ]  # fmt: skip
 
 
+# One more Event Grid subscription, for a copy whose app has none (its example removed).
+SUBSCRIPTION_CALL = """
+module aSubscription 'modules/eventgrid-subscription.bicep' = if (deployEventSubscription) {
+  name: 'eventgrid-subscription-a'
+  params: {
+    name: 'a-subscription'
+    eventTypes: ['com.example.a']
+    topicName: eventGrid.outputs.name
+    functionAppName: functionApp.outputs.name
+    functionName: 'a_function'
+    storageAccountName: storage.outputs.name
+    deadLetterContainer: storage.outputs.eventDeadLetterContainer
+    eventTimeToLiveInMinutes: eventTimeToLiveInMinutes
+    maxDeliveryAttempts: eventMaxDeliveryAttempts
+  }
+  dependsOn: [roles]
+}
+"""
+
+
+def with_an_event_subscription(infra: Path) -> None:
+    """Make sure infra/ (a copy) deploys an Event Grid subscription, so that its policies are read."""
+    if not any(path == "modules/eventgrid-subscription.bicep" for path, _ in Deployment(infra, []).calls.values()):
+        (infra / "main.bicep").write_text((infra / "main.bicep").read_text() + SUBSCRIPTION_CALL)
+
+
 @pytest.mark.parametrize(("file", "old", "new", "expected"), BREAKAGES, ids=[b[3] for b in BREAKAGES])
 def test_a_broken_copy_fails_the_policies(tmp_path: Path, file: str, old: str, new: str, expected: str) -> None:
     """Each with every recipe on, so that the recipes' resources are read too."""
     broken = tmp_path / "infra"
     shutil.copytree(INFRA, broken)
+    with_an_event_subscription(broken)
     target = broken / file
     text = target.read_text()
     assert old in text, f"{file} no longer contains {old!r}: update this test"
@@ -148,25 +188,23 @@ def test_the_repository_passes_the_retention_and_lease_checks(recipes: list[str]
     assert "duplicate detection (0:10:00) drops the earlier re-sends" in outbox  # PT10M < 10 x 4 min 44 s
 
 
-def test_the_default_deployment_redelivers_from_the_orders_queue_and_the_event_subscription() -> None:
-    places = {place.name: place for place in redeliveries(INFRA, [])}
-    assert places == {
-        "modules/servicebus.bicep:orders": Redelivery("modules/servicebus.bicep:orders", "service bus", 10,
-                                                      timedelta(days=14), timedelta(minutes=1)),
-        "modules/eventgrid-subscription.bicep:subscription": Redelivery(
-            "modules/eventgrid-subscription.bicep:subscription", "event grid", 30, timedelta(days=1)),
-    }  # fmt: skip
+REDELIVERING = {"Microsoft.ServiceBus/namespaces/queues": "service bus",
+                "Microsoft.ServiceBus/namespaces/topics/subscriptions": "service bus",
+                "Microsoft.EventHub/namespaces/eventhubs": "event hubs",
+                "Microsoft.EventGrid/topics/eventSubscriptions": "event grid"}  # fmt: skip
 
 
-def test_every_queue_subscription_and_event_subscription_is_read() -> None:
-    places = {place.name.split(":")[1]: place for place in redeliveries(INFRA, ALL)}
-    assert set(places) == {"orders", "orderStatus", "moreQueues", "subscriptions", "subscription", "shipments"}
-    assert (places["moreQueues"].count, places["subscriptions"].count) == (1, 2)  # ledger; billing, shipping
-    assert places["orders"] == Redelivery("modules/servicebus.bicep:orders", "service bus", 10, timedelta(days=14),
-                                          timedelta(minutes=1))  # fmt: skip
-    assert places["orderStatus"].lock == timedelta(minutes=1)  # a session queue: the session lock
-    assert places["subscription"].max_deliveries == 30 and places["subscription"].broker == "event grid"
-    assert places["shipments"] == Redelivery("modules/eventhubs.bicep:shipments", "event hubs", 1, timedelta(days=7))
+@DEPLOYMENTS
+def test_every_entity_that_redelivers_is_read_by_its_name(recipes: list[str] | None) -> None:
+    """Each queue, subscription, hub and event subscription infra/ deploys is one place the
+    checks read, named as deployed: ``file:symbol[name]`` (an app's own queue by its own name)."""
+    expected = sorted(
+        (f"{r.path}:{r.symbol}" + ("" if name == r.symbol else f"[{name}]"), REDELIVERING[r.type])
+        for r in Deployment(INFRA, recipes).resources if r.type in REDELIVERING and not r.existing for name in r.names
+    )  # fmt: skip
+    assert expected, "no entity deployed redelivers"
+    assert sorted((place.name, place.broker) for place in redeliveries(INFRA, recipes)) == expected
+    assert all(place.count == 1 for place in redeliveries(INFRA, recipes))  # every name known: one place each
 
 
 @pytest.mark.parametrize(
@@ -192,30 +230,96 @@ def test_a_replay_from_the_hub_counts_with_the_eventhubs_recipe_only(tmp_path: P
     assert [failure.split(" ")[0] for failure in report.failures] == ["modules/eventhubs.bicep:shipments"]
 
 
+def service_bus_entities(infra: Path, recipes: list[str]) -> int:
+    return sum(place.count for place in redeliveries(infra, recipes) if place.broker == "service bus")
+
+
 def test_the_thread_pool_counts_the_entities_the_recipes_deploy(tmp_path: Path) -> None:
-    """48 threads hold the orders queue's 16 calls and HTTP's 16, not five entities' 80."""
-    edits = (("main.bicep", "PYTHON_THREADPOOL_THREAD_COUNT: '128'", "PYTHON_THREADPOOL_THREAD_COUNT: '48'"),)
+    """Threads enough for the entities deployed with no recipe (16 calls each, and HTTP's 16)
+    are too few once every recipe adds its entities."""
+    fewest, most = service_bus_entities(INFRA, []), service_bus_entities(INFRA, ALL)
+    assert most > fewest
+    [shipped] = re.findall(r"PYTHON_THREADPOOL_THREAD_COUNT: '\d+'", (INFRA / "main.bicep").read_text())
+    edits = (("main.bicep", shipped, f"PYTHON_THREADPOOL_THREAD_COUNT: '{fewest * 16 + 16}'"),)
     assert lease_check(infra_copy(tmp_path / "default", edits=edits, recipes=[]), HOST).ok
     report = lease_check(infra_copy(tmp_path / "all", edits=edits, recipes=ALL), HOST)
     assert [failure.split(":")[0] for failure in report.failures] == [
-        "PYTHON_THREADPOOL_THREAD_COUNT 48 >= 5 Service Bus entities x maxConcurrentCalls 16 + 16 (HTTP, Event Grid)"
+        f"PYTHON_THREADPOOL_THREAD_COUNT {fewest * 16 + 16} >= {most} Service Bus entities x maxConcurrentCalls 16"
+        " + 16 (HTTP, Event Grid)"
     ]
 
 
 QUEUE_VALUES = "    lockDuration: lockDuration\n    maxDeliveryCount: maxDeliveryCount\n    defaultMessageTimeToLive:"
 
 
-@pytest.mark.parametrize(("recipes", "entities"), [
-    ([], ["orders"]),
-    (ALL, ["moreQueues", "orderStatus", "orders", "subscriptions"]),
-])  # fmt: skip
-def test_literal_values_in_a_template_are_read_too(tmp_path: Path, recipes: list[str], entities: list[str]) -> None:
-    """Queues written with literal values (TTL P60D, 50 deliveries of 5 min) fail, though the
-    parameters did not change: those deployed with the recipes on."""
+@pytest.mark.parametrize("recipes", [[], ALL], ids=["no-recipe", "all-recipes"])
+def test_literal_values_in_a_template_are_read_too(tmp_path: Path, recipes: list[str]) -> None:
+    """Queues and subscriptions written with literal values (TTL P60D, 50 deliveries of 5 min)
+    fail, though the parameters did not change: each one deployed, by its name."""
     literal = "    lockDuration: 'PT5M'\n    maxDeliveryCount: 50\n    defaultMessageTimeToLive: 'P60D'\n    _old:"
     copy = infra_copy(tmp_path, edits=(("modules/servicebus.bicep", QUEUE_VALUES, literal),), recipes=recipes)
     failed = sorted(line.split(" ")[0] for line in retention_check(copy, HOST).failures)
-    assert failed == [f"modules/servicebus.bicep:{entity}" for entity in entities]
+    entities = [place.name for place in redeliveries(INFRA, recipes) if place.broker == "service bus"]
+    assert failed == sorted(entities) and entities
+
+
+def with_app_queue(infra: Path, name: str) -> None:
+    """Add a queue to main.bicep's ``appQueues`` (README, Start your own app), whatever it holds."""
+    main = infra / "main.bicep"
+    [queues] = re.findall(r"^var appQueues = (\[.*?\])$", main.read_text(), re.MULTILINE)
+    names = [*re.findall(r"'([^']*)'", queues), name]
+    main.write_text(main.read_text().replace(f"var appQueues = {queues}", f"var appQueues = {names!r}", 1))
+
+
+@pytest.mark.parametrize("recipes", [[], ALL], ids=["no-recipe", "all-recipes"])
+def test_an_apps_own_queue_gets_the_queue_settings_its_receive_role_and_the_checks(
+    tmp_path: Path, recipes: list[str]
+) -> None:
+    """infra/README.md: a consumer's own queue is one name in appQueues; it is deployed with the
+    shared queue settings and a receive role, and the checks read it by its name."""
+    copy = infra_copy(tmp_path, recipes=recipes)
+    with_app_queue(copy, "own-queue")
+    _, servicebus = Deployment(copy).calls["serviceBus"]
+    _, roles = Deployment(copy).calls["roles"]
+    assert "own-queue" in servicebus("queues") and "own-queue" in roles("receiveQueues")
+    own = "modules/servicebus.bicep:moreQueues[own-queue]"
+    assert [(p.broker, p.count) for p in redeliveries(copy) if p.name == own] == [("service bus", 1)]
+    assert policy_violations(copy) == []
+    for report in (retention_check(copy, HOST), lease_check(copy, HOST)):
+        assert report.ok and own in report.explain(), report.explain()
+
+
+OWN_QUEUE = """
+resource ownQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = {
+  parent: namespace
+  name: 'own-queue'
+  properties: {
+    requiresDuplicateDetection: false
+    lockDuration: 'PT5M'
+    maxDeliveryCount: 5000
+    defaultMessageTimeToLive: messageTimeToLive
+    deadLetteringOnMessageExpiration: true
+  }
+}
+"""
+
+
+def test_an_apps_own_queue_declared_badly_is_refused_by_its_name(tmp_path: Path) -> None:
+    """A queue of the app's own, declared beside the template's without duplicate detection nor
+    a receive role, with 5000 deliveries of 5 minutes: every check refuses it, naming it."""
+    copy = infra_copy(tmp_path)
+    (copy / "modules/servicebus.bicep").write_text((copy / "modules/servicebus.bicep").read_text() + OWN_QUEUE)
+    violations = policy_violations(copy)
+    assert "ownQueue[own-queue]: duplicate detection off" in violations
+    assert "ownQueue[own-queue]: no detection window" in violations
+    assert "Service Bus entity 'own-queue': the app has no receive role on it (roles.bicep)" in violations
+    place = "modules/servicebus.bicep:ownQueue[own-queue]"
+    assert [f.split(" ")[0] for f in retention_check(copy, HOST).failures] == [place]
+    leases = lease_check(copy, HOST).failures
+    assert f"{place}: maxDeliveryCount 5000 == DEDUP_MAX_DELIVERY_COUNT 10" in leases, leases
+    done = subprocess.run([sys.executable, "-m", "tools.infra_checks", "policies", str(copy)], cwd=ROOT,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 1 and "POLICY ownQueue[own-queue]: duplicate detection off" in done.stdout
 
 
 def app_setting(line: str) -> tuple[str, str, str]:

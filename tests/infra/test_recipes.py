@@ -1,7 +1,9 @@
-"""The recipes (infra/recipes.json, read by main.bicep): what the default deployment creates,
-what each recipe adds — resources and their counts, app settings, alerts — and a bad recipes
-file refused by main.bicep (the allowed names) and by every check. Read from the parsed
-templates (tools.infra_checks.Deployment), without a Bicep compiler."""
+"""The recipes (infra/recipes.json, read by main.bicep): what each recipe adds to a deployment
+without it — resources and their counts, app settings, alerts, and nothing else — and a bad
+recipes file refused by main.bicep (the allowed names) and by every check. Read from the parsed
+templates (tools.infra_checks.Deployment), without a Bicep compiler; computed against the
+deployment as it is, so that an app's own queues leave these true (the example's default
+inventory is tests/example/test_example_infra.py's)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,13 @@ import json
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.infra.test_infra import infra_copy
-from tools.delivery_checks import redeliveries
+from tests.infra.test_infra import infra_copy, with_an_event_subscription
 from tools.infra_checks import (
     INFRA,
     ROOT,
@@ -33,38 +35,41 @@ RECIPES = ["topic", "outbox", "sessions", "batch", "eventhubs", "http", "cloudev
 # Fixed so that the private endpoints are counted; every other parameter takes any value.
 NETWORK = {"vnetEnabled": True, "dedupStore": "table"}
 
-DEFAULT_SETTINGS = {
-    "ServiceBusConnection__fullyQualifiedNamespace", "ServiceBusConnection__credential",
-    "ServiceBusConnection__clientId", "ORDERS_QUEUE", "DEDUP_STORE", "DEDUP_STORAGE_ENDPOINT", "DEDUP_RETENTION",
-    "DEDUP_MAX_DELIVERY_COUNT", "DEDUP_OUTGOING_MAX_BYTES", "PYTHON_THREADPOOL_THREAD_COUNT", "COSMOS_ENDPOINT",
-    "COSMOS_DATABASE", "COSMOS_CONTAINER", "COSMOS_DEADLETTER_CONTAINER",
-}  # fmt: skip
-DEFAULT_ALERTS = ["dedup-conflicts", "dedup-transient-rate", "dedup-duplicate-rate", "dedup-purge-backlog"]
-
-# What each recipe adds to the default deployment: resources ("file:symbol": entities; the
-# alerts' count is alerts.bicep:rules, the private endpoints' network.bicep:privateEndpoints),
-# app settings and log alerts.
-ADDS: dict[str, tuple[dict[str, int | None], set[str], set[str]]] = {
-    "topic": ({"servicebus.bicep:orderEvents": 1, "servicebus.bicep:subscriptions": 2,
-               "roles.bicep:subscriptionReceivers": 2},
+# What each recipe adds to a deployment without it: resources ("file:symbol[name]" per named
+# entity, else "file:symbol": how many more; the alerts' count is alerts.bicep:rules, the
+# private endpoints' network.bicep:privateEndpoints), app settings and log alerts.
+ADDS: dict[str, tuple[dict[str, int], set[str], set[str]]] = {
+    "topic": ({"servicebus.bicep:orderEvents[order-events]": 1, "servicebus.bicep:subscriptions[billing]": 1,
+               "servicebus.bicep:subscriptions[shipping]": 1, "roles.bicep:subscriptionReceivers": 2},
               {"ORDER_TOPIC", "BILLING_SUBSCRIPTION", "SHIPPING_SUBSCRIPTION"}, set()),
-    "outbox": ({"servicebus.bicep:orderEvents": 1, "roles.bicep:outboxSender": 1, "alerts.bicep:rules": 6},
+    "outbox": ({"servicebus.bicep:orderEvents[order-events]": 1, "roles.bicep:outboxSender": 1,
+                "alerts.bicep:rules": 2},
                {"ORDER_ACCEPTED_TOPIC"}, {"dedup-outbox-backlog", "dedup-outbox-sweep-behind"}),
-    "sessions": ({"servicebus.bicep:orderStatus": 1, "roles.bicep:queueReceivers": 1}, {"ORDER_STATUS_QUEUE"}, set()),
-    "batch": ({"servicebus.bicep:moreQueues": 1, "roles.bicep:queueReceivers": 1}, {"LEDGER_QUEUE"}, set()),
+    "sessions": ({"servicebus.bicep:orderStatus[order-status]": 1, "roles.bicep:queueReceivers": 1},
+                 {"ORDER_STATUS_QUEUE"}, set()),
+    "batch": ({"servicebus.bicep:moreQueues[ledger]": 1, "roles.bicep:queueReceivers": 1}, {"LEDGER_QUEUE"}, set()),
     "eventhubs": ({"eventhubs.bicep:namespace": 1, "eventhubs.bicep:shipments": 1, "roles.bicep:hubReceiver": 1,
-                   "alerts.bicep:rules": 5, "network.bicep:privateEndpoints": 5, "network.bicep:zoneGroups": 5},
+                   "alerts.bicep:rules": 1, "network.bicep:privateEndpoints": 1, "network.bicep:zoneGroups": 1},
                   {"EventHubConnection__fullyQualifiedNamespace", "EventHubConnection__credential",
                    "EventHubConnection__clientId", "SHIPMENT_HUB"}, {"dedup-parked"}),
     "http": ({}, set(), set()),
     "cloudevents-http": ({}, set(), set()),
     "schedule": ({}, set(), set()),
-    "payments": ({"alerts.bicep:rules": 5}, {"PAYMENT_API_URL"}, {"dedup-escalations"}),
+    "payments": ({"alerts.bicep:rules": 1}, {"PAYMENT_API_URL"}, {"dedup-escalations"}),
 }  # fmt: skip
 
 
-def deployed(recipes: list[str], parameters: dict[str, Any] | None = None) -> dict[str, int | None]:
-    return {f"{r.file}:{r.symbol}": r.count for r in Deployment(INFRA, recipes, parameters).resources if not r.existing}
+def deployed(recipes: list[str], parameters: dict[str, Any] | None = None) -> Counter[str]:
+    """How many entities each declaration deploys: one key per named entity, else one per declaration."""
+    found: Counter[str] = Counter()
+    for r in Deployment(INFRA, recipes, parameters).resources:
+        if not r.existing:
+            names = [n for n in r.names if n != r.symbol]
+            if names and (r.count or 1) == len(names):
+                found.update(f"{r.file}:{r.symbol}[{name}]" for name in names)
+            else:
+                found[f"{r.file}:{r.symbol}"] += r.count or 0
+    return found
 
 
 def alerts(recipes: list[str]) -> list[str]:
@@ -72,27 +77,15 @@ def alerts(recipes: list[str]) -> list[str]:
     return [rule["name"] for rule in scope("logAlerts")]
 
 
-def added(recipes: list[str]) -> dict[str, int | None]:
-    default, on = deployed([], NETWORK), deployed(recipes, NETWORK)
-    assert set(default) <= set(on), "a recipe removed a resource of the default deployment"
-    return {key: count for key, count in on.items() if default.get(key) != count}
+def added(recipes: list[str], to: list[str] | None = None) -> dict[str, int]:
+    """What switching ``recipes`` on adds to the deployment with ``to`` (default: none on)."""
+    before, after = deployed(to or [], NETWORK), deployed(sorted({*(to or []), *recipes}), NETWORK)
+    assert not before - after, f"a recipe removed resources: {before - after}"
+    return dict(after - before)
 
 
-def test_the_default_deployment_has_no_recipe_resources() -> None:
-    """Over every value of the other parameters (vnetEnabled, dedupStore, ...): no Event Hubs
-    namespace, no topic or subscription, no queue but orders."""
-    resources = [r for r in Deployment(INFRA, []).resources if not r.existing]
-    types = {r.type for r in resources}
-    assert not {t for t in types if t.startswith("Microsoft.EventHub/")}, types
-    assert not {t for t in types if t.startswith("Microsoft.ServiceBus/namespaces/topics")}, types
-    assert [(r.symbol, r.count) for r in resources if r.type == "Microsoft.ServiceBus/namespaces/queues"] == [
-        ("orders", 1)
-    ]
-    receivers = [r.symbol for r in resources if "serviceBusDataReceiver" in json.dumps(r.properties)]
-    assert receivers == ["receiver", "queuePeeker"]  # the app's on the orders queue, the optional operator's
-    assert set(Deployment(INFRA, []).app_settings()) == DEFAULT_SETTINGS
-    assert alerts([]) == DEFAULT_ALERTS
-    assert deployed([], NETWORK)["network.bicep:privateEndpoints"] == 4  # blob, queue, table, Service Bus
+def settings(recipes: list[str]) -> set[str]:
+    return set(Deployment(INFRA, recipes).app_settings())
 
 
 def test_main_declares_the_event_hubs_namespace_only_under_its_recipe() -> None:
@@ -110,44 +103,47 @@ def test_main_declares_the_event_hubs_namespace_only_under_its_recipe() -> None:
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_each_recipe_adds_its_resources_settings_and_alerts(recipe: str) -> None:
-    resources, settings, rules = ADDS[recipe]
+    resources, added_settings, rules = ADDS[recipe]
     assert added([recipe]) == resources
-    assert set(Deployment(INFRA, [recipe]).app_settings()) - DEFAULT_SETTINGS == settings
-    assert set(alerts([recipe])) - set(DEFAULT_ALERTS) == rules
+    assert settings([recipe]) - settings([]) == added_settings
+    assert set(alerts([recipe])) - set(alerts([])) == rules
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_each_recipe_adds_the_same_beside_every_other(recipe: str) -> None:
+    """Switched on last, each adds what it adds alone — but what another already deployed
+    (topic and outbox share the one topic)."""
+    others = [name for name in RECIPES if name != recipe]
+    shared = {"topic": {"servicebus.bicep:orderEvents[order-events]"},
+              "outbox": {"servicebus.bicep:orderEvents[order-events]"}}.get(recipe, set())  # fmt: skip
+    assert added([recipe], to=others) == {key: n for key, n in ADDS[recipe][0].items() if key not in shared}
+    assert settings(RECIPES) - settings(others) == ADDS[recipe][1]
 
 
 def test_every_recipe_on_adds_them_all_once() -> None:
     """topic and outbox share the one topic; sessions and batch each add a queue and its role."""
-    assert added(RECIPES) == {
-        "servicebus.bicep:orderEvents": 1, "servicebus.bicep:subscriptions": 2, "servicebus.bicep:orderStatus": 1,
-        "servicebus.bicep:moreQueues": 1, "eventhubs.bicep:namespace": 1, "eventhubs.bicep:shipments": 1,
-        "roles.bicep:subscriptionReceivers": 2, "roles.bicep:queueReceivers": 2, "roles.bicep:outboxSender": 1,
-        "roles.bicep:hubReceiver": 1, "alerts.bicep:rules": 8, "network.bicep:privateEndpoints": 5,
-        "network.bicep:zoneGroups": 5,
-    }  # fmt: skip
-    expected = DEFAULT_SETTINGS.union(*(settings for _, settings, _ in ADDS.values()))
-    assert set(Deployment(INFRA, RECIPES).app_settings()) == expected
+    expected: Counter[str] = Counter()
+    for resources, _, _ in ADDS.values():
+        expected.update(resources)
+    expected["servicebus.bicep:orderEvents[order-events]"] = 1
+    assert added(RECIPES) == dict(expected)
+    assert settings(RECIPES) == settings([]).union(*(names for _, names, _ in ADDS.values()))
 
 
-def test_the_receive_roles_name_the_entities_the_recipes_deploy() -> None:
-    _, roles = Deployment(INFRA, ["topic", "batch"]).calls["roles"]
-    assert roles("receiveQueues") == ["ledger"] and roles("topicSubscriptions") == ["billing", "shipping"]
-    assert roles("orderTopicName") == "order-events" and roles("outbox") is False
+@pytest.mark.parametrize("recipes", [[], RECIPES], ids=["no-recipe", "all-recipes"])
+def test_the_receive_roles_name_the_entities_deployed(recipes: list[str]) -> None:
+    """The roles module receives from exactly the queues and subscriptions the Service Bus
+    module deploys: the app's own queues, the recipes' and the example's."""
+    deployment = Deployment(INFRA, recipes)
+    _, roles = deployment.calls["roles"]
+    _, servicebus = deployment.calls["serviceBus"]
+    status = ["order-status"] if "sessions" in recipes else []  # the session queue, received too
+    assert roles("receiveQueues") == [*servicebus("queues"), *status]
+    assert roles("topicSubscriptions") == servicebus("topicSubscriptions")
+    assert ("ledger" in roles("receiveQueues"), roles("topicSubscriptions") == ["billing", "shipping"]) == (
+        "batch" in recipes, "topic" in recipes)  # fmt: skip
+    assert Deployment(INFRA, ["outbox"]).calls["roles"][1]("outbox") is True
     assert Deployment(INFRA, ["outbox"]).calls["roles"][1]("topicSubscriptions") == []  # sends, receives nothing
-    _, servicebus = Deployment(INFRA, ["topic", "batch"]).calls["serviceBus"]
-    assert (servicebus("queues"), servicebus("topicSubscriptions")) == (["ledger"], ["billing", "shipping"])
-
-
-def test_your_own_queue_gets_the_queue_settings_its_receive_role_and_the_checks(tmp_path: Path) -> None:
-    """infra/README.md: a consumer's queue of your own is one name in appQueues."""
-    copy = infra_copy(tmp_path, edits=(("main.bicep", "var appQueues = []", "var appQueues = ['invoices']"),),
-                      recipes=["batch"])  # fmt: skip
-    deployment = Deployment(copy)
-    assert deployment.calls["serviceBus"][1]("queues") == ["invoices", "ledger"]
-    assert deployment.calls["roles"][1]("receiveQueues") == ["invoices", "ledger"]
-    assert [(p.name, p.count) for p in redeliveries(copy) if p.broker == "service bus"] == [
-        ("modules/servicebus.bicep:orders", 1), ("modules/servicebus.bicep:moreQueues", 2)]  # fmt: skip
-    assert policy_violations(copy) == []
 
 
 # -- an unknown name ---------------------------------------------------------------------
@@ -205,20 +201,11 @@ def test_the_commands_read_the_recipes_file(tmp_path: Path) -> None:
                                                                                str(copy))  # fmt: skip
     for done in (leases, retention):
         assert done.returncode == 0 and 'recipes ["sessions", "eventhubs"]' in done.stdout, done.stdout
-    assert "modules/servicebus.bicep:orderStatus: maxDeliveryCount 10" in leases.stdout
+    assert "modules/servicebus.bicep:orderStatus[order-status]: maxDeliveryCount 10" in leases.stdout
     assert "modules/eventhubs.bicep:shipments (event hubs): TTL 7.00 days" in retention.stdout
-    assert "modules/servicebus.bicep:moreQueues" not in leases.stdout + retention.stdout  # batch is off
+    assert "modules/servicebus.bicep:moreQueues[ledger]" not in leases.stdout + retention.stdout  # batch is off
     policies = run("tools.infra_checks", "policies", str(copy))
     assert policies.returncode == 0 and 'recipes ["sessions", "eventhubs"], 0 policy violations' in policies.stdout
-
-
-def test_the_app_knows_the_same_recipe_names() -> None:
-    """recipes/ (the app's side: a module per recipe, the orders consumer's features) and
-    main.bicep name the same recipes."""
-    app = pytest.importorskip("recipes")
-    if not hasattr(app, "MODULES") or not hasattr(app, "FEATURES"):
-        pytest.skip("recipes/ does not name its recipes (MODULES, FEATURES)")
-    assert sorted([*app.MODULES, *app.FEATURES]) == sorted(allowed_recipes(INFRA))
 
 
 # -- the evaluation of conditions ----------------------------------------------------------------
@@ -254,8 +241,12 @@ def test_the_recipes_decide_and_a_parameter_stays_open(tmp_path: Path, recipes: 
     assert [scope(name) for name in NAMES] == values
 
 
-def test_fixed_parameters_decide_too() -> None:
+def test_fixed_parameters_decide_too(tmp_path: Path) -> None:
     """The default deployment reads every variant unless a parameter is fixed."""
-    assert {"network", "cosmos", "eventSubscription"} <= set(Deployment(INFRA, []).calls)
-    fixed = Deployment(INFRA, [], {"vnetEnabled": False, "dedupStore": "table", "deployEventSubscription": False})
-    assert not {"network", "cosmos", "eventSubscription", "eventHubs"} & set(fixed.calls)
+    copy = infra_copy(tmp_path)
+    with_an_event_subscription(copy)
+    calls = Deployment(copy, []).calls
+    subscriptions = {call for call, (path, _) in calls.items() if path == "modules/eventgrid-subscription.bicep"}
+    assert {"network", "cosmos"} <= set(calls) and subscriptions
+    fixed = Deployment(copy, [], {"vnetEnabled": False, "dedupStore": "table", "deployEventSubscription": False})
+    assert not {"network", "cosmos", "eventHubs", *subscriptions} & set(fixed.calls)

@@ -245,9 +245,10 @@ def app_dir(switched_on: Sequence[str] = (), extra: Mapping[str, Path] | None = 
         (app / PACKAGES.parts[0]).symlink_to(plain / PACKAGES.parts[0], target_is_directory=True)
     for name in deployed_files():
         _write(app / name, (ROOT / name).read_bytes())
-    # recipes/ is not deployed (.funcignore): a recipe on is in consumers/; recipes/ is only read
-    # when one is asked for (an app without the example has none)
-    modules = {**{module: ROOT / "recipes" / f"{module}.py" for module in switched_on}, **extra}
+    # recipes/ is not deployed (.funcignore): a recipe on is in consumers/ (deployed above); one
+    # still off is read from recipes/ when asked for (an app without the example has none)
+    off = [module for module in switched_on if not (ROOT / "consumers" / f"{module}.py").exists()]
+    modules = {**{module: ROOT / "recipes" / f"{module}.py" for module in off}, **extra}
     for module, source in modules.items():
         target = app / "consumers" / f"{module}.py"
         if module in extra and target.exists():

@@ -1,0 +1,252 @@
+"""`make test-adopters`: the template as its adopters change it. Each change is made in a copy
+of the repository (the files a fresh clone has, plus those not yet committed, committed anew in
+the copy; .venv, .venv-checkov, node_modules and the worker's .runtime linked, not rebuilt):
+
+- ``walkthrough``: README "Start your own app" and docs/triggers.md "Add an Event Grid
+  consumer", every block applied literally;
+- ``recipes``: every recipe switched on, ``make recipe NAME=<name>`` each;
+- ``without-example``: ``make remove-example``.
+
+Then, in each copy: ``make lint typecheck check-retention check-leases``, the test suites such a
+change can break (unit, infra, the walkthroughs, the runtime's indexing, the example's and
+recipes' own tests, the adopter's own), and the library's tests collected must be the
+template's, one for one. ``--full`` runs ``make test`` there instead: the whole suite.
+
+    python -m tools.adopters [--full] [--keep DIR] [walkthrough|recipes|without-example ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LINKED = (".venv", ".venv-checkov", "node_modules", ".runtime")  # installed once, shared by the copies
+INSTALLED = (".venv/.installed", "node_modules/.installed", ".venv-checkov/.installed")  # make: as they are
+LIBRARY_TESTS = ("tests/unit", "tests/infra", "tests/integration", "tests/runtime", "tests/chaos")
+# What a change of the app's consumers, recipes or infra can break, beside lint, types and the checks.
+SUITES = (
+    "tests/unit",
+    "tests/infra",
+    "tests/integration/test_readme_walkthrough.py",
+    *(
+        f"tests/runtime/test_python_worker.py::test_{name}"
+        for name in (
+            "the_default_app_indexes_its_consumers_and_the_housekeeping_they_need",
+            "the_worker_indexes_and_loads_every_function",
+            "every_setting_the_apps_bindings_name_is_documented_and_deployed",
+        )
+    ),
+)
+WALKTHROUGHS = (("README.md", "## Start your own app"), ("docs/triggers.md", "## Add an Event Grid consumer"))
+BLOCK = re.compile(r"^```(\w+) (\S+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+
+
+# -- the walkthroughs ------------------------------------------------------------------------------
+
+
+class NotApplicable(Exception):
+    """The app has a file of its own where a walkthrough writes one: it cannot be followed literally."""
+
+
+def walkthrough(page: Path, title: str) -> list[tuple[str, str, str]]:
+    """(language, file, text) of every fenced block of the section that names a file, in order."""
+    text = page.read_text()
+    if title not in text:
+        raise ValueError(f"{page.name} has no section {title!r}")
+    return BLOCK.findall(text.split(title, 1)[1].split("\n## ", 1)[0])
+
+
+def apply(tree: Path, language: str, path: str, text: str) -> bool:
+    """Apply one block to ``tree``; False when the tree holds it already (an app that followed
+    the walkthrough), and it is left as it is. NotApplicable when the app has its own file there."""
+    target = tree / path
+    if language == "python":
+        if target.exists():
+            if target.read_text() != text:
+                raise NotApplicable(f"{path} is this app's own, not the walkthrough's")
+            return False
+        target.write_text(text)
+    elif language == "diff":
+        lines = text.splitlines()
+        old = "".join(line[1:] + "\n" for line in lines if line.startswith("-"))
+        new = "".join(line[1:] + "\n" for line in lines if line.startswith("+"))
+        content = target.read_text()
+        if content.count(new) == 1:
+            return False
+        if content.count(old) != 1:
+            raise ValueError(f"the walkthrough's diff of {path} no longer applies:\n{old}")
+        target.write_text(content.replace(old, new))
+    elif language == "json":  # a queue of the Service Bus emulator's config
+        config = json.loads(target.read_text())
+        queues = config["UserConfig"]["Namespaces"][0]["Queues"]
+        queue = json.loads(text)
+        if queue["Properties"].keys() != queues[0]["Properties"].keys():
+            raise ValueError(f"{path}: the walkthrough's queue does not set every property the others set")
+        present = [q for q in queues if q["Name"] == queue["Name"]]
+        if present:
+            if present != [queue]:
+                raise NotApplicable(f"{path} has its own queue {queue['Name']!r}")
+            return False
+        queues.append(queue)
+        target.write_text(json.dumps(config, indent=2) + "\n")
+    else:
+        raise ValueError(f"a {language} block for {path}: no way to apply it")
+    return True
+
+
+# -- the copies ------------------------------------------------------------------------------------
+
+
+def copy_tree(target: Path, source: Path = ROOT, *, linked: tuple[str, ...] = LINKED) -> Path:
+    """``source`` as a fresh clone has it, with what is not committed yet (files git tracks or
+    would), committed anew in ``target``; ``linked`` entries of ``source`` are symlinked."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=source,
+                            check=True, capture_output=True, text=True).stdout.split("\0")  # fmt: skip
+    for name in filter(None, listed):
+        if (source / name).is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source / name, target / name)
+    for name in linked:
+        if (source / name).exists():
+            (target / name).symlink_to((source / name).resolve(), target_is_directory=True)
+    git = ["git", "-c", "user.name=template", "-c", "user.email=template@localhost"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "--no-verify", "-m", "the template"]):
+        subprocess.run([*git, *args], cwd=target, check=True, capture_output=True)
+    return target
+
+
+def make(tree: Path, *targets: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+    """make in ``tree``, the linked installs taken as they are."""
+    stamps = [arg for stamp in INSTALLED for arg in ("-o", stamp)]
+    return subprocess.run(["make", "--no-print-directory", *stamps, *targets], cwd=tree, env=_environment(),
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def _environment() -> dict[str, str]:
+    """This environment, less what a test run or make set for its own process."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "MAKE", "MFLAGS"))}
+
+
+def _python(tree: Path, *args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(tree / ".venv" / "bin" / "python"), *args], cwd=tree, env=_environment(),
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def _must(done: subprocess.CompletedProcess[str], what: str) -> str:
+    if done.returncode != 0:
+        raise AdopterFailure(f"{what} exited {done.returncode}:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
+    return done.stdout
+
+
+class AdopterFailure(Exception):
+    """A step of an adopter path failed."""
+
+
+# -- the changes ------------------------------------------------------------------------------------
+
+
+def follow_the_walkthroughs(tree: Path) -> str:
+    applied = [apply(tree, *block) for page, title in WALKTHROUGHS for block in walkthrough(tree / page, title)]
+    return f"{sum(applied)} walkthrough blocks applied ({len(applied) - sum(applied)} there already)"
+
+
+def switch_every_recipe_on(tree: Path) -> str:
+    listing = "import json, recipes; print(json.dumps([*recipes.MODULES, *recipes.FEATURES]))"
+    names = json.loads(_must(_python(tree, "-c", listing), "listing the recipes"))
+    for name in names:
+        _must(make(tree, "recipe", f"NAME={name}"), f"make recipe NAME={name}")
+    return f"switched on: {', '.join(names)}"
+
+
+def remove_the_example(tree: Path) -> str:
+    return _must(make(tree, "remove-example"), "make remove-example").strip().splitlines()[0]
+
+
+PATHS: dict[str, Callable[[Path], str]] = {
+    "walkthrough": follow_the_walkthroughs,
+    "recipes": switch_every_recipe_on,
+    "without-example": remove_the_example,
+}
+
+
+# -- the checks ------------------------------------------------------------------------------------
+
+
+def collected(tree: Path, paths: tuple[str, ...] = LIBRARY_TESTS) -> list[str]:
+    """The test ids pytest collects under ``paths`` in ``tree``."""
+    done = _python(tree, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", *paths, timeout=600)
+    return [line for line in _must(done, "pytest --collect-only").splitlines() if "::" in line]
+
+
+def summary(output: str) -> str:
+    """pytest's closing line (``N passed, M skipped in Ts``), stripped of its rules."""
+    lines = [line.strip("= ") for line in output.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
+    return lines[-1] if lines else "(no summary)"
+
+
+def adopter_suites(tree: Path) -> list[str]:
+    """SUITES, the example's and recipes' tests where the example still is, the adopter's own."""
+    own = sorted(p.relative_to(tree).as_posix() for p in (tree / "tests").glob("test_*.py"))
+    return [*SUITES, *(["tests/example"] if (tree / "tests" / "example").is_dir() else []), *own]
+
+
+def check(tree: Path, library: list[str], full: bool) -> str:
+    """The checks and tests in the changed ``tree``; what they said, in one line."""
+    if full:
+        done = make(tree, "test")
+        _must(done, "make test")
+        return f"make test: {summary(done.stdout)}"
+    _must(make(tree, "lint", "typecheck", "check-retention", "check-leases"), "make lint typecheck checks")
+    here = collected(tree)
+    if sorted(here) != sorted(library):
+        missing, extra = sorted(set(library) - set(here)), sorted(set(here) - set(library))
+        raise AdopterFailure(
+            f"the library's tests differ from the template's: missing {missing[:10]}, new {extra[:10]}"
+        )
+    done = _python(tree, "-m", "pytest", "-q", "-p", "no:cacheprovider", *adopter_suites(tree))
+    _must(done, "pytest")
+    return f"{len(here)} library tests collected as in the template; pytest: {summary(done.stdout)}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.adopters", description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="*", choices=[[], *PATHS], default=list(PATHS), metavar="PATH",
+                        help=f"of {', '.join(PATHS)} (default: all)")  # fmt: skip
+    parser.add_argument("--full", action="store_true", help="make test in each copy: the whole suite")
+    parser.add_argument("--keep", type=Path, help="make the copies here and keep them (default: removed)")
+    args = parser.parse_args(argv)
+    base = args.keep or Path(tempfile.mkdtemp(prefix="adopters-"))
+    library = [] if args.full else collected(ROOT)
+    failed = []
+    try:
+        for name in args.paths:
+            started, tree = time.monotonic(), base / name
+            if tree.exists():
+                shutil.rmtree(tree)
+            tree.mkdir(parents=True)
+            try:
+                copy_tree(tree)
+                changed = PATHS[name](tree)
+                verdict = f"OK   {name}: {changed}; {check(tree, library, args.full)}"
+            except (AdopterFailure, NotApplicable, ValueError, subprocess.TimeoutExpired) as exc:
+                failed.append(name)
+                verdict = f"FAIL {name}: {exc}"
+            print(f"{verdict} ({time.monotonic() - started:.0f} s)", flush=True)
+    finally:
+        if args.keep is None:
+            shutil.rmtree(base, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
