@@ -98,9 +98,9 @@ remove-example:
 		echo "make remove-example: switch the recipes off first, make recipe-off NAME=<name> for each" \
 			"(infra/recipes.json: $$(tr -d ' \n' < infra/recipes.json);" \
 			"in consumers/ and using shared/orders or shared/ledger: $(or $(USING_EXAMPLE),none))" >&2; exit 2; fi
-	rm -rf $(EXAMPLE)
-	sed "/^\/\/ The example's: the order_events function's subscription/,/^}$$/d" infra/main.bicep | cat -s > infra/main.bicep.new
-	mv infra/main.bicep.new infra/main.bicep
+	@rm -rf $(EXAMPLE)
+	@sed "/^\/\/ The example's: the order_events function's subscription/,/^}$$/d" infra/main.bicep | cat -s > infra/main.bicep.new
+	@mv infra/main.bicep.new infra/main.bicep
 	@echo "Removed the example, and its Event Grid subscription from infra/main.bicep. Left for you to edit:"
 	@echo "  the orders queue, yours to rename or delete: infra/modules/servicebus.bicep, ORDERS_QUEUE in"
 	@echo "    infra/main.bicep and local.settings.json.example, emulator/servicebus-config.json"

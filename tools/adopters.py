@@ -220,11 +220,13 @@ def check(tree: Path, library: list[str], full: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.adopters", description=__doc__.split("\n\n")[0])
-    parser.add_argument("paths", nargs="*", choices=[[], *PATHS], default=list(PATHS), metavar="PATH",
-                        help=f"of {', '.join(PATHS)} (default: all)")  # fmt: skip
+    parser.add_argument("paths", nargs="*", metavar="PATH", help=f"of {', '.join(PATHS)} (default: all)")
     parser.add_argument("--full", action="store_true", help="make test in each copy: the whole suite")
     parser.add_argument("--keep", type=Path, help="make the copies here and keep them (default: removed)")
     args = parser.parse_args(argv)
+    if unknown := [name for name in args.paths if name not in PATHS]:
+        parser.error(f"no adopter path {', '.join(unknown)}: choose from {', '.join(PATHS)}")
+    args.paths = args.paths or list(PATHS)
     base = args.keep or Path(tempfile.mkdtemp(prefix="adopters-"))
     library = [] if args.full else collected(ROOT)
     failed = []

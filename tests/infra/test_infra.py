@@ -164,9 +164,11 @@ def test_a_template_with_a_syntax_error_does_not_parse(tmp_path: Path) -> None:
 
 def infra_copy(tmp_path: Path, parameters: dict[str, object] | None = None,
                edits: tuple[tuple[str, str, str], ...] = (), recipes: list[str] | None = None) -> Path:  # fmt: skip
-    """A copy of infra/ with other parameter values, text replaced in a file, or other recipes."""
+    """A copy of infra/ with other parameter values, text replaced in a file, or other recipes;
+    with an Event Grid subscription, whether the app has one or not (the checks read it)."""
     copy = tmp_path / "infra"
     shutil.copytree(INFRA, copy)
+    with_an_event_subscription(copy)
     if recipes is not None:
         (copy / "recipes.json").write_text(json.dumps(recipes))
     params = json.loads((copy / "main.parameters.json").read_text())
