@@ -45,16 +45,25 @@ ORDERS = Target("orders", orders_consumer, workload.generate, charges_per_order,
 
 
 def summary(report: Report) -> str:
+    """What happened, in figures that add up: every delivery has one outcome (or failed and
+    went back to the queue), and the refused deliveries are the dead-lettered messages' copies."""
     duplicates = report.deliveries - report.messages
+    outcomes = report.outcomes
+    failed = report.deliveries - sum(outcomes.values())  # raised before an outcome: abandoned, redelivered
+    refused = outcomes["invalid"] + outcomes["conflict"]
     return "\n".join(
         [
             f"Sent {report.sends} messages for {report.messages} logical orders "
             f"({report.dropped_by_detection} producer retries dropped by send-side duplicate detection).",
             f"{report.config.workers} competing workers received {report.deliveries} deliveries: "
             f"{duplicates} of them ({duplicates / max(report.deliveries, 1):.0%}) were duplicates.",
-            "Outcomes: " + ", ".join(f"{name} {count}" for name, count in sorted(report.outcomes.items())),
-            f"In the store: {report.effects_applied} orders charged once, {report.dead_lettered} dead-lettered "
-            f"with a reason, {report.double_effects} double charges, {report.lost} lost.",
+            f"Outcomes of the {report.deliveries} deliveries: "
+            + ", ".join(f"{name} {count}" for name, count in outcomes.most_common())
+            + (f", {failed} failed and went back to the queue" if failed else "")
+            + ".",
+            f"In the store: {report.effects_applied} orders charged once; {report.dead_lettered} messages "
+            f"dead-lettered with a reason (the {refused} invalid or conflicting deliveries: a refused message's "
+            f"copies are recorded once); {report.double_effects} double charges, {report.lost} lost.",
         ]
     )
 

@@ -7,6 +7,7 @@ import functools
 import importlib
 import json
 import logging
+import threading
 from collections.abc import Callable
 from importlib.util import find_spec
 from types import ModuleType
@@ -34,11 +35,20 @@ def others() -> list[ModuleType]:
     return [module for module in found if module not in switched_on]
 
 
-@functools.cache
+_indexing = threading.Lock()
+
+
 def indexed() -> tuple[Any, ...]:
     """The app's functions as the worker's indexing sees them, with those of ``others()`` and
     every housekeeping timer (an app with all of them, for their tests). get_functions()
-    validates the app and may only be called once per app object."""
+    validates the app and may only be called once per app object: the first callers of
+    several threads (the harness's competing workers) wait for one indexing."""
+    with _indexing:
+        return _indexed()
+
+
+@functools.cache
+def _indexed() -> tuple[Any, ...]:
     everything = func.FunctionApp()
     for blueprint in [*consumers.blueprints(), *(m.bp for m in others()), *housekeeping(NEEDS)]:
         everything.register_functions(blueprint)

@@ -1,5 +1,6 @@
-"""The demo's second part: the same dedup module behind Event Grid (CloudEvents), the
-CloudEvents HTTP endpoint and POST /api/orders with an Idempotency-Key."""
+"""The demo's second part: the same dedup module behind Event Grid (CloudEvents) — and, when
+their recipes are switched on, the CloudEvents HTTP endpoint (``cloudevents-http``) and POST
+/api/orders with an Idempotency-Key (``http``). What is off is said, not driven."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
+import consumers
 from consumers import orders as orders_app
 from shared.orders import SHIPPED
 from tools.runtimes import Runtime
@@ -22,6 +24,8 @@ class TriggerReport:
     orders: int = 0
     api_orders: int = 0
     statuses: Counter[str] | None = None
+    events_over_http: bool = False
+    orders_api: bool = False
 
     @property
     def ok(self) -> bool:
@@ -29,20 +33,28 @@ class TriggerReport:
 
     def summary(self) -> str:
         statuses = ", ".join(f"{k} x{v}" for k, v in sorted((self.statuses or Counter()).items()))
-        return (
-            f"Event Grid + CloudEvents over HTTP: {self.events} events in {self.event_deliveries} deliveries "
-            f"-> {self.shipments} shipments.\n"
-            f"POST /api/orders: {self.orders} orders in {self.requests} requests -> {self.api_orders} orders "
-            f"written ({statuses})."
-        )
+        channels = "Event Grid + CloudEvents over HTTP" if self.events_over_http else "Event Grid"
+        api = (f"POST /api/orders: {self.orders} orders in {self.requests} requests -> {self.api_orders} orders "
+               f"written ({statuses})." if self.orders_api else
+               "POST /api/orders: off (make recipe NAME=http switches it on).")  # fmt: skip
+        delivered = f"{self.events} events in {self.event_deliveries} deliveries -> {self.shipments} shipments"
+        return f"{channels}: {delivered}.\n{api}"
+
+
+def switched_on() -> set[str]:
+    """The modules of consumers/ (a recipe's once switched on)."""
+    return {module.__name__.rsplit(".", 1)[1] for module in consumers.modules()}
 
 
 def drive(runtime: Runtime, events: int = 150, orders: int = 150, seed: int = 7) -> TriggerReport:
     rng = random.Random(seed)
-    report = TriggerReport(events=events, orders=orders, statuses=Counter())
+    on = switched_on()
+    report = TriggerReport(events=events, statuses=Counter(), events_over_http="events_api" in on,
+                           orders_api="orders_api" in on)  # fmt: skip
+    report.orders = orders if report.orders_api else 0
     for i in range(events):
         data = {"orderId": f"o-{i}", "carrier": "DHL", "trackingNumber": f"T-{seed}-{i}"}
-        over_http = i % 2 == 1  # a publisher posts its own events; Event Grid delivers the others
+        over_http = report.events_over_http and i % 2 == 1  # a publisher posts its own; Event Grid delivers others
         for _ in range(rng.randint(1, 3)):  # retries on the same channel
             report.event_deliveries += 1
             if over_http:
@@ -54,7 +66,7 @@ def drive(runtime: Runtime, events: int = 150, orders: int = 150, seed: int = 7)
                 event = {"id": f"ev-{seed}-{i}", "source": "/warehouse/eu", "type": SHIPPED, "specversion": "1.0",
                          "data": data, "subject": f"orders/o-{i}"}  # fmt: skip
                 runtime.cloudevent("order_events", event)
-    for i in range(orders):
+    for i in range(report.orders):
         order = {"orderId": f"web-{seed}-{i}", "customerId": "c-web", "amount": 10.0 + i, "currency": "EUR",
                  "items": [{"sku": "gift", "quantity": 1}]}  # fmt: skip
         copies = [order] * rng.randint(1, 3) + ([{**order, "amount": 1.0}] if i % 30 == 0 else [])
