@@ -7,7 +7,7 @@ the copy; .venv, .venv-checkov, node_modules and the worker's .runtime linked, n
 - ``recipes``: every recipe switched on, ``make recipe NAME=<name>`` each;
 - ``without-example``: ``make remove-example``.
 
-Then, in each copy: ``make lint typecheck check-retention check-leases``, the test suites such a
+Then, in each copy: ``make lint typecheck check-retention check-leases scan-infra``, the suites such a
 change can break (unit, infra, the walkthroughs, the runtime's indexing, the example's and
 recipes' own tests, the adopter's own), and the library's tests collected must be the
 template's, one for one. ``--full`` runs ``make test`` there instead: the whole suite.
@@ -206,7 +206,7 @@ def check(tree: Path, library: list[str], full: bool) -> str:
         done = make(tree, "test")
         _must(done, "make test")
         return f"make test: {summary(done.stdout)}"
-    _must(make(tree, "lint", "typecheck", "check-retention", "check-leases"), "make lint typecheck checks")
+    _must(make(tree, "lint", "typecheck", "check-retention", "check-leases", "scan-infra"), "make's checks")
     here = collected(tree)
     if sorted(here) != sorted(library):
         missing, extra = sorted(set(library) - set(here)), sorted(set(here) - set(library))
