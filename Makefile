@@ -112,9 +112,9 @@ test: lint typecheck check-retention check-leases scan-infra
 
 # The template as its adopters change it, each in a copy: README "Start your own app" followed,
 # every recipe switched on, the example removed; then lint, types, the checks and the suites such
-# a change can break (tools/adopters.py). FULL=1: make test in each copy.
+# a change can break (tools/adopters.py). FULL=1: make test in each copy, and in an unchanged one to compare.
 test-adopters: install .venv-checkov/.installed
-	$(PY) -m tools.adopters $(if $(FULL),--full)
+	$(PY) -m tools.adopters $(if $(FULL),--full template walkthrough recipes without-example)
 
 # The other supported Pythons (of 3.11, 3.12, 3.13), each in .venv-X.Y: types, unit, infra, integration
 # and runtime tests (tools/pythons.py; a missing interpreter is named in one line).

@@ -7,12 +7,14 @@ the copy; .venv, .venv-checkov, node_modules and the worker's .runtime linked, n
 - ``recipes``: every recipe switched on, ``make recipe NAME=<name>`` each;
 - ``without-example``: ``make remove-example``.
 
-Then, in each copy: ``make lint typecheck check-retention check-leases scan-infra``, the suites such a
-change can break (unit, infra, the walkthroughs, the runtime's indexing, the example's and
-recipes' own tests, the adopter's own), and the library's tests collected must be the
-template's, one for one. ``--full`` runs ``make test`` there instead: the whole suite.
+Then, in each copy: ``make lint typecheck check-retention check-leases scan-infra``, the suites
+such a change can break (unit, infra, the walkthroughs, the runtime's indexing, the example's
+and recipes' own tests, the adopter's own), and the library's tests collected must be the
+template's, one for one. ``--full`` runs ``make test`` there instead, the whole suite, and
+counts the library's tests that passed and skipped in each; ``template``, a copy left as it is,
+gives the figures to compare with (``--full template walkthrough recipes without-example``).
 
-    python -m tools.adopters [--full] [--keep DIR] [walkthrough|recipes|without-example ...]
+    python -m tools.adopters [--full] [--keep DIR] [template|walkthrough|recipes|without-example ...]
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import xml.etree.ElementTree as ElementTree
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -161,6 +165,8 @@ def follow_the_walkthroughs(tree: Path) -> str:
 
 
 def switch_every_recipe_on(tree: Path) -> str:
+    if not (tree / "recipes").is_dir():
+        raise NotApplicable("no recipes/ (the example was removed)")
     listing = "import json, recipes; print(json.dumps([*recipes.MODULES, *recipes.FEATURES]))"
     names = json.loads(_must(_python(tree, "-c", listing), "listing the recipes"))
     for name in names:
@@ -177,6 +183,7 @@ PATHS: dict[str, Callable[[Path], str]] = {
     "recipes": switch_every_recipe_on,
     "without-example": remove_the_example,
 }
+TEMPLATE: dict[str, Callable[[Path], str]] = {"template": lambda tree: "unchanged"}  # what to compare with
 
 
 # -- the checks ------------------------------------------------------------------------------------
@@ -200,12 +207,27 @@ def adopter_suites(tree: Path) -> list[str]:
     return [*SUITES, *(["tests/example"] if (tree / "tests" / "example").is_dir() else []), *own]
 
 
-def check(tree: Path, library: list[str], full: bool) -> str:
-    """The checks and tests in the changed ``tree``; what they said, in one line."""
+def library_results(junit: Path) -> Counter[str]:
+    """How many of the library's tests passed, skipped or failed, from pytest's JUnit XML."""
+    found: Counter[str] = Counter()
+    for case in ElementTree.parse(junit).iter("testcase"):
+        if case.get("classname", "").startswith(tuple(p.replace("/", ".") + "." for p in LIBRARY_TESTS)):
+            kind = next((child.tag for child in case if child.tag in ("skipped", "failure", "error")), "passed")
+            found[kind] += 1
+    return found
+
+
+def check(tree: Path, library: list[str], full: bool, runs: dict[str, Counter[str]]) -> str:
+    """The checks and tests in the changed ``tree``; what they said, in one line. ``runs``: the
+    library's results of the trees checked before (full), the template's first when it is one."""
     if full:
-        done = make(tree, "test")
+        done = make(tree, "test", f"ARGS=--junitxml={tree / 'results.xml'}")
         _must(done, "make test")
-        return f"make test: {summary(done.stdout)}"
+        counts = runs[tree.name] = library_results(tree / "results.xml")
+        if "template" in runs and counts != runs["template"]:
+            raise AdopterFailure(f"the library's tests ran otherwise than in the template: {dict(counts)} "
+                                 f"against {dict(runs['template'])}")  # fmt: skip
+        return f"make test: {summary(done.stdout)}; the library's tests: {dict(sorted(counts.items()))}"
     _must(make(tree, "lint", "typecheck", "check-retention", "check-leases", "scan-infra"), "make's checks")
     here = collected(tree)
     if sorted(here) != sorted(library):
@@ -220,16 +242,19 @@ def check(tree: Path, library: list[str], full: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.adopters", description=__doc__.split("\n\n")[0])
-    parser.add_argument("paths", nargs="*", metavar="PATH", help=f"of {', '.join(PATHS)} (default: all)")
+    parser.add_argument("paths", nargs="*", metavar="PATH",
+                        help=f"of template, {', '.join(PATHS)} (default: {', '.join(PATHS)})")  # fmt: skip
     parser.add_argument("--full", action="store_true", help="make test in each copy: the whole suite")
     parser.add_argument("--keep", type=Path, help="make the copies here and keep them (default: removed)")
     args = parser.parse_args(argv)
-    if unknown := [name for name in args.paths if name not in PATHS]:
-        parser.error(f"no adopter path {', '.join(unknown)}: choose from {', '.join(PATHS)}")
-    args.paths = args.paths or list(PATHS)
+    paths = {**TEMPLATE, **PATHS}
+    if unknown := [name for name in args.paths if name not in paths]:
+        parser.error(f"no adopter path {', '.join(unknown)}: choose from {', '.join(paths)}")
+    args.paths = sorted(args.paths or PATHS, key=list(paths).index)  # the template first
     base = args.keep or Path(tempfile.mkdtemp(prefix="adopters-"))
     library = [] if args.full else collected(ROOT)
-    failed = []
+    failed: list[str] = []
+    runs: dict[str, Counter[str]] = {}
     try:
         for name in args.paths:
             started, tree = time.monotonic(), base / name
@@ -238,9 +263,11 @@ def main(argv: list[str] | None = None) -> int:
             tree.mkdir(parents=True)
             try:
                 copy_tree(tree)
-                changed = PATHS[name](tree)
-                verdict = f"OK   {name}: {changed}; {check(tree, library, args.full)}"
-            except (AdopterFailure, NotApplicable, ValueError, subprocess.TimeoutExpired) as exc:
+                changed = paths[name](tree)
+                verdict = f"OK   {name}: {changed}; {check(tree, library, args.full, runs)}"
+            except NotApplicable as exc:
+                verdict = f"SKIP {name}: {exc}"
+            except (AdopterFailure, ValueError, subprocess.TimeoutExpired) as exc:
                 failed.append(name)
                 verdict = f"FAIL {name}: {exc}"
             print(f"{verdict} ({time.monotonic() - started:.0f} s)", flush=True)

@@ -23,7 +23,7 @@ def describes_itself(module: str) -> None:
 
 @pytest.mark.parametrize("module", ["tools.purge_cost", "tools.delivery_checks", "shared.idempotency.resubmit",
                                     "tools.runtime.build", "tools.infra_checks", "shared.idempotency.replay",
-                                    "tools.workbook_picture", "tools.pythons"])  # fmt: skip
+                                    "tools.workbook_picture", "tools.pythons", "tools.adopters"])  # fmt: skip
 def test_help_describes_the_command_and_starts_nothing(module: str) -> None:
     describes_itself(module)
 

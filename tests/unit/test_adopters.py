@@ -1,0 +1,63 @@
+"""tools/adopters.py's own parts (the paths themselves run in `make test-adopters`): a
+walkthrough's blocks applied once and found applied after, an app's own file where a block
+writes one said so, the library's results counted from pytest's JUnit XML."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tools import adopters
+
+README = """# App
+
+## Start your own app
+
+```python consumers/new.py
+X = 1
+```
+
+```diff settings.json
+-  "A": 1,
++  "A": 1,
++  "B": 2,
+```
+
+## Next
+"""
+
+
+def test_a_walkthrough_is_applied_once_and_found_applied_after(tmp_path: Path) -> None:
+    (tmp_path / "README.md").write_text(README)
+    (tmp_path / "consumers").mkdir()
+    (tmp_path / "settings.json").write_text('{\n  "A": 1,\n  "C": 3\n}\n')
+    blocks = adopters.walkthrough(tmp_path / "README.md", "## Start your own app")
+    assert [(language, path) for language, path, _ in blocks] == [("python", "consumers/new.py"),
+                                                                  ("diff", "settings.json")]  # fmt: skip
+    assert [adopters.apply(tmp_path, *block) for block in blocks] == [True, True]
+    assert json.loads((tmp_path / "settings.json").read_text()) == {"A": 1, "B": 2, "C": 3}
+    assert [adopters.apply(tmp_path, *block) for block in blocks] == [False, False]  # there already
+
+
+def test_an_apps_own_file_where_a_block_writes_one_is_not_applicable(tmp_path: Path) -> None:
+    (tmp_path / "consumers").mkdir()
+    (tmp_path / "consumers" / "new.py").write_text("X = 2  # the app's own\n")
+    with pytest.raises(adopters.NotApplicable, match=r"consumers/new\.py is this app.s own"):
+        adopters.apply(tmp_path, "python", "consumers/new.py", "X = 1\n")
+    (tmp_path / "settings.json").write_text('{"A": 9}\n')
+    with pytest.raises(ValueError, match="no longer applies"):
+        adopters.apply(tmp_path, "diff", "settings.json", '-  "A": 1,\n+  "A": 1,\n+  "B": 2,\n')
+
+
+def test_the_librarys_results_are_counted_from_junit_xml(tmp_path: Path) -> None:
+    junit = tmp_path / "results.xml"
+    junit.write_text("""<testsuites><testsuite>
+      <testcase classname="tests.unit.test_a" name="one"/>
+      <testcase classname="tests.integration.test_b.TestStore" name="two"><skipped message="no"/></testcase>
+      <testcase classname="tests.runtime.test_c" name="three"><failure message="x"/></testcase>
+      <testcase classname="tests.example.test_d" name="four"/>
+      <testcase classname="tests.test_invoices" name="five"/>
+    </testsuite></testsuites>""")
+    assert adopters.library_results(junit) == {"passed": 1, "skipped": 1, "failure": 1}
