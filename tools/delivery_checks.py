@@ -95,14 +95,11 @@ def redeliveries(infra: Path = INFRA, recipes: Sequence[str] | None = None) -> l
         if resource.existing:  # declared elsewhere (e.g. a role's scope): read there
             continue
         properties, scope, path = resource.properties, scopes[resource.call], resource.path
-        # Each entity as deployed: ``file:symbol[its name]`` (the symbol alone where it is the name);
-        # a name known at deployment only: the module call tells two calls of one template apart.
-        place = f"{path}:{resource.symbol}"
-        if paths[path] > 1 and not resource.names:
-            place = f"{path}[{resource.call}]:{resource.symbol}"
-        names = [place if n == resource.symbol else f"{place}[{n}]" for n in resource.names] or [place]
+        # Each entity as deployed, ``file:symbol[its name]``; a name known at deployment only: the
+        # module call tells two calls of one template apart.
+        call = f"[{resource.call}]" if paths[path] > 1 and not resource.names else ""
         count = 1 if resource.names else resource.count or 1  # a loop over values known at deployment only: 1+
-        for name in names:
+        for name in (f"{path}{call}:{entity}" for entity in resource.entities):
             if resource.type in (QUEUE, SUBSCRIPTION):
                 value = {k: _resolve(properties.get(k, d), scope) for k, d in SERVICE_BUS_DEFAULTS.items()}
                 found.append(Redelivery(name, "service bus", int(value["maxDeliveryCount"]),

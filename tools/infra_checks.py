@@ -240,6 +240,12 @@ class Resource:
         return self.config.get("properties") or {}
 
     @property
+    def entities(self) -> list[str]:
+        """One label per entity: ``symbol[name]``, the symbol alone where it is the name or the
+        names are known at deployment only (a loop over a parameter: one label for all)."""
+        return [self.symbol if n == self.symbol else f"{self.symbol}[{n}]" for n in self.names] or [self.symbol]
+
+    @property
     def label(self) -> str:
         """The symbol, with the entities' names when they are not the symbol: ``moreQueues[invoices]``."""
         shown = [name for name in self.names if name != self.symbol]

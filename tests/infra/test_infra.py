@@ -200,10 +200,8 @@ REDELIVERING = {"Microsoft.ServiceBus/namespaces/queues": "service bus",
 def test_every_entity_that_redelivers_is_read_by_its_name(recipes: list[str] | None) -> None:
     """Each queue, subscription, hub and event subscription infra/ deploys is one place the
     checks read, named as deployed: ``file:symbol[name]`` (an app's own queue by its own name)."""
-    expected = sorted(
-        (f"{r.path}:{r.symbol}" + ("" if name == r.symbol else f"[{name}]"), REDELIVERING[r.type])
-        for r in Deployment(INFRA, recipes).resources if r.type in REDELIVERING and not r.existing for name in r.names
-    )  # fmt: skip
+    expected = sorted((f"{r.path}:{entity}", REDELIVERING[r.type]) for r in Deployment(INFRA, recipes).resources
+                      if r.type in REDELIVERING and not r.existing and r.names for entity in r.entities)  # fmt: skip
     assert expected, "no entity deployed redelivers"
     assert sorted((place.name, place.broker) for place in redeliveries(INFRA, recipes)) == expected
     assert all(place.count == 1 for place in redeliveries(INFRA, recipes))  # every name known: one place each

@@ -60,15 +60,11 @@ ADDS: dict[str, tuple[dict[str, int], set[str], set[str]]] = {
 
 
 def deployed(recipes: list[str], parameters: dict[str, Any] | None = None) -> Counter[str]:
-    """How many entities each declaration deploys: one key per named entity, else one per declaration."""
+    """How many entities each declaration deploys: a key per named entity, else per declaration."""
     found: Counter[str] = Counter()
     for r in Deployment(INFRA, recipes, parameters).resources:
         if not r.existing:
-            names = [n for n in r.names if n != r.symbol]
-            if names and (r.count or 1) == len(names):
-                found.update(f"{r.file}:{r.symbol}[{name}]" for name in names)
-            else:
-                found[f"{r.file}:{r.symbol}"] += r.count or 0
+            found.update({f"{r.file}:{entity}": 1 if r.names else r.count or 0 for entity in r.entities})
     return found
 
 
