@@ -90,6 +90,8 @@ worker: install
 EXAMPLE := consumers/orders.py consumers/order_events.py shared/orders shared/ledger recipes tests/example \
 	tools/demo.py tools/chaos.py tools/chain.py tools/eventhub.py tools/sessions.py tools/other_triggers.py \
 	tools/soak.py tools/outbox_cost.py tools/recipe.py tools/findings.py tools/delay_proxy.py bench client test.http
+# The example's block in infra/main.bicep (through the blank line after it), deleted with it.
+SUBSCRIPTION_BLOCK := \/\/ The example's: the order_events function's subscription
 # Refused while a recipe is switched on: its module in consumers/ (your code by then) uses the example's domain.
 USING_EXAMPLE = $(shell grep -lE 'shared[.](orders|ledger)|from shared import ledger' \
 	$(filter-out $(EXAMPLE),$(wildcard consumers/*.py)) 2>/dev/null)
@@ -98,14 +100,14 @@ remove-example:
 		echo "make remove-example: switch the recipes off first, make recipe-off NAME=<name> for each" \
 			"(infra/recipes.json: $$(tr -d ' \n' < infra/recipes.json);" \
 			"in consumers/ and using shared/orders or shared/ledger: $(or $(USING_EXAMPLE),none))" >&2; exit 2; fi
+	@if grep -q "^$(SUBSCRIPTION_BLOCK)" infra/main.bicep; then \
+		sed "/^$(SUBSCRIPTION_BLOCK)/,/^$$/d" infra/main.bicep > infra/main.bicep.new && mv infra/main.bicep.new infra/main.bicep \
+		&& echo "Removed the order_events function's Event Grid subscription from infra/main.bicep."; fi
 	@rm -rf $(EXAMPLE)
-	@sed "/^\/\/ The example's: the order_events function's subscription/,/^}$$/d" infra/main.bicep | cat -s > infra/main.bicep.new
-	@mv infra/main.bicep.new infra/main.bicep
-	@echo "Removed the example, and its Event Grid subscription from infra/main.bicep. Left for you to edit:"
-	@echo "  the orders queue, yours to rename or delete: infra/modules/servicebus.bicep, ORDERS_QUEUE in"
-	@echo "    infra/main.bicep and local.settings.json.example, emulator/servicebus-config.json"
+	@echo "Removed the example. Left for you to edit (docs/pattern.md#without-the-example):"
+	@echo "  the orders queue: rename it for a consumer of yours, or leave it unused (infra/modules/servicebus.bicep,"
+	@echo "    ORDERS_QUEUE in infra/main.bicep and local.settings.json.example, emulator/servicebus-config.json)"
 	@echo "  README.md: the default app, the ORDERS_QUEUE setting and the recipes describe the example"
-	@echo "  (docs/pattern.md#without-the-example)"
 
 test: lint typecheck check-retention check-leases scan-infra
 	$(PY) -m pytest -q $(ARGS)

@@ -245,12 +245,6 @@ class Resource:
         names are known at deployment only (a loop over a parameter: one label for all)."""
         return [self.symbol if n == self.symbol else f"{self.symbol}[{n}]" for n in self.names] or [self.symbol]
 
-    @property
-    def label(self) -> str:
-        """The symbol, with the entities' names when they are not the symbol: ``moreQueues[invoices]``."""
-        shown = [name for name in self.names if name != self.symbol]
-        return f"{self.symbol}[{', '.join(shown)}]" if shown else self.symbol
-
 
 def body(spec: dict[str, Any]) -> dict[str, Any]:
     """A declaration's body, inside its ``if (...)`` and ``[for ...]`` wrappers."""
@@ -415,12 +409,16 @@ def policy_violations(infra: Path = INFRA, recipes: Sequence[str] | None = None)
         require(ns.properties.get("disableLocalAuth") is True, f"{ns.symbol}: Event Hubs local (SAS) auth enabled")
     queues = by_type("Microsoft.ServiceBus/namespaces/queues")
     require(bool(queues), "no Service Bus queue")
-    for entity in queues + by_type("Microsoft.ServiceBus/namespaces/topics"):
-        require(entity.properties.get("requiresDuplicateDetection") is True, f"{entity.label}: duplicate detection off")
-        require("duplicateDetectionHistoryTimeWindow" in entity.properties, f"{entity.label}: no detection window")
-    for entity in queues + by_type(SUBSCRIPTION_TYPE):
-        require(entity.properties.get("deadLetteringOnMessageExpiration") is True,
-                f"{entity.label}: expired messages are dropped, not dead-lettered")  # fmt: skip
+    for declared_entities in queues + by_type("Microsoft.ServiceBus/namespaces/topics"):
+        for entity in declared_entities.entities:
+            require(declared_entities.properties.get("requiresDuplicateDetection") is True,
+                    f"{entity}: duplicate detection off")  # fmt: skip
+            require("duplicateDetectionHistoryTimeWindow" in declared_entities.properties,
+                    f"{entity}: no detection window")  # fmt: skip
+    for declared_entities in queues + by_type(SUBSCRIPTION_TYPE):
+        for entity in declared_entities.entities:
+            require(declared_entities.properties.get("deadLetteringOnMessageExpiration") is True,
+                    f"{entity}: expired messages are dropped, not dead-lettered")  # fmt: skip
 
     for account in by_type("Microsoft.Storage/storageAccounts"):
         require(account.properties.get("allowSharedKeyAccess") is False, f"{account.symbol}: shared keys allowed")
@@ -467,20 +465,21 @@ def policy_violations(infra: Path = INFRA, recipes: Sequence[str] | None = None)
         if "operatorPrincipalId" in _text(assignment.properties.get("principalId")):  # the smoke test's entities
             target = types.get((assignment.file, str(scope)))
             require(target in OPERATOR_SCOPES, f"{assignment.symbol}: the operator's role reaches beyond one entity")
-    # Each Service Bus queue and subscription deployed is received by the app through a role on
-    # that entity (a consumer's own queue too); none on an entity that is not deployed.
+    # Each Service Bus queue and subscription deployed (whose name is known before deployment) is
+    # received by the app through a role on that entity, a consumer's own queue too; and none is
+    # on an entity that infra does not deploy. The app's roles are those given its principalId.
     scopes = {(r.file, r.symbol): r for r in deployment.resources}
-    received: set[str] = set()
+    received: set[tuple[str, str]] = set()
     for assignment in by_type("Microsoft.Authorization/roleAssignments"):
         if ("serviceBusDataReceiver" in _text(assignment.properties.get("roleDefinitionId"))
-                and assignment.properties.get("principalId") == "principalId"):  # the app's identity  # fmt: skip
+                and assignment.properties.get("principalId") == "principalId"):  # fmt: skip
             scoped = scopes.get((assignment.file, str(_scope_symbol(assignment.config.get("scope")))))
-            received |= set(scoped.names if scoped else ())
-    entities = {name for r in queues + by_type(SUBSCRIPTION_TYPE) for name in r.names}
-    for name in sorted(entities - received):
-        found.append(f"Service Bus entity {name!r}: the app has no receive role on it (roles.bicep)")
-    for name in sorted(received - entities):
-        found.append(f"Service Bus entity {name!r}: a receive role, but infra does not deploy it")
+            received |= {(scoped.type, name) for name in scoped.names} if scoped else set()
+    entities = {(r.type, name) for r in queues + by_type(SUBSCRIPTION_TYPE) for name in r.names}
+    for kind, name in sorted(entities - received):
+        found.append(f"{kind.rsplit('/', 1)[1][:-1]} {name!r}: the app has no receive role on it (roles.bicep)")
+    for kind, name in sorted(received - entities):
+        found.append(f"{kind.rsplit('/', 1)[1][:-1]} {name!r}: a receive role, but infra does not deploy it")
     for assignment in by_type("Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments"):
         require("/dbs/" in _text(assignment.properties.get("scope")),
                 f"{assignment.symbol}: Cosmos role scoped beyond a database")  # fmt: skip

@@ -4,8 +4,9 @@
 On: its module moves from recipes/ into consumers/ — the app registers it from there, and it is
 yours to change — and its name joins infra/recipes.json, so that the next ``azd up`` (or Bicep
 deployment) creates what it needs (recipes/README.md lists them). Off: the module goes back to
-recipes/ (with your changes) and the name leaves infra/recipes.json, so that the next deployment
-removes what it created. A feature of the orders consumers (``outbox``, ``payments``) has no
+recipes/ (with your changes) and the name leaves infra/recipes.json, so that infra no longer
+declares what it needs (azd provisions incrementally: what was deployed stays until you delete
+it, infra/README.md). A feature of the orders consumers (``outbox``, ``payments``) has no
 module: its name only, and its setting."""
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ def switch(name: str, on: bool = True, root: Path = ROOT) -> list[str]:
     module = recipes.MODULES.get(name)
     off_place, on_place = root / "recipes" / f"{module}.py", root / "consumers" / f"{module}.py"
     source, target = (off_place, on_place) if on else (on_place, off_place)
-    if module and source.exists() and not target.exists():
+    if module and source.exists() and target.exists():
+        raise ValueError(f"both {on_place.relative_to(root)} and {off_place.relative_to(root)} exist: keep one")
+    if module and source.exists():
         moved = subprocess.run(["git", "mv", str(source), str(target)], cwd=root, capture_output=True)
         if moved.returncode != 0:  # not a git work tree (an unpacked copy), or not tracked: a plain move
             source.rename(target)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.infra.test_infra import infra_copy, with_an_event_subscription
+from tests.infra.test_infra import infra_copy
 from tools.infra_checks import (
     INFRA,
     ROOT,
@@ -126,22 +126,6 @@ def test_every_recipe_on_adds_them_all_once() -> None:
     assert settings(RECIPES) == settings([]).union(*(names for _, names, _ in ADDS.values()))
 
 
-@pytest.mark.parametrize("recipes", [[], RECIPES], ids=["no-recipe", "all-recipes"])
-def test_the_receive_roles_name_the_entities_deployed(recipes: list[str]) -> None:
-    """The roles module receives from exactly the queues and subscriptions the Service Bus
-    module deploys: the app's own queues, the recipes' and the example's."""
-    deployment = Deployment(INFRA, recipes)
-    _, roles = deployment.calls["roles"]
-    _, servicebus = deployment.calls["serviceBus"]
-    status = ["order-status"] if "sessions" in recipes else []  # the session queue, received too
-    assert roles("receiveQueues") == [*servicebus("queues"), *status]
-    assert roles("topicSubscriptions") == servicebus("topicSubscriptions")
-    assert ("ledger" in roles("receiveQueues"), roles("topicSubscriptions") == ["billing", "shipping"]) == (
-        "batch" in recipes, "topic" in recipes)  # fmt: skip
-    assert Deployment(INFRA, ["outbox"]).calls["roles"][1]("outbox") is True
-    assert Deployment(INFRA, ["outbox"]).calls["roles"][1]("topicSubscriptions") == []  # sends, receives nothing
-
-
 # -- an unknown name ---------------------------------------------------------------------
 
 
@@ -239,8 +223,7 @@ def test_the_recipes_decide_and_a_parameter_stays_open(tmp_path: Path, recipes: 
 
 def test_fixed_parameters_decide_too(tmp_path: Path) -> None:
     """The default deployment reads every variant unless a parameter is fixed."""
-    copy = infra_copy(tmp_path)
-    with_an_event_subscription(copy)
+    copy = infra_copy(tmp_path)  # with an Event Grid subscription, whether the app has one or not
     calls = Deployment(copy, []).calls
     subscriptions = {call for call, (path, _) in calls.items() if path == "modules/eventgrid-subscription.bicep"}
     assert {"network", "cosmos"} <= set(calls) and subscriptions

@@ -1,6 +1,6 @@
 """tools/adopters.py's own parts (the paths themselves run in `make test-adopters`): a
-walkthrough's blocks applied once and found applied after, an app's own file where a block
-writes one said so, the library's results counted from pytest's JUnit XML."""
+walkthrough's blocks applied once and found applied after, an app's own file or lines where a
+block writes or changes them said so, the library's results counted from pytest's JUnit XML."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_an_apps_own_file_where_a_block_writes_one_is_not_applicable(tmp_path: P
     with pytest.raises(adopters.NotApplicable, match=r"consumers/new\.py is this app.s own"):
         adopters.apply(tmp_path, "python", "consumers/new.py", "X = 1\n")
     (tmp_path / "settings.json").write_text('{"A": 9}\n')
-    with pytest.raises(ValueError, match="no longer applies"):
+    with pytest.raises(adopters.NotApplicable, match="does not apply to this app's"):
         adopters.apply(tmp_path, "diff", "settings.json", '-  "A": 1,\n+  "A": 1,\n+  "B": 2,\n')
 
 
