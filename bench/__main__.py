@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import random
+import re
 import statistics
 import sys
 import threading
@@ -45,6 +46,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -102,12 +104,17 @@ class Measure:
 
 
 class Bench:
-    """One store endpoint (Azurite, maybe behind the delay proxy), counting requests."""
+    """One store endpoint (Azurite, maybe behind the delay proxy), counting requests; with
+    ``counting``, what runs while each scenario's messages are processed is counted too (its
+    setup and its check are not: bench/instructions.py)."""
 
-    def __init__(self, azurite: Azurite, port: int, messages: int, concurrency: int) -> None:
-        self.connection = azurite.connection_string.replace(f":{azurite.port}/", f":{port}/")
+    def __init__(self, azurite: Azurite | str, port: int, messages: int, concurrency: int,
+                 counting: Callable[[], AbstractContextManager[Any]] = nullcontext) -> None:  # fmt: skip
+        connection = azurite if isinstance(azurite, str) else azurite.connection_string
+        self.connection = re.sub(r":\d+/", f":{port}/", connection, count=1)
         self.n = messages
         self.concurrency = concurrency
+        self.counting = counting
         self._sent = self._index = 0
         self._lock = threading.Lock()
         self._created: list[tuple[TableServiceClient, str]] = []
@@ -142,7 +149,7 @@ class Bench:
         how many messages the run sent (the outbox)."""
         self._sent = self._index = 0
         client, started = time.process_time(), time.perf_counter()
-        with ThreadPoolExecutor(self.concurrency) as pool:
+        with self.counting(), ThreadPoolExecutor(self.concurrency) as pool:
             for future in [pool.submit(call) for call in calls]:
                 future.result()
         seconds, cpu, sent, index = time.perf_counter() - started, time.process_time() - client, self._sent, self._index

@@ -1,0 +1,135 @@
+"""The client's work per message as a count, not a time: instructions, counted by valgrind's
+callgrind while a scenario's messages are processed one at a time (a shared 2-core machine
+moves times by tens of percent; it does not move what the code executes).
+
+One process runs under ``valgrind --tool=callgrind --instr-atstart=no``: imports, setup, the
+store's tables and the exactly-once check run uncounted; each scenario first runs once
+uncounted (first calls: imports, caches, compiled regexes), then counting is switched on for
+its messages only (``callgrind_control -i on|off`` on the process, a dump per scenario). The
+store is the Azurite given, on loopback: its process is not counted.
+
+    python -m bench.instructions [--messages N] [SCENARIO ...]   # prints instructions per message
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from tools.azurite import Azurite
+
+MESSAGES = 200  # per scenario, counted (the uncounted first run: WARM_UP)
+WARM_UP = 20
+# Counted by default: the baselines they are judged against, and what users run.
+SCENARIOS = (
+    "baseline, no dedup (lean)",
+    "atomic, all new (lean)",
+    "atomic, 90% duplicates (lean)",
+    "two-phase, all new (lean)",
+    "source: Service Bus queue",
+    "source: Event Grid",
+    "source: HTTP Idempotency-Key",
+    "source: Event Hubs batch of 100",
+    "source: Service Bus queue, outbox",
+)
+
+
+def skip_reason() -> str | None:
+    """Why instructions cannot be counted here (None: they can)."""
+    missing = [tool for tool in ("valgrind", "callgrind_control") if shutil.which(tool) is None]
+    return f"{' and '.join(missing)} not installed (Debian: apt-get install valgrind)" if missing else None
+
+
+def measure(azurite: Azurite, scenarios: Sequence[str] = SCENARIOS, messages: int = MESSAGES) -> dict[str, float]:
+    """Instructions per message of each scenario, counted in one process under callgrind."""
+    with tempfile.TemporaryDirectory(prefix="callgrind-") as folder:
+        out = Path(folder) / "callgrind.out"
+        command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p",
+                   sys.executable, "-m", "bench.instructions", "--child", azurite.connection_string, str(messages),
+                   *scenarios]  # fmt: skip
+        env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict layouts, run to run
+        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=Path(__file__).parents[1])
+        if done.returncode != 0:
+            raise RuntimeError(f"callgrind run failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
+        counted: list[int] = json.loads(done.stdout.strip().splitlines()[-1])  # messages per scenario
+        totals = _dumps(Path(folder))
+    missing = [name for i, name in enumerate(scenarios) if f"s{i}" not in totals]
+    if missing:
+        raise RuntimeError(f"no callgrind dump for {missing}")
+    return {name: totals[f"s{i}"] / counted[i] for i, name in enumerate(scenarios)}
+
+
+def _dumps(folder: Path) -> dict[str, int]:
+    """Each ``callgrind_control --dump=sN`` dump's total instructions, by sN (the Nth scenario:
+    callgrind_control passes the name through a shell)."""
+    found: dict[str, int] = {}
+    for dump in folder.iterdir():
+        text = dump.read_text(errors="replace")
+        trigger = re.search(r"^desc: Trigger: dump (.+)$", text, re.MULTILINE)
+        total = re.search(r"^totals: (\d+)", text, re.MULTILINE)
+        if trigger and total:
+            found[trigger.group(1)] = int(total.group(1))
+    return found
+
+
+def _control(*args: str) -> None:
+    subprocess.run(["callgrind_control", *args, str(os.getpid())], check=True, capture_output=True)
+
+
+@contextmanager
+def _counted(dump: str) -> Iterator[None]:
+    _control("--zero")
+    _control("--instr=on")
+    try:
+        yield
+    finally:
+        _control("--instr=off")
+        _control(f"--dump={dump}")
+
+
+def child(connection: str, messages: int, scenarios: Sequence[str]) -> list[int]:
+    """Inside valgrind: each scenario once uncounted, then counted; the messages each counted."""
+    from bench.__main__ import SCENARIOS as ALL
+    from bench.__main__ import Bench
+
+    port = int(re.search(r":(\d+)/", connection).group(1))  # type: ignore[union-attr]
+    counted = []
+    for i, name in enumerate(scenarios):
+        ALL[name](Bench(connection, port, WARM_UP, concurrency=1))
+        bench = Bench(connection, port, messages, concurrency=1, counting=lambda i=i: _counted(f"s{i}"))
+        measure = ALL[name](bench)
+        if measure.violations:
+            raise RuntimeError(f"{name}: {measure.violations} exactly-once violations")
+        counted.append(measure.messages)
+    return counted
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--child"]:
+        print(json.dumps(child(args[1], int(args[2]), args[3:])))
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=MESSAGES)
+    parser.add_argument("scenarios", nargs="*", default=list(SCENARIOS))
+    parsed = parser.parse_args(args)
+    if reason := skip_reason():
+        parser.exit(2, f"bench.instructions: {reason}\n")
+    with Azurite() as azurite:
+        per_message = measure(azurite, parsed.scenarios, parsed.messages)
+    for name, count in per_message.items():
+        print(f"{count / 1e6:8.3f} M instructions/message  {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
