@@ -23,6 +23,7 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 from tools.azurite import Azurite
@@ -105,7 +106,7 @@ def child(connection: str, messages: int, scenarios: Sequence[str]) -> list[int]
     counted = []
     for i, name in enumerate(scenarios):
         ALL[name](Bench(connection, port, WARM_UP, concurrency=1))
-        bench = Bench(connection, port, messages, concurrency=1, counting=lambda i=i: _counted(f"s{i}"))
+        bench = Bench(connection, port, messages, concurrency=1, counting=partial(_counted, f"s{i}"))
         measure = ALL[name](bench)
         if measure.violations:
             raise RuntimeError(f"{name}: {measure.violations} exactly-once violations")
