@@ -17,7 +17,8 @@ import json
 import statistics
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import Any
 
@@ -77,8 +78,10 @@ def measure(azurite: Azurite, orders: int) -> dict[str, float]:
             "control_ms_per_partition_read": round(control, 2)}  # fmt: skip
 
 
-def throughput(azurite: Azurite, parked: int = 500) -> dict[str, Any]:
-    """Sweep a backlog of ``parked`` HTTP orders whose send failed, counting its requests."""
+def throughput(azurite: Azurite, parked: int = 500,
+               counting: Callable[[], AbstractContextManager[Any]] = nullcontext) -> dict[str, Any]:  # fmt: skip
+    """Sweep a backlog of ``parked`` HTTP orders whose send failed, counting its requests (and,
+    with ``counting``, what the sweep executes: bench/instructions.py)."""
     requests = [0]
     options = {**TRANSPORT, "raw_request_hook": lambda _: requests.__setitem__(0, requests[0] + 1)}
     store = TableStore(TableServiceClient.from_connection_string(azurite.connection_string, **options),
@@ -93,7 +96,8 @@ def throughput(azurite: Azurite, parked: int = 500) -> dict[str, Any]:
     outbox = down.outbox(topic)
     requests[0] = 0
     started = time.perf_counter()
-    swept = outbox.sweep(utcnow() + config.outbox_sweep_delay + timedelta(seconds=1), since=timedelta(hours=1))
+    with counting():
+        swept = outbox.sweep(utcnow() + config.outbox_sweep_delay + timedelta(seconds=1), since=timedelta(hours=1))
     seconds = time.perf_counter() - started
     assert (swept.parked, swept.sent, swept.failed, topic.sent) == (parked, parked, 0, parked), swept
     return {"parked": parked, "parked_per_s": round(parked / seconds, 1),

@@ -7,8 +7,10 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
 from azure.data.tables import TableServiceClient
 
+from bench import instructions
 from bench.__main__ import EXACT, PAIRS, SCENARIOS, Bench, paired
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores._expiry import SETTLE
@@ -110,3 +112,23 @@ def test_the_sweep_scenario_sends_a_backlog_at_two_requests_per_parked_key(azuri
     # Per key: read its rows, delete them; the 30 index rows in one transaction; the cursor's read and
     # write and one read per hour since an hour ago (two, or three when the sweep's "now" is in the next hour).
     assert sweep["runs"][0]["requests"] in (2 * 30 + 1 + 2 + 2, 2 * 30 + 1 + 2 + 3)
+
+
+def test_instructions_are_counted_per_message_only_while_messages_are_processed(azurite: Azurite) -> None:
+    """Under callgrind: twice the messages, about twice the instructions in all (setup, the
+    uncounted first run and the check are not counted), the same count twice, and the ratios
+    to the lean baseline judged against their bounds."""
+    if reason := instructions.skip_reason():
+        pytest.skip(reason)
+    names = [instructions.BASELINE, "atomic, all new (lean)"]
+    few, more = instructions.measure(azurite, names, 20), instructions.measure(azurite, names, 40)
+    for name in names:
+        assert 0.9 < more[name] / few[name] < 1.1, (name, few, more)  # per message: the same at any count
+    again = instructions.measure(azurite, names, 20)
+    assert all(abs(again[name] / few[name] - 1) < 0.01 for name in names), (few, again)
+    ratio = instructions.ratios(few)["atomic, all new (lean)"]
+    assert 1.0 < ratio < instructions.BOUNDS["atomic, all new (lean)"]  # the marker costs something, within bounds
+    measured = {**few, **{name: 0.0 for name in instructions.BOUNDS if name not in few}}
+    assert all(instructions.targets(measured).values())
+    doubled = {**measured, names[1]: 2 * few[names[1]]}  # twice the work per message: refused
+    assert [ok for target, ok in instructions.targets(doubled).items() if target.endswith(names[1])] == [False]
