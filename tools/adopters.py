@@ -177,13 +177,17 @@ def switch_every_recipe_on(tree: Path) -> str:
     return f"switched on: {', '.join(names)}"
 
 
+def switch_every_recipe_off(tree: Path) -> list[str]:
+    """``make recipe-off`` for each recipe infra/recipes.json names; the names switched off."""
+    names: list[str] = json.loads((tree / "infra" / "recipes.json").read_text()) if (tree / "recipes").is_dir() else []
+    for name in names:
+        _must(make(tree, "recipe-off", f"NAME={name}"), f"make recipe-off NAME={name}")
+    return names
+
+
 def remove_the_example(tree: Path) -> str:
     """make remove-example, the recipes that are on switched off first (as its refusal says)."""
-    switched_off = []
-    if (tree / "recipes").is_dir():
-        for name in json.loads((tree / "infra" / "recipes.json").read_text()):
-            _must(make(tree, "recipe-off", f"NAME={name}"), f"make recipe-off NAME={name}")
-            switched_off.append(name)
+    switched_off = switch_every_recipe_off(tree)
     removed = _must(make(tree, "remove-example"), "make remove-example").strip().splitlines()[0]
     return f"switched off: {', '.join(switched_off)}; {removed}" if switched_off else removed
 

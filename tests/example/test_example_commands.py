@@ -4,13 +4,16 @@ in one line."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from tests.unit.test_entry_points import ROOT, describes_itself
+from tools.other_triggers import switched_on
 
 
 @pytest.mark.parametrize("module", ["tools.demo", "tools.chaos", "bench", "client.smoke", "tools.outbox_cost",
@@ -32,11 +35,6 @@ def test_make_demo_as_a_user_runs_it_reports_figures_that_add_up() -> None:
     """`make demo`'s program in a new process from the repository's root: exit 0, every
     delivery with one outcome, the refused deliveries those of the dead-lettered messages, and
     only the functions the app has (a recipe that is off is said to be off)."""
-    import json
-    import re
-
-    from tools.other_triggers import switched_on
-
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DEDUP_", "COSMOS_", "DEMO_"))}
     done = subprocess.run([sys.executable, "-m", "tools.demo"], cwd=ROOT, capture_output=True, text=True, env=env,
                           timeout=600)  # fmt: skip

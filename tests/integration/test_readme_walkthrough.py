@@ -147,9 +147,7 @@ def test_without_the_example_the_library_and_its_tests_stand(copy: Path) -> None
     for block in walkthrough():
         apply(copy, *block)
     (copy / ".venv").symlink_to(ROOT / ".venv")
-    if (copy / "recipes").is_dir():
-        for name in json.loads((copy / "infra" / "recipes.json").read_text()):
-            make(copy, "recipe-off", f"NAME={name}")
+    adopters.switch_every_recipe_off(copy)
     removed = make(copy, "remove-example")
     assert "infra/modules/servicebus.bicep" in removed and "README.md" in removed, removed  # what is left to edit
     for gone in ("consumers/orders.py", "shared/orders", "recipes", "tests/example", "bench", "tools/demo.py"):
