@@ -11,85 +11,85 @@ example = @test -e $(1) || { echo "make $@ drives the example, which make remove
 .PHONY: install demo test lint typecheck chaos bench check-retention check-leases scan-infra worker recipe recipe-off \
 	remove-example test-versions test-adopters clean
 
-install: $(VENV)/.installed node_modules/.installed
+install: $(VENV)/.installed lab/node_modules/.installed
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+$(VENV)/.installed: requirements.txt tests/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --quiet -r tests/requirements.txt
 	touch $@
 
-.venv-checkov/.installed: requirements-checkov.txt
+.venv-checkov/.installed: lab/requirements-checkov.txt
 	$(PYTHON) -m venv .venv-checkov
 	.venv-checkov/bin/python -m pip install --quiet --upgrade pip
-	.venv-checkov/bin/python -m pip install --quiet -r requirements-checkov.txt
+	.venv-checkov/bin/python -m pip install --quiet -r lab/requirements-checkov.txt
 	touch $@
 
-node_modules/.installed: package.json package-lock.json
-	npm ci --no-audit --no-fund
+lab/node_modules/.installed: lab/package.json lab/package-lock.json
+	npm ci --prefix lab --no-audit --no-fund
 	touch $@
 
 demo: install
-	$(call example,tools/demo.py)
-	$(PY) -m tools.demo
+	$(call example,lab/demo.py)
+	$(PY) -m lab.demo
 
 # Switch a recipe on (recipes/README.md): its module moves into consumers/, its name into
 # infra/recipes.json (what the next deployment creates for it). make recipe NAME=eventhubs;
 # make recipe-off NAME=eventhubs moves both back.
 recipe: $(VENV)/.installed
 	$(call example,recipes)
-	$(PY) -m tools.recipe $(NAME)
+	$(PY) -m lab.recipe $(NAME)
 
 recipe-off: $(VENV)/.installed
 	$(call example,recipes)
-	$(PY) -m tools.recipe --off $(NAME)
+	$(PY) -m lab.recipe --off $(NAME)
 
 # The long fault-injection run; knobs: CHAOS_MESSAGES CHAOS_WORKERS CHAOS_DUP_RATE
 # CHAOS_FAULT_RATE CHAOS_SEED CHAOS_OUTAGE (see docs/reliability.md).
 chaos: install
-	$(call example,tools/chaos.py)
-	$(PY) -m tools.chaos
+	$(call example,lab/chaos.py)
+	$(PY) -m lab.chaos
 
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 typecheck: install
-	$(VENV)/bin/mypy shared consumers function_app.py tools $(wildcard recipes bench client)
+	$(VENV)/bin/mypy shared consumers function_app.py lab $(wildcard recipes)
 
 # Store round trips and throughput per scenario, the purge, and the consumer through the real
 # Functions worker (fetched by `make worker` unless FUNCTIONS_PYTHON_WORKER names it);
-# writes bench/results/latest.{json,md,png}.
+# writes lab/bench/results/latest.{json,md,png}.
 bench: install
 	$(call example,bench)
 	$(if $(FUNCTIONS_PYTHON_WORKER),,$(MAKE) worker)
 	$(PY) -m bench
 
 # Dedup markers must outlive every redelivery infra/ allows; a dead step owner's claim
-# must lapse while the broker still has deliveries left (tools/delivery_checks.py).
+# must lapse while the broker still has deliveries left (lab/delivery_checks.py).
 check-retention: install
-	$(PY) -m tools.delivery_checks retention
+	$(PY) -m lab.delivery_checks retention
 
 check-leases: install
-	$(PY) -m tools.delivery_checks leases
+	$(PY) -m lab.delivery_checks leases
 
 # checkov on infra/: every check it fails is fixed or skipped in the template with a reason
-# (infra/.checkov.yaml); the project's own policies (tools/infra_checks.py) run in pytest.
+# (infra/.checkov.yaml); the project's own policies (lab/infra_checks.py) run in pytest.
 scan-infra: .venv-checkov/.installed
 	.venv-checkov/bin/checkov --config-file infra/.checkov.yaml
 
 # The real Azure Functions Python worker for tests/runtime (online: GitHub release 4.34.0,
-# every file checked against tools/runtime/python-worker-4.34.0.sha256). Offline, set
+# every file checked against lab/runtime/python-worker-4.34.0.sha256). Offline, set
 # FUNCTIONS_PYTHON_WORKER to the release archive or folder instead.
 worker: install
-	$(PY) -m tools.runtime.build
+	$(PY) -m lab.runtime.build
 
 # The example (orders, its recipes, and what drives them: demo, chaos, bench, the smoke client),
 # deleted at once with the order_events subscription in infra/main.bicep: what stays is the
 # library, its tests (on tests/app.py) and your consumers; what is left to edit is listed.
 EXAMPLE := consumers/orders.py consumers/order_events.py shared/orders shared/ledger recipes tests/example \
-	tools/demo.py tools/chaos.py tools/chain.py tools/eventhub.py tools/sessions.py tools/other_triggers.py \
-	tools/soak.py tools/outbox_cost.py tools/recipe.py tools/findings.py tools/delay_proxy.py bench client test.http
+	lab/demo.py lab/chaos.py lab/chain.py lab/eventhub.py lab/sessions.py lab/other_triggers.py \
+	lab/soak.py lab/outbox_cost.py lab/recipe.py lab/findings.py lab/delay_proxy.py lab/bench lab/client docs/requests.http
 # The example's block in infra/main.bicep (through the blank line after it), deleted with it.
 SUBSCRIPTION_BLOCK := \/\/ The example's: the order_events function's subscription
 # Refused while a recipe is switched on: its module in consumers/ (your code by then) uses the example's domain.
@@ -106,7 +106,7 @@ remove-example:
 	@rm -rf $(EXAMPLE)
 	@echo "Removed the example. Left for you to edit (docs/pattern.md#without-the-example):"
 	@echo "  the orders queue: rename it for a consumer of yours, or leave it unused (infra/modules/servicebus.bicep,"
-	@echo "    ORDERS_QUEUE in infra/main.bicep and local.settings.json.example, emulator/servicebus-config.json)"
+	@echo "    ORDERS_QUEUE in infra/main.bicep and local.settings.json.example, infra/emulator/servicebus-config.json)"
 	@echo "  README.md: the default app, the ORDERS_QUEUE setting and the recipes describe the example"
 
 test: lint typecheck check-retention check-leases scan-infra
@@ -114,14 +114,14 @@ test: lint typecheck check-retention check-leases scan-infra
 
 # The template as its adopters change it, each in a copy: README "Start your own app" followed,
 # every recipe switched on, the example removed; then lint, types, the checks and the suites such
-# a change can break (tools/adopters.py). FULL=1: make test in each copy, and in an unchanged one to compare.
+# a change can break (lab/adopters.py). FULL=1: make test in each copy, and in an unchanged one to compare.
 test-adopters: install .venv-checkov/.installed
-	$(PY) -m tools.adopters $(if $(FULL),--full template walkthrough recipes without-example)
+	$(PY) -m lab.adopters $(if $(FULL),--full template walkthrough recipes without-example)
 
 # The other supported Pythons (of 3.11, 3.12, 3.13), each in .venv-X.Y: types, unit, infra, integration
-# and runtime tests (tools/pythons.py; a missing interpreter is named in one line).
+# and runtime tests (lab/pythons.py; a missing interpreter is named in one line).
 test-versions: install
-	$(PY) -m tools.pythons
+	$(PY) -m lab.pythons
 
 clean:
-	rm -rf $(VENV) .venv-3.* .venv-checkov node_modules .pytest_cache .mypy_cache .ruff_cache .hypothesis .runtime
+	rm -rf $(VENV) .venv-3.* .venv-checkov lab/node_modules .pytest_cache .mypy_cache .ruff_cache .hypothesis .runtime

@@ -125,7 +125,7 @@ var suffix = uniqueString(resourceGroup().id, environmentName)
 var tags = { 'azd-env-name': environmentName }
 
 // What each recipe switches on (the names without resources, http, cloudevents-http and
-// schedule, are code only). tools/infra_checks.py evaluates the conditions with the recipes:
+// schedule, are code only). lab/infra_checks.py evaluates the conditions with the recipes:
 // keep them plain names, or parenthesised (its parser binds `? :` tighter than `==` or `&&`).
 var withTopic = contains(recipes, 'topic') // the order topic, its billing and shipping subscriptions
 var withOutbox = contains(recipes, 'outbox') // the orders consumer publishes OrderAccepted to the order topic

@@ -9,12 +9,12 @@ import pytest
 from azure.cosmos import CosmosClient, PartitionKey
 from azure.data.tables import TableServiceClient
 
+from lab.azurite import Azurite
+from lab.cosmos_emulator import CosmosEmulator, emulated
 from shared.idempotency.functions.registry import reset
 from shared.idempotency.stores import CosmosStore, DedupStore, TableStore
 from shared.idempotency.stores._azure import TRANSPORT
 from shared.idempotency.stores._table_batch import TableTransactions
-from tools.azurite import Azurite
-from tools.cosmos_emulator import CosmosEmulator, emulated
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Test helpers around the real function app (see tools/host.py)."""
+"""Test helpers around the real function app (see lab/host.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from lab.azurite import Azurite
+from lab.host import cloudevent, servicebus_message, user_function
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.functions.registry import reset
-from tools.azurite import Azurite
-from tools.host import cloudevent, servicebus_message, user_function
 
 __all__ = ["app_settings", "cloudevent", "fresh_app", "servicebus_message", "store_down", "user_function"]
 

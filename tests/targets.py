@@ -1,4 +1,4 @@
-"""The chaos harness's target in the library's tests (tools/harness.py): the `items` function
+"""The chaos harness's target in the library's tests (lab/harness.py): the `items` function
 of tests/app.py, on a stream of items."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import functools
 import os
 
+from lab import workload
+from lab.harness import Target
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.functions.registry import reset
 from shared.idempotency.stores import DedupStore
 from tests import app
-from tools import workload
-from tools.harness import Target
 
 
 def items_consumer(connection: str, table: str) -> IdempotentConsumer:

@@ -38,7 +38,7 @@ _requests = _meter.create_counter("dedup.store.requests", description="HTTP requ
 
 # Outcomes an operator must look at are logged as errors: they are the alerts. The everyday
 # ones log at DEBUG: through the Functions worker every record is a message to the host, and
-# one per message cost the consumer a tenth of its throughput (bench/worker.py: 0.75-0.84x
+# one per message cost the consumer a tenth of its throughput (lab/bench/worker.py: 0.75-0.84x
 # the no-dedup function at INFO, 0.89-0.96x at DEBUG, in one session).
 _LEVELS = {"conflict": logging.ERROR, "parked": logging.ERROR, "invalid": logging.WARNING, "transient": logging.WARNING,
            "in_flight": logging.INFO}  # fmt: skip

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from lab.azurite import Azurite
+from lab.harness import RunConfig, run
 from shared.idempotency.keys import encode_key
 from shared.idempotency.stores import Commit, CommitResult, CommitStatus, TableStore
 from tests.targets import ITEMS
-from tools.azurite import Azurite
-from tools.harness import RunConfig, run
 
 
 @pytest.fixture

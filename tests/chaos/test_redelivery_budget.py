@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
+from lab.azurite import Azurite
+from lab.faults import Crash
+from lab.harness import Report, RunConfig, Timing, run
 from shared.idempotency.downstream import IdempotentHttp
 from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._records import Commit, CommitResult, Marker
 from tests.targets import ITEMS
-from tools.azurite import Azurite
-from tools.faults import Crash
-from tools.harness import Report, RunConfig, Timing, run
 
 
 @pytest.fixture

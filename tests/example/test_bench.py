@@ -10,13 +10,13 @@ from urllib.parse import urlsplit
 import pytest
 from azure.data.tables import TableServiceClient
 
-from bench import instructions
-from bench.__main__ import EXACT, PAIRS, SCENARIOS, Bench, paired
+from lab import outbox_cost, purge_cost
+from lab.azurite import Azurite
+from lab.bench import instructions
+from lab.bench.__main__ import EXACT, PAIRS, SCENARIOS, Bench, paired
+from lab.delay_proxy import delayed
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores._expiry import SETTLE
-from tools import outbox_cost, purge_cost
-from tools.azurite import Azurite
-from tools.delay_proxy import delayed
 
 
 def test_every_scenario_runs_and_costs_the_round_trips_it_reports(azurite: Azurite) -> None:

@@ -1,4 +1,4 @@
-"""Event Hubs under fire (tools/eventhub.py): checkpoints after every batch, success or not,
+"""Event Hubs under fire (lab/eventhub.py): checkpoints after every batch, success or not,
 replays after crashes, rebalances, producer retries, store faults and events that keep failing
 past the retry policy — every event applied once, directly or by the operator's replay of what
 was parked; and the checker sees a consumer that drops what it should park."""
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from lab.azurite import Azurite
+from lab.eventhub import StreamConfig, run_stream
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.messages import Delivery, Outcome, Result
-from tools.azurite import Azurite
-from tools.eventhub import StreamConfig, run_stream
 
 
 def test_every_event_is_applied_once_through_replays_rebalances_and_parking(azurite: Azurite) -> None:

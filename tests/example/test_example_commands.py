@@ -12,19 +12,19 @@ import sys
 
 import pytest
 
+from lab.other_triggers import switched_on
 from tests.unit.test_entry_points import ROOT, describes_itself
-from tools.other_triggers import switched_on
 
 
-@pytest.mark.parametrize("module", ["tools.demo", "tools.chaos", "bench", "client.smoke", "tools.outbox_cost",
-                                    "tools.soak"])  # fmt: skip
+@pytest.mark.parametrize("module", ["lab.demo", "lab.chaos", "lab.bench", "lab.client.smoke", "lab.outbox_cost",
+                                    "lab.soak"])  # fmt: skip
 def test_help_describes_the_command_and_starts_nothing(module: str) -> None:
     describes_itself(module)
 
 
 def test_the_smoke_test_without_settings_fails_with_one_clear_line() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SERVICEBUS_")}
-    done = subprocess.run([sys.executable, "-m", "client.smoke"], cwd=ROOT, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "lab.client.smoke"], cwd=ROOT, capture_output=True, text=True,
                           env=env, timeout=60)  # fmt: skip
     assert (
         done.returncode == 2 and done.stderr.count("\n") == 1 and "SERVICEBUS_FULLY_QUALIFIED_NAMESPACE" in done.stderr
@@ -36,7 +36,7 @@ def test_make_demo_as_a_user_runs_it_reports_figures_that_add_up() -> None:
     delivery with one outcome, the refused deliveries those of the dead-lettered messages, and
     only the functions the app has (a recipe that is off is said to be off)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DEDUP_", "COSMOS_", "DEMO_"))}
-    done = subprocess.run([sys.executable, "-m", "tools.demo"], cwd=ROOT, capture_output=True, text=True, env=env,
+    done = subprocess.run([sys.executable, "-m", "lab.demo"], cwd=ROOT, capture_output=True, text=True, env=env,
                           timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     found = re.search(r"^Outcomes of the (\d+) deliveries: (.+)\.$", done.stdout, re.MULTILINE)

@@ -10,8 +10,8 @@ from datetime import timedelta
 
 import pytest
 
-from tools.delivery_checks import Redelivery, redeliveries
-from tools.infra_checks import INFRA, Deployment, allowed_recipes
+from lab.delivery_checks import Redelivery, redeliveries
+from lab.infra_checks import INFRA, Deployment, allowed_recipes
 
 ALL = allowed_recipes(INFRA)
 ORDERS = Redelivery("modules/servicebus.bicep:orders", "service bus", 10, timedelta(days=14), timedelta(minutes=1))

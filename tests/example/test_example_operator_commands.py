@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 import recipes
+from lab.azurite import Azurite
 from shared.idempotency.functions.registry import declared
 from tests.functions import fresh_app
 from tests.integration.operators import ROOT, run_tool
 from tests.integration.test_operator_commands import TOOLS
-from tools.azurite import Azurite
 
 
 def run_switched_on(*argv: str, switched_on: Sequence[str]) -> subprocess.CompletedProcess[str]:

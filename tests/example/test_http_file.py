@@ -1,4 +1,4 @@
-"""test.http, the requests a developer sends to `func start`, sent to the app in order: each
+"""docs/requests.http, the requests a developer sends to `func start`, sent to the app in order: each
 answers the status its title announces, so the file never drifts from the routes."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import azure.functions as func
 
+from lab.azurite import Azurite
 from tests.functions import fresh_app, user_function
-from tools.azurite import Azurite
 
-HTTP_FILE = Path(__file__).resolve().parents[2] / "test.http"
+HTTP_FILE = Path(__file__).resolve().parents[2] / "docs/requests.http"
 ROUTES = {"/api/orders": "orders_api", "/api/events": "events_api"}
 
 

@@ -14,14 +14,14 @@ import pytest
 from azure.data.tables import TableClient, TableServiceClient
 
 from consumers import orders as orders_app
+from lab.azurite import Azurite
+from lab.payment_service import PaymentService
 from shared.idempotency.functions import shared_store
 from shared.idempotency.keys import DedupKey, consumer_partition, encode_key
 from shared.idempotency.stores import DeadLetter, DedupStore, Marker, State, TableStore
 from shared.idempotency.testing import entities
 from shared.orders.checks import OrderEffects, effects_by_order
 from tests.functions import fresh_app, servicebus_message, user_function
-from tools.azurite import Azurite
-from tools.payment_service import PaymentService
 
 orders = user_function("orders")
 SHORT_LEASE = "PT1S"

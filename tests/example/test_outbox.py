@@ -1,5 +1,5 @@
 """The example's outbox, end to end: orders → order-events → billing + shipping (the
-order_topic recipe), on Azurite and the local topic model (tools/topic.py). Moved from
+order_topic recipe), on Azurite and the local topic model (lab/topic.py). Moved from
 tests/integration/test_outbox.py; the library's outbox is proven there on the test app."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import json
 import pytest
 
 import recipes
+from lab.azurite import Azurite
+from lab.broker import PeekLockQueue
+from lab.topic import Topic
 from shared.idempotency import Delivery, Outcome
 from shared.idempotency.outbox import ROWS
-from tools.azurite import Azurite
-from tools.broker import PeekLockQueue
-from tools.topic import Topic
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""orders → order-events → billing + shipping under faults at every hop (tools/chain.py): one
+"""orders → order-events → billing + shipping under faults at every hop (lab/chain.py): one
 order record, one invoice and one pick list per order, nothing left unsent, nothing in a
 broker's dead-letter queue — and the checker sees a consumer that forgets to re-send."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from lab.azurite import Azurite
+from lab.chain import SEND_FAULTS, ChainConfig, run_chain
 from shared.idempotency import Outcome
-from tools.azurite import Azurite
-from tools.chain import SEND_FAULTS, ChainConfig, run_chain
 
 
 def test_every_order_is_billed_and_shipped_once_whatever_fails(azurite: Azurite) -> None:

@@ -11,13 +11,13 @@ import pytest
 from azure.data.tables import TableServiceClient
 from opentelemetry.sdk.trace import TracerProvider
 
-from client.producer import order_message, shipped_event
-from client.smoke import main, make_plan, report
 from consumers import orders
+from lab.azurite import Azurite
+from lab.client.producer import order_message, shipped_event
+from lab.client.smoke import main, make_plan, report
 from shared.idempotency.keys import consumer_partition, encode_key
 from shared.idempotency.stores import DedupStore, TableStore
 from tests.functions import fresh_app, servicebus_message, user_function
-from tools.azurite import Azurite
 
 ORDER = {"orderId": "o-42", "customerId": "c-1", "amount": 12.5, "currency": "EUR",
          "items": [{"sku": "book", "quantity": 1}]}  # fmt: skip
@@ -51,7 +51,7 @@ def test_a_shipped_event_keeps_its_id_across_retries() -> None:
 
 
 def test_clients_are_built_from_settings_with_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    from client.producer import eventgrid_client, servicebus_client
+    from lab.client.producer import eventgrid_client, servicebus_client
 
     monkeypatch.setenv("EVENTGRID_TOPIC_ENDPOINT", "https://topic.westeurope-1.eventgrid.azure.net/api/events")
     monkeypatch.setenv("SERVICEBUS_FULLY_QUALIFIED_NAMESPACE", "ns.servicebus.windows.net")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import recipes
+from lab.adopters import copy_tree
 from tests.integration.operators import ROOT
-from tools.adopters import copy_tree
 
 LIST_FUNCTIONS = (
     "import json, function_app\n"
@@ -28,8 +28,8 @@ def template(tmp_path: Path) -> Path:
     """The template as a fresh clone has it (with what is not committed yet, committed there),
     its dependencies the ones installed here."""
     app = copy_tree(tmp_path / "app", linked=(".venv",))
-    (app / "node_modules").mkdir()  # the recipe needs no npm tool: installed, as far as make knows
-    for stamp in (ROOT / ".venv" / ".installed", app / "node_modules" / ".installed"):
+    (app / "lab" / "node_modules").mkdir(parents=True)  # the recipe needs no npm tool: installed, as far as make knows
+    for stamp in (ROOT / ".venv" / ".installed", app / "lab" / "node_modules" / ".installed"):
         stamp.touch()
     return app
 
@@ -96,7 +96,7 @@ def test_the_example_is_not_removed_under_a_recipe_switched_on(template: Path) -
 
 
 def test_an_unknown_recipe_is_one_line_and_changes_nothing(template: Path) -> None:
-    done = run(template, sys.executable, "-m", "tools.recipe", "nosuch")
+    done = run(template, sys.executable, "-m", "lab.recipe", "nosuch")
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "choose from" in done.stderr
     assert run(template, "git", "status", "--porcelain", "--", "consumers", "recipes", "infra").stdout == ""
 

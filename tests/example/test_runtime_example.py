@@ -1,4 +1,4 @@
-"""The example's own wiring in the real Functions worker (4.34.0, tools/runtime): the default
+"""The example's own wiring in the real Functions worker (4.34.0, lab/runtime): the default
 app's functions as shipped, the example's and every recipe's triggers with the fields Azure
 needs, the settings their bindings name, the outbox of ``POST /api/orders`` (the recipe
 ``http``), and the demo's orders delivered through the worker. The library's runtime proof
@@ -22,6 +22,12 @@ import pytest
 
 import consumers
 import recipes
+from lab.azurite import Azurite
+from lab.demo import ORDERS
+from lab.harness import RunConfig, run
+from lab.runtime import build
+from lab.runtime.host import WorkerHost
+from lab.runtime.triggers import Http, http, http_result, timer
 from shared.idempotency.functions import housekeeping
 from shared.idempotency.keys import DedupKey
 from shared.idempotency.outbox import message_id
@@ -35,12 +41,6 @@ from tests.runtime.test_python_worker import (  # with its fixtures: this module
     store_server,  # noqa: F401
     table,  # noqa: F401
 )
-from tools.azurite import Azurite
-from tools.demo import ORDERS
-from tools.harness import RunConfig, run
-from tools.runtime import build
-from tools.runtime.host import WorkerHost
-from tools.runtime.triggers import Http, http, http_result, timer
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,11 @@
-"""Sessions under fire (tools/sessions.py): the order_status consumer on a session queue —
+"""Sessions under fire (lab/sessions.py): the order_status consumer on a session queue —
 each order's versions applied in order, none twice, through store faults, abandons and lost
 session locks; and the twin without sessions, where versions arrive out of order (stale)."""
 
 from __future__ import annotations
 
-from tools.azurite import Azurite
-from tools.sessions import SessionConfig, run_sessions
+from lab.azurite import Azurite
+from lab.sessions import SessionConfig, run_sessions
 
 
 def test_a_session_per_order_applies_its_versions_in_order(azurite: Azurite) -> None:

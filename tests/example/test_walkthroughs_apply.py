@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import adopters
+from lab import adopters
 
 ROOT = Path(__file__).resolve().parents[2]
 

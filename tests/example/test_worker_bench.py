@@ -1,6 +1,6 @@
-"""bench/worker.py, run small: both functions of the bench app, in the real Python worker,
+"""lab/bench/worker.py, run small: both functions of the bench app, in the real Python worker,
 processed every message once (exact counts read back from Azurite). Throughput is not judged
-here (64 messages say nothing); `python -m bench.worker` is the measurement.
+here (64 messages say nothing); `python -m lab.bench.worker` is the measurement.
 
 Runs when FUNCTIONS_PYTHON_WORKER names the release or `make worker` fetched it; skips
 otherwise, and never skips when the variable is set."""
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import worker
-from tools.runtime import build
+from lab.bench import worker
+from lab.runtime import build
 
 MESSAGES = 64
 

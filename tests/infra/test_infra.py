@@ -19,8 +19,8 @@ from pathlib import Path
 import isodate
 import pytest
 
-from tools.delivery_checks import app_settings, lease_check, redeliveries, retention_check
-from tools.infra_checks import (
+from lab.delivery_checks import app_settings, lease_check, redeliveries, retention_check
+from lab.infra_checks import (
     INFRA,
     ROOT,
     Deployment,
@@ -161,7 +161,7 @@ def test_a_template_with_a_syntax_error_does_not_parse(tmp_path: Path) -> None:
         parse(broken)
 
 
-# -- retention and leases (tools/delivery_checks.py) ------------------------------------------
+# -- retention and leases (lab/delivery_checks.py) ------------------------------------------
 
 
 def infra_copy(tmp_path: Path, parameters: dict[str, object] | None = None,
@@ -324,7 +324,7 @@ def test_an_apps_own_queue_declared_badly_is_refused_by_its_name(tmp_path: Path)
     assert [f.split(" ")[0] for f in retention_check(copy, HOST).failures] == [place]
     leases = lease_check(copy, HOST).failures
     assert f"{place}: maxDeliveryCount 5000 == DEDUP_MAX_DELIVERY_COUNT 10" in leases, leases
-    done = subprocess.run([sys.executable, "-m", "tools.infra_checks", "policies", str(copy)], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "lab.infra_checks", "policies", str(copy)], cwd=ROOT,
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 1 and "POLICY ownQueue[own-queue]: duplicate detection off" in done.stdout
 
@@ -387,7 +387,7 @@ def test_the_check_retention_command_fails_on_bad_parameters(tmp_path: Path) -> 
     parameters = json.loads((broken / "main.parameters.json").read_text())
     parameters["parameters"]["dedupRetentionDays"]["value"] = 3
     (broken / "main.parameters.json").write_text(json.dumps(parameters))
-    result = subprocess.run([sys.executable, "-m", "tools.delivery_checks", "retention", str(broken)],
+    result = subprocess.run([sys.executable, "-m", "lab.delivery_checks", "retention", str(broken)],
                             cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 1 and "FAIL" in result.stdout
 

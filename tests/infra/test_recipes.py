@@ -1,7 +1,7 @@
 """The recipes (infra/recipes.json, read by main.bicep): what each recipe adds to a deployment
 without it — resources and their counts, app settings, alerts, and nothing else — and a bad
 recipes file refused by main.bicep (the allowed names) and by every check. Read from the parsed
-templates (tools.infra_checks.Deployment), without a Bicep compiler; computed against the
+templates (lab.infra_checks.Deployment), without a Bicep compiler; computed against the
 deployment as it is, so that an app's own queues leave these true (the example's default
 inventory is tests/example/test_example_infra.py's)."""
 
@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.infra.test_infra import infra_copy
-from tools.infra_checks import (
+from lab.infra_checks import (
     INFRA,
     ROOT,
     UNKNOWN,
@@ -30,6 +29,7 @@ from tools.infra_checks import (
     policy_violations,
     read_recipes,
 )
+from tests.infra.test_infra import infra_copy
 
 RECIPES = ["topic", "outbox", "sessions", "batch", "eventhubs", "http", "cloudevents-http", "schedule", "payments"]
 # Fixed so that the private endpoints are counted; every other parameter takes any value.
@@ -167,24 +167,24 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_commands_refuse_an_unknown_recipe(tmp_path: Path) -> None:
     copy = infra_copy(tmp_path, recipes=["topic", "kafka"])
-    policies = run("tools.infra_checks", "policies", str(copy))
+    policies = run("lab.infra_checks", "policies", str(copy))
     assert policies.returncode == 1 and "POLICY " in policies.stdout and "unknown recipe 'kafka'" in policies.stdout
     for check in ("retention", "leases"):
-        done = run("tools.delivery_checks", check, str(copy))
+        done = run("lab.delivery_checks", check, str(copy))
         assert done.returncode == 2 and done.stdout == "", done.stdout
         assert done.stderr.startswith("delivery_checks: error: ") and "unknown recipe 'kafka'" in done.stderr
 
 
 def test_the_commands_read_the_recipes_file(tmp_path: Path) -> None:
     copy = infra_copy(tmp_path, recipes=["sessions", "eventhubs"])
-    leases, retention = run("tools.delivery_checks", "leases", str(copy)), run("tools.delivery_checks", "retention",
+    leases, retention = run("lab.delivery_checks", "leases", str(copy)), run("lab.delivery_checks", "retention",
                                                                                str(copy))  # fmt: skip
     for done in (leases, retention):
         assert done.returncode == 0 and 'recipes ["sessions", "eventhubs"]' in done.stdout, done.stdout
     assert "modules/servicebus.bicep:orderStatus[order-status]: maxDeliveryCount 10" in leases.stdout
     assert "modules/eventhubs.bicep:shipments (event hubs): TTL 7.00 days" in retention.stdout
     assert "modules/servicebus.bicep:moreQueues[ledger]" not in leases.stdout + retention.stdout  # batch is off
-    policies = run("tools.infra_checks", "policies", str(copy))
+    policies = run("lab.infra_checks", "policies", str(copy))
     assert policies.returncode == 0 and 'recipes ["sessions", "eventhubs"], 0 policy violations' in policies.stdout
 
 

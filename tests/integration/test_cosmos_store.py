@@ -14,6 +14,10 @@ import pytest
 from azure.core.exceptions import ServiceRequestError
 from azure.cosmos import exceptions
 
+from lab.azurite import Azurite
+from lab.cosmos_emulator import CosmosEmulator, use_cosmos_emulator
+from lab.harness import Report, RunConfig, run
+from lab.runtimes import InProcess, Runtime
 from shared.idempotency import Entity
 from shared.idempotency.errors import StoreRefused, StoreUnavailable
 from shared.idempotency.functions.registry import reset
@@ -26,10 +30,6 @@ from shared.idempotency.stores._records import MARKER_KIND
 from tests.app import EVENT_TYPE, item
 from tests.conftest import EMULATED, REAL_COSMOS, new_cosmos_store
 from tests.targets import ITEMS, items_consumer
-from tools.azurite import Azurite
-from tools.cosmos_emulator import CosmosEmulator, use_cosmos_emulator
-from tools.harness import Report, RunConfig, run
-from tools.runtimes import InProcess, Runtime
 
 DAY = timedelta(days=1)
 

@@ -17,6 +17,7 @@ import pytest
 from azure.data.tables import TableClient
 from azure.functions import meta
 
+from lab.azurite import Azurite
 from shared.idempotency.errors import DedupError
 from shared.idempotency.functions import on_eventhub_batch
 from shared.idempotency.keys import encode_key
@@ -25,7 +26,6 @@ from shared.idempotency.stores import DeadLetter, TableStore
 from tests.app import item, stream_consumer
 from tests.conftest import new_table_store
 from tests.functions import fresh_app
-from tools.azurite import Azurite
 
 
 def rows(store: TableStore, scope: str) -> list[Any]:

@@ -14,6 +14,8 @@ from typing import Any
 import azure.functions as func
 import pytest
 
+from lab.azurite import Azurite
+from lab.payment_service import PaymentService
 from shared.idempotency.functions import RetryLater
 from shared.idempotency.functions.adapters import REPLAYED
 from shared.idempotency.keys import DedupKey
@@ -23,8 +25,6 @@ from shared.idempotency.stores import DedupStore, Marker, State
 from shared.idempotency.testing import entities
 from tests.app import EVENT_TYPE, api_consumer, events_consumer, item, queue_consumer
 from tests.functions import app_settings, fresh_app, servicebus_message, store_down, user_function
-from tools.azurite import Azurite
-from tools.payment_service import PaymentService
 
 item_events = user_function("item_events")
 items_api = user_function("items_api")

@@ -16,6 +16,7 @@ import azure.functions as func
 import pytest
 from azure.functions import meta
 
+from lab.azurite import Azurite
 from shared.idempotency import Context, DownstreamUnavailable, Effects
 from shared.idempotency.functions import RetryLater, on_eventhub_batch
 from shared.idempotency.replay import main as replay
@@ -24,7 +25,6 @@ from tests import app
 from tests.app import item, stream_consumer
 from tests.functions import fresh_app
 from tests.integration.operators import run_tool
-from tools.azurite import Azurite
 
 
 def tracked(store: DedupStore) -> Counter[str]:

@@ -14,6 +14,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 from azure.data.tables import TableClient, TableServiceClient
 
+from lab.azurite import Azurite
 from shared.idempotency import Entity
 from shared.idempotency.keys import DedupKey, encode_key
 from shared.idempotency.messages import utcnow
@@ -21,7 +22,6 @@ from shared.idempotency.stores import DeadLetter, TableStore
 from shared.idempotency.stores._expiry import DRAINED, INDEX, ExpiryIndex
 from shared.idempotency.stores._records import GUARD_KIND, MARKER_KIND
 from tests.conftest import new_table_store
-from tools.azurite import Azurite
 
 
 def seed(store: TableStore, expired: int, live: int, prefix: str, now: datetime) -> None:

@@ -27,6 +27,8 @@ from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 from azure.core.pipeline.transport import HttpTransport
 from azure.data.tables import TableServiceClient
 
+from lab.azurite import Azurite
+from lab.faults import PassThrough, status_response
 from shared.idempotency import Context, Delivery, Effects, Entity, IdempotentConsumer, Outcome
 from shared.idempotency.config import DedupConfig
 from shared.idempotency.errors import StoreRefused, StoreUnavailable
@@ -42,8 +44,6 @@ from shared.idempotency.testing import entities
 from tests.app import EVENT_TYPE, effects_by_item, item, queue_consumer
 from tests.conftest import new_table_store
 from tests.functions import app_settings, fresh_app, servicebus_message, user_function
-from tools.azurite import Azurite
-from tools.faults import PassThrough, status_response
 
 items, item_state, items_api, item_batch = (user_function(name) for name in
                                             ("items", "item_state", "items_api", "item_batch"))  # fmt: skip

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from azure.data.tables import TableServiceClient
 
+from lab.azurite import Azurite
 from shared.idempotency import Context, DedupConfig, Effects, IdempotentConsumer, Outcome
 from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.functions import RetryLater, on_schedule
@@ -23,7 +24,6 @@ from shared.idempotency.functions import _bindings as bindings
 from shared.idempotency.jobs import complete, occurrence, run_job
 from shared.idempotency.stores import TableStore
 from tests.app import SCHEMA, due, job_handler
-from tools.azurite import Azurite
 
 DAY, SIX = timedelta(days=1), timedelta(hours=6)
 

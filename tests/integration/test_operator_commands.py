@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from lab.azurite import Azurite
 from shared.idempotency import Delivery, Outcome, Result
 from shared.idempotency.functions.registry import declared
 from tests.app import item, job_consumer, stream_consumer
 from tests.functions import fresh_app, servicebus_message, user_function
 from tests.integration.operators import ROOT, run_tool
 from tests.integration.test_eventhubs import tracked
-from tools.azurite import Azurite
 
 DOC = ROOT / "docs" / "operations.md"
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
@@ -27,10 +27,10 @@ COMMAND = re.compile(r"^(?:\.venv/bin/)?python -m (\S+)(.*)$")
 MENTION = re.compile(r"python -m ([\w.]+)")
 TOOLS = {"shared.idempotency.resubmit", "shared.idempotency.replay"}  # run below, as the page writes them
 NOT_RUN = {  # the page's other commands, and where they are run instead
-    "client.smoke": "sends to a deployed namespace: tests/example/test_producer_and_smoke.py, when "
+    "lab.client.smoke": "sends to a deployed namespace: tests/example/test_producer_and_smoke.py, when "
     "SMOKE_SERVICEBUS_NAMESPACE is set",
-    "tools.purge_cost": "a measurement (make bench): tests/example/test_bench.py runs it small",
-    "tools.workbook_picture": "redraws docs/workbook.png: tests/unit/test_entry_points.py runs its --help",
+    "lab.purge_cost": "a measurement (make bench): tests/example/test_bench.py runs it small",
+    "lab.workbook_picture": "redraws docs/workbook.png: tests/unit/test_entry_points.py runs its --help",
 }
 
 

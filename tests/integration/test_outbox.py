@@ -13,6 +13,9 @@ from typing import Any
 
 import pytest
 
+from lab.azurite import Azurite
+from lab.broker import PeekLockQueue
+from lab.topic import Topic
 from shared.idempotency import Context, DedupConfig, Delivery, Effects, Entity, IdempotentConsumer, Outcome, Outgoing
 from shared.idempotency.functions.registry import using_sender
 from shared.idempotency.messages import utcnow
@@ -22,9 +25,6 @@ from shared.idempotency.testing import entities
 from tests.app import effects_by_item, item, queue_consumer, subscriber_consumer
 from tests.conftest import new_table_store
 from tests.functions import fresh_app
-from tools.azurite import Azurite
-from tools.broker import PeekLockQueue
-from tools.topic import Topic
 
 NO_WAIT = DedupConfig(transient_wait=timedelta(0))
 

@@ -16,6 +16,9 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessageBatch
 from azure.servicebus.exceptions import MessageSizeExceededError
 
+from lab.azurite import Azurite
+from lab.broker import PeekLockQueue
+from lab.topic import Topic
 from shared.idempotency import Context, DedupConfig, Delivery, Effects, Entity, IdempotentConsumer, Outcome, Outgoing
 from shared.idempotency import outbox as outbox_module
 from shared.idempotency.errors import StoreUnavailable
@@ -24,9 +27,6 @@ from shared.idempotency.messages import utcnow
 from shared.idempotency.outbox import DUE, ROWS, Outbox
 from shared.idempotency.stores import DedupStore, TableStore
 from tests.conftest import new_table_store
-from tools.azurite import Azurite
-from tools.broker import PeekLockQueue
-from tools.topic import Topic
 
 NO_WAIT = DedupConfig(transient_wait=timedelta(0))
 # check() encodes messages without a connection: this client never opens one.

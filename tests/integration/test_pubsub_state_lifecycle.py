@@ -16,6 +16,7 @@ import pytest
 from azure.core.exceptions import HttpResponseError
 from azure.data.tables import TableServiceClient
 
+from lab.azurite import Azurite
 from shared.idempotency import Entity
 from shared.idempotency.keys import DedupKey, consumer_partition
 from shared.idempotency.messages import utcnow
@@ -28,7 +29,6 @@ from tests.app import ITEM, effects_by_item, queue_consumer
 from tests.app import item as item_body
 from tests.conftest import new_table_store
 from tests.functions import fresh_app, servicebus_message, user_function
-from tools.azurite import Azurite
 
 items, item_subscriber, item_state = (user_function(name) for name in ("items", "item_subscriber", "item_state"))
 

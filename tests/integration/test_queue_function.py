@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from azure.data.tables import TableClient, TableServiceClient
 
+from lab.azurite import Azurite
 from shared.idempotency import Delivery, Effects, Entity, IdempotentConsumer, Outcome
 from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.functions import RetryLater, shared_store
@@ -22,7 +23,6 @@ from shared.idempotency.stores import Commit
 from shared.idempotency.stores._records import MARKER_KIND
 from tests.app import effects_by_item, item, queue_consumer
 from tests.functions import app_settings, fresh_app, servicebus_message, store_down, user_function
-from tools.azurite import Azurite
 
 items = user_function("items")
 HOUR = timedelta(hours=1)

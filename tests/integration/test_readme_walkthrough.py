@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import adopters
+from lab import adopters
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -32,7 +32,7 @@ def walkthrough(title: str = SECTION, page: Path = README) -> list[tuple[str, st
 
 
 def apply(copy: Path, language: str, path: str, text: str) -> bool:
-    """Apply one block to the copy (tools.adopters.apply); False when the copy holds it already —
+    """Apply one block to the copy (lab.adopters.apply); False when the copy holds it already —
     an app that followed the walkthrough. A file of the app's own where the walkthrough writes
     one means the walkthrough cannot be followed literally here: skipped, saying so."""
     try:
@@ -43,7 +43,7 @@ def apply(copy: Path, language: str, path: str, text: str) -> bool:
 
 def service_bus_entities(copy: Path) -> int:
     """How many Service Bus entities the copy's infra deploys, as make check-leases counts them."""
-    report = run(copy, "-m", "tools.delivery_checks", "leases")
+    report = run(copy, "-m", "lab.delivery_checks", "leases")
     found = re.search(r"(\d+) Service Bus entities", report)
     assert found, report
     return int(found.group(1))
@@ -51,8 +51,8 @@ def service_bus_entities(copy: Path) -> int:
 
 @pytest.fixture
 def copy(tmp_path: Path) -> Path:
-    """The repository as a fresh clone has it (tracked and new files), node_modules linked."""
-    return adopters.copy_tree(tmp_path, linked=("node_modules",))
+    """The repository as a fresh clone has it (tracked and new files), lab/node_modules linked."""
+    return adopters.copy_tree(tmp_path, linked=("lab/node_modules",))
 
 
 def run(copy: Path, *args: str) -> str:
@@ -70,7 +70,7 @@ def test_the_readme_walkthrough_adds_a_working_consumer(copy: Path) -> None:
         ("diff", "local.settings.json.example"),
         ("diff", "infra/main.bicep"),
         ("diff", "infra/main.bicep"),
-        ("json", "emulator/servicebus-config.json"),
+        ("json", "infra/emulator/servicebus-config.json"),
     ]
     entities = service_bus_entities(copy)
     applied = [apply(copy, *block) for block in blocks]
@@ -84,7 +84,7 @@ def test_the_readme_walkthrough_adds_a_working_consumer(copy: Path) -> None:
     assert "INVOICES_QUEUE: 'invoices'" in (copy / "infra/main.bicep").read_text()
 
     for check in ("leases", "retention"):
-        assert run(copy, "-m", "tools.delivery_checks", check).startswith("OK")
+        assert run(copy, "-m", "lab.delivery_checks", check).startswith("OK")
     assert "1 passed" in run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_invoices.py")
     # What make lint and make typecheck run over the app, now with the new consumer in it.
     run(copy, "-m", "ruff", "check", "consumers", "tests/test_invoices.py")
@@ -113,7 +113,7 @@ def test_the_readme_event_grid_walkthrough_adds_a_working_consumer(copy: Path) -
     [trigger] = json.loads(run(copy, "-c", indexed).splitlines()[-1])
     assert trigger["type"] == "eventGridTrigger"
     for check in ("leases", "retention"):
-        report = run(copy, "-m", "tools.delivery_checks", check)
+        report = run(copy, "-m", "lab.delivery_checks", check)
         assert report.startswith("OK") and "modules/eventgrid-subscription.bicep:subscription[refunds]" in report
     assert "1 passed" in run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_refunds.py")
     run(copy, "-m", "ruff", "check", "consumers", "tests/test_refunds.py")
@@ -125,7 +125,7 @@ def test_the_readme_event_grid_walkthrough_adds_a_working_consumer(copy: Path) -
         worker = run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/runtime/test_python_worker.py",
                      "-k", "indexes_and_loads or apps_bindings_name")  # fmt: skip
         assert "4 passed" in worker, worker
-    policies = run(copy, "-m", "tools.infra_checks", "policies")
+    policies = run(copy, "-m", "lab.infra_checks", "policies")
     assert "0 policy violations" in policies, policies
 
 
@@ -141,7 +141,7 @@ def test_without_the_example_the_library_and_its_tests_stand(copy: Path) -> None
     consumer, and infra deploys nothing for a removed function. Lint, types and the delivery
     checks pass as make test runs them; every remaining test module imports (none of them
     needed the example) and the library's fast tests pass. (The whole suite on such a copy:
-    `make test-adopters`, tools/adopters.py.)"""
+    `make test-adopters`, lab/adopters.py.)"""
     section = README.read_text().split(SECTION, 1)[1].split("\n## ", 1)[0]
     assert "`make remove-example`" in section
     for block in walkthrough():
@@ -150,7 +150,7 @@ def test_without_the_example_the_library_and_its_tests_stand(copy: Path) -> None
     adopters.switch_every_recipe_off(copy)
     removed = make(copy, "remove-example")
     assert "infra/modules/servicebus.bicep" in removed and "README.md" in removed, removed  # what is left to edit
-    for gone in ("consumers/orders.py", "shared/orders", "recipes", "tests/example", "bench", "tools/demo.py"):
+    for gone in ("consumers/orders.py", "shared/orders", "recipes", "tests/example", "lab/bench", "lab/demo.py"):
         assert not (copy / gone).exists(), gone
     consumers = {p.name for p in (copy / "consumers").glob("*.py")}
     assert "invoices.py" in consumers and not {"orders.py", "order_events.py"} & consumers

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from azure.data.tables import TableServiceClient
 
+from lab.azurite import Azurite
 from shared.idempotency import Delivery, Outcome
 from shared.idempotency.resubmit import UNSTORED, VERDICTS
 from shared.idempotency.stores import DedupStore, app_store
 from tests.functions import fresh_app
 from tests.integration.operators import run_tool
 from tests.integration.resubmit_app.handlers import CALLS, checks_consumer, status_consumer
-from tools.azurite import Azurite
 
 APP = "tests.integration.resubmit_app"
 CUBED = 2**22  # cubed: 2**66, beyond the Int64 every store holds

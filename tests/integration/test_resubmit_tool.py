@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from azure.data.tables import TableServiceClient
 
+from lab.azurite import KEY, Azurite, free_port
 from shared.idempotency import InvalidMessage, resubmit
 from shared.idempotency import consumer as consumer_module
 from shared.idempotency.functions import shared_store
@@ -24,7 +25,6 @@ from shared.idempotency.resubmit import main
 from tests.app import item
 from tests.functions import app_settings, fresh_app, servicebus_message, user_function
 from tests.integration.operators import run_tool
-from tools.azurite import KEY, Azurite, free_port
 
 Output = tuple[int, str, str]
 APP = "tests.app"  # the library tests' consumers (the example's are in consumers/)

@@ -9,6 +9,8 @@ import pytest
 from azure.cosmos import PartitionKey
 from azure.data.tables import TableServiceClient, UpdateMode
 
+from lab.azurite import Azurite
+from lab.cosmos_emulator import CosmosEmulator, emulated
 from shared.idempotency.keys import encode_key
 from shared.idempotency.stores import CosmosStore, DedupStore, TableStore
 from shared.idempotency.stores._cosmos import STATE_FINGERPRINT as COSMOS_FINGERPRINT
@@ -16,8 +18,6 @@ from shared.idempotency.stores._table import STATE_FINGERPRINT as TABLE_FINGERPR
 from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.testing import StoreContract
 from tests.conftest import EMULATED, NO_ATOMIC_BATCHES, new_cosmos_store, new_table_store
-from tools.azurite import Azurite
-from tools.cosmos_emulator import CosmosEmulator, emulated
 
 
 class TestTableStore(StoreContract):

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from lab.azurite import Azurite
 from shared.idempotency import Context, DedupConfig, Delivery, Effects, Entity, IdempotentConsumer, Outcome
 from shared.idempotency.errors import StoreRefused
 from shared.idempotency.resubmit import DryRun
 from shared.idempotency.stores import CosmosStore, TableStore
 from tests.conftest import new_table_store
-from tools.azurite import Azurite
 
 TOO_MUCH = {
     "a string over 64 KiB in UTF-16": {"text": "x" * 32_769},

@@ -38,13 +38,13 @@ from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.data.tables import TableTransactionError, UpdateMode
 
+from lab.azurite import Azurite
 from shared.idempotency.errors import DedupError, StoreRefused, StoreUnavailable
 from shared.idempotency.stores._azure import error_code, store_errors
 from shared.idempotency.stores._registry import table_store
 from shared.idempotency.stores._table import TableStore
 from shared.idempotency.stores._table_batch import TransactionFailure
 from tests.integration.canned import Canned, canned_server
-from tools.azurite import Azurite
 
 ACCOUNT = "devstoreaccount1", "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 JSON = "application/json;odata=minimalmetadata;streaming=true;charset=utf-8"

@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from lab.azurite import Azurite
 from shared.idempotency import Context, Delivery, Effects, Entity, IdempotentConsumer, Outcome
 from shared.idempotency.config import DedupConfig
 from shared.idempotency.functions import shared_store
@@ -24,7 +25,6 @@ from shared.idempotency.keys import DedupKey
 from shared.idempotency.stores import MemoryStore
 from tests.app import item
 from tests.functions import fresh_app, servicebus_message, user_function
-from tools.azurite import Azurite
 
 READER = InMemoryMetricReader()
 SPANS = InMemorySpanExporter()

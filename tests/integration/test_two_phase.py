@@ -13,6 +13,9 @@ from typing import Any
 
 import pytest
 
+from lab.azurite import Azurite
+from lab.faults import Crash
+from lab.payment_service import PaymentService
 from shared.idempotency import Effects, IdempotentConsumer, Outcome, StepPolicy
 from shared.idempotency.config import DedupConfig
 from shared.idempotency.downstream import IdempotentHttp
@@ -25,9 +28,6 @@ from shared.idempotency.resubmit import check_ids
 from shared.idempotency.stores import Marker, State, TableStore
 from tests.app import SCHEMA, effects_by_item, item, item_handler, queue_consumer
 from tests.functions import fresh_app, servicebus_message, user_function
-from tools.azurite import Azurite
-from tools.faults import Crash
-from tools.payment_service import PaymentService
 
 items = user_function("items")
 SHORT_LEASE = "PT1S"

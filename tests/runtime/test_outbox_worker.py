@@ -1,4 +1,4 @@
-"""The outbox of an HTTP call through the real Functions worker (4.34.0, tools/runtime): an
+"""The outbox of an HTTP call through the real Functions worker (4.34.0, lab/runtime): an
 item accepted by the library tests' ``POST /api/items`` (tests/app.py) with ITEMS_TOPIC set
 publishes ItemRecorded exactly once, with the same MessageId on every re-send — and when its
 first send fails, the item is still accepted (201), its message parked and sent by the
@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from lab.azurite import Azurite
+from lab.runtime import build
+from lab.runtime.host import WorkerHost
+from lab.runtime.triggers import Http, http, http_result, timer
 from shared.idempotency.keys import DedupKey
 from shared.idempotency.outbox import message_id
 from tests.runtime.test_python_worker import FUNCTION_KEY, an_item, app_settings, new_id
-from tools.azurite import Azurite
-from tools.runtime import build
-from tools.runtime.host import WorkerHost
-from tools.runtime.triggers import Http, http, http_result, timer
 
 
 @pytest.fixture(scope="module")

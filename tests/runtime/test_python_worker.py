@@ -1,6 +1,6 @@
 """Runtime conformance: the app run by the real Azure Functions Python worker (release 4.34.0),
 started as the host starts it on Linux, over its FunctionRpc gRPC stream, with the invocation
-data shaped as the host and its extensions send it (tools/runtime/triggers.py cites the
+data shaped as the host and its extensions send it (lab/runtime/triggers.py cites the
 sources), against a real Azurite. What lands in the store is read back from Azurite.
 
 The library is proved on its tests' own consumers (tests/app.py, one small function per
@@ -29,19 +29,11 @@ import pytest
 from azure.data.tables import TableServiceClient
 
 import consumers
-from shared.idempotency.functions import housekeeping
-from shared.idempotency.jobs import occurrence
-from shared.idempotency.keys import DedupKey, consumer_partition
-from shared.idempotency.outbox import ROWS, message_id
-from shared.idempotency.stores import TableStore
-from tests import app as library_app
-from tests.app import EVENT_TYPE, effects_by_item, item
-from tests.targets import ITEMS
-from tools.azurite import Azurite
-from tools.harness import RunConfig, run
-from tools.runtime import build
-from tools.runtime.host import WorkerHost
-from tools.runtime.triggers import (
+from lab.azurite import Azurite
+from lab.harness import RunConfig, run
+from lab.runtime import build
+from lab.runtime.host import WorkerHost
+from lab.runtime.triggers import (
     Http,
     HubEvent,
     ServiceBusMessage,
@@ -53,6 +45,14 @@ from tools.runtime.triggers import (
     servicebus_batch,
     timer,
 )
+from shared.idempotency.functions import housekeeping
+from shared.idempotency.jobs import occurrence
+from shared.idempotency.keys import DedupKey, consumer_partition
+from shared.idempotency.outbox import ROWS, message_id
+from shared.idempotency.stores import TableStore
+from tests import app as library_app
+from tests.app import EVENT_TYPE, effects_by_item, item
+from tests.targets import ITEMS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTED = json.loads((ROOT / "local.settings.json.example").read_text())["Values"]

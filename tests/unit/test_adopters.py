@@ -1,4 +1,4 @@
-"""tools/adopters.py's own parts (the paths themselves run in `make test-adopters`): a
+"""lab/adopters.py's own parts (the paths themselves run in `make test-adopters`): a
 walkthrough's blocks applied once and found applied after, an app's own file or lines where a
 block writes or changes them said so, the library's results counted from pytest's JUnit XML."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import adopters
+from lab import adopters
 
 README = """# App
 

@@ -21,15 +21,15 @@ def describes_itself(module: str) -> None:
     assert "Azurite" not in done.stderr  # no emulator was started
 
 
-@pytest.mark.parametrize("module", ["tools.purge_cost", "tools.delivery_checks", "shared.idempotency.resubmit",
-                                    "tools.runtime.build", "tools.infra_checks", "shared.idempotency.replay",
-                                    "tools.workbook_picture", "tools.pythons", "tools.adopters"])  # fmt: skip
+@pytest.mark.parametrize("module", ["lab.purge_cost", "lab.delivery_checks", "shared.idempotency.resubmit",
+                                    "lab.runtime.build", "lab.infra_checks", "shared.idempotency.replay",
+                                    "lab.workbook_picture", "lab.pythons", "lab.adopters"])  # fmt: skip
 def test_help_describes_the_command_and_starts_nothing(module: str) -> None:
     describes_itself(module)
 
 
-@pytest.mark.parametrize("module", ["tools.delivery_checks retention", "tools.delivery_checks leases",
-                                    "tools.infra_checks policies"])  # fmt: skip
+@pytest.mark.parametrize("module", ["lab.delivery_checks retention", "lab.delivery_checks leases",
+                                    "lab.infra_checks policies"])  # fmt: skip
 def test_a_check_given_a_folder_without_infra_says_so_in_one_line(module: str, tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", *module.split(), str(tmp_path / "nowhere")], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
@@ -55,7 +55,7 @@ def test_a_telemetry_failure_does_not_keep_the_functions_from_loading(monkeypatc
 def test_a_python_version_not_on_the_machine_is_named_in_one_line() -> None:
     """make test-versions on a machine without one of the interpreters: one line naming it
     (exit 2), no stack trace, and nothing else was run for it."""
-    done = subprocess.run([sys.executable, "-m", "tools.pythons", "2.1"], cwd=ROOT, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "lab.pythons", "2.1"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)  # fmt: skip
     assert done.returncode == 2 and done.stdout == "", done.stderr
     assert done.stderr.count("\n") == 1 and "Python 2.1 not found" in done.stderr, done.stderr

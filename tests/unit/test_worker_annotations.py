@@ -14,7 +14,7 @@ from typing import Any
 
 import azure.functions as func
 
-from tools.host import indexed
+from lab.host import indexed
 
 
 def worker_accepts(annotation: object) -> bool:

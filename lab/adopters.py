@@ -1,0 +1,295 @@
+"""`make test-adopters`: the template as its adopters change it. Each change is made in a copy
+of the repository (the files a fresh clone has, plus those not yet committed, committed anew in
+the copy; .venv, .venv-checkov, lab/node_modules and the worker's .runtime linked, not rebuilt):
+
+- ``walkthrough``: README "Start your own app" and docs/triggers.md "Add an Event Grid
+  consumer", every block applied literally;
+- ``recipes``: every recipe switched on, ``make recipe NAME=<name>`` each;
+- ``without-example``: ``make remove-example``.
+
+Then, in each copy: ``make lint typecheck check-retention check-leases scan-infra``, the suites
+such a change can break (unit, infra, the walkthroughs, the runtime's indexing, the example's
+and recipes' own tests, the adopter's own), and the library's tests collected must be the
+template's, one for one. ``--full`` runs ``make test`` there instead, the whole suite, and
+counts the library's tests that passed and skipped in each; ``template``, a copy left as it is,
+gives the figures to compare with (``--full template walkthrough recipes without-example``).
+
+    python -m lab.adopters [--full] [--keep DIR] [template|walkthrough|recipes|without-example ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ElementTree
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LINKED = (".venv", ".venv-checkov", "lab/node_modules", ".runtime")  # installed once, shared by the copies
+INSTALLED = (".venv/.installed", "lab/node_modules/.installed", ".venv-checkov/.installed")  # make: as they are
+LIBRARY_TESTS = ("tests/unit", "tests/infra", "tests/integration", "tests/runtime", "tests/chaos")
+# What a change of the app's consumers, recipes or infra can break, beside lint, types and the checks.
+SUITES = (
+    "tests/unit",
+    "tests/infra",
+    "tests/integration/test_readme_walkthrough.py",
+    *(
+        f"tests/runtime/test_python_worker.py::test_{name}"
+        for name in (
+            "the_default_app_indexes_its_consumers_and_the_housekeeping_they_need",
+            "the_worker_indexes_and_loads_every_function",
+            "every_setting_the_apps_bindings_name_is_documented_and_deployed",
+        )
+    ),
+)
+WALKTHROUGHS = (("README.md", "## Start your own app"), ("docs/triggers.md", "## Add an Event Grid consumer"))
+BLOCK = re.compile(r"^```(\w+) (\S+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+
+
+# -- the walkthroughs ------------------------------------------------------------------------------
+
+
+class NotApplicable(Exception):
+    """The app has a file of its own where a walkthrough writes one: it cannot be followed literally."""
+
+
+def walkthrough(page: Path, title: str) -> list[tuple[str, str, str]]:
+    """(language, file, text) of every fenced block of the section that names a file, in order."""
+    text = page.read_text()
+    if title not in text:
+        raise ValueError(f"{page.name} has no section {title!r}")
+    return BLOCK.findall(text.split(title, 1)[1].split("\n## ", 1)[0])
+
+
+def apply(tree: Path, language: str, path: str, text: str) -> bool:
+    """Apply one block to ``tree``; False when the tree holds it already (an app that followed
+    the walkthrough), and it is left as it is. NotApplicable when the app has its own file there."""
+    target = tree / path
+    if language == "python":
+        if target.exists():
+            if target.read_text() != text:
+                raise NotApplicable(f"{path} is this app's own, not the walkthrough's")
+            return False
+        target.write_text(text)
+    elif language == "diff":
+        lines = text.splitlines()
+        old = "".join(line[1:] + "\n" for line in lines if line.startswith("-"))
+        new = "".join(line[1:] + "\n" for line in lines if line.startswith("+"))
+        content = target.read_text()
+        if content.count(new) == 1:
+            return False
+        if content.count(old) != 1:  # the app changed these lines (the example's own test: drift)
+            raise NotApplicable(f"the walkthrough's diff of {path} does not apply to this app's:\n{old}")
+        target.write_text(content.replace(old, new))
+    elif language == "json":  # a queue of the Service Bus emulator's config
+        config = json.loads(target.read_text())
+        queues = config["UserConfig"]["Namespaces"][0]["Queues"]
+        queue = json.loads(text)
+        if queue["Properties"].keys() != queues[0]["Properties"].keys():
+            raise ValueError(f"{path}: the walkthrough's queue does not set every property the others set")
+        present = [q for q in queues if q["Name"] == queue["Name"]]
+        if present:
+            if present != [queue]:
+                raise NotApplicable(f"{path} has its own queue {queue['Name']!r}")
+            return False
+        queues.append(queue)
+        target.write_text(json.dumps(config, indent=2) + "\n")
+    else:
+        raise ValueError(f"a {language} block for {path}: no way to apply it")
+    return True
+
+
+# -- the copies ------------------------------------------------------------------------------------
+
+
+def copy_tree(target: Path, source: Path = ROOT, *, linked: tuple[str, ...] = LINKED) -> Path:
+    """``source`` as a fresh clone has it, with what is not committed yet (files git tracks or
+    would), committed anew in ``target``; ``linked`` entries of ``source`` are symlinked."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=source,
+                            check=True, capture_output=True, text=True).stdout.split("\0")  # fmt: skip
+    for name in filter(None, listed):
+        if (source / name).is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source / name, target / name)
+    git = ["git", "-c", "user.name=template", "-c", "user.email=template@localhost"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "--no-verify", "-m", "the template"]):
+        subprocess.run([*git, *args], cwd=target, check=True, capture_output=True)
+    for name in linked:  # after the commit: installs are not the repository's
+        if (source / name).exists():
+            (target / name).symlink_to((source / name).resolve(), target_is_directory=True)
+            (target / ".git" / "info").mkdir(exist_ok=True)
+            with (target / ".git" / "info" / "exclude").open("a") as exclude:
+                exclude.write(f"/{name}\n")
+    return target
+
+
+def make(tree: Path, *targets: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+    """make in ``tree``, the linked installs taken as they are."""
+    stamps = [arg for stamp in INSTALLED for arg in ("-o", stamp)]
+    return subprocess.run(["make", "--no-print-directory", *stamps, *targets], cwd=tree, env=_environment(),
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def _environment() -> dict[str, str]:
+    """This environment, less what a test run or make set for its own process."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "MAKE", "MFLAGS"))}
+
+
+def _python(tree: Path, *args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(tree / ".venv" / "bin" / "python"), *args], cwd=tree, env=_environment(),
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def _must(done: subprocess.CompletedProcess[str], what: str) -> str:
+    if done.returncode != 0:
+        raise AdopterFailure(f"{what} exited {done.returncode}:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
+    return done.stdout
+
+
+class AdopterFailure(Exception):
+    """A step of an adopter path failed."""
+
+
+# -- the changes ------------------------------------------------------------------------------------
+
+
+def follow_the_walkthroughs(tree: Path) -> str:
+    applied = [apply(tree, *block) for page, title in WALKTHROUGHS for block in walkthrough(tree / page, title)]
+    return f"{sum(applied)} walkthrough blocks applied ({len(applied) - sum(applied)} there already)"
+
+
+def switch_every_recipe_on(tree: Path) -> str:
+    if not (tree / "recipes").is_dir():
+        raise NotApplicable("no recipes/ (the example was removed)")
+    listing = "import json, recipes; print(json.dumps([*recipes.MODULES, *recipes.FEATURES]))"
+    names = json.loads(_must(_python(tree, "-c", listing), "listing the recipes"))
+    for name in names:
+        _must(make(tree, "recipe", f"NAME={name}"), f"make recipe NAME={name}")
+    return f"switched on: {', '.join(names)}"
+
+
+def switch_every_recipe_off(tree: Path) -> list[str]:
+    """``make recipe-off`` for each recipe infra/recipes.json names; the names switched off."""
+    names: list[str] = json.loads((tree / "infra" / "recipes.json").read_text()) if (tree / "recipes").is_dir() else []
+    for name in names:
+        _must(make(tree, "recipe-off", f"NAME={name}"), f"make recipe-off NAME={name}")
+    return names
+
+
+def remove_the_example(tree: Path) -> str:
+    """make remove-example, the recipes that are on switched off first (as its refusal says)."""
+    switched_off = switch_every_recipe_off(tree)
+    removed = _must(make(tree, "remove-example"), "make remove-example").strip().splitlines()[0]
+    return f"switched off: {', '.join(switched_off)}; {removed}" if switched_off else removed
+
+
+PATHS: dict[str, Callable[[Path], str]] = {
+    "walkthrough": follow_the_walkthroughs,
+    "recipes": switch_every_recipe_on,
+    "without-example": remove_the_example,
+}
+TEMPLATE: dict[str, Callable[[Path], str]] = {"template": lambda tree: "unchanged"}  # what to compare with
+
+
+# -- the checks ------------------------------------------------------------------------------------
+
+
+def collected(tree: Path, paths: tuple[str, ...] = LIBRARY_TESTS) -> list[str]:
+    """The test ids pytest collects under ``paths`` in ``tree``."""
+    done = _python(tree, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", *paths, timeout=600)
+    return [line for line in _must(done, "pytest --collect-only").splitlines() if "::" in line]
+
+
+def summary(output: str) -> str:
+    """pytest's closing line (``N passed, M skipped in Ts``), stripped of its rules."""
+    lines = [line.strip("= ") for line in output.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
+    return lines[-1] if lines else "(no summary)"
+
+
+def adopter_suites(tree: Path) -> list[str]:
+    """SUITES, the example's and recipes' tests where the example still is, the adopter's own."""
+    own = sorted(p.relative_to(tree).as_posix() for p in (tree / "tests").glob("test_*.py"))
+    return [*SUITES, *(["tests/example"] if (tree / "tests" / "example").is_dir() else []), *own]
+
+
+def library_results(junit: Path) -> Counter[str]:
+    """How many of the library's tests passed, skipped or failed, from pytest's JUnit XML."""
+    found: Counter[str] = Counter()
+    for case in ElementTree.parse(junit).iter("testcase"):
+        if case.get("classname", "").startswith(tuple(p.replace("/", ".") + "." for p in LIBRARY_TESTS)):
+            kind = next((child.tag for child in case if child.tag in ("skipped", "failure", "error")), "passed")
+            found[kind] += 1
+    return found
+
+
+def check(tree: Path, library: list[str], full: bool, runs: dict[str, Counter[str]]) -> str:
+    """The checks and tests in the changed ``tree``; what they said, in one line. ``runs``: the
+    library's results of the trees checked before (full), the template's first when it is one."""
+    if full:
+        done = make(tree, "test", f"ARGS=--junitxml={tree / 'results.xml'}")
+        _must(done, "make test")
+        counts = runs[tree.name] = library_results(tree / "results.xml")
+        if "template" in runs and counts != runs["template"]:
+            raise AdopterFailure(f"the library's tests ran otherwise than in the template: {dict(counts)} "
+                                 f"against {dict(runs['template'])}")  # fmt: skip
+        return f"make test: {summary(done.stdout)}; the library's tests: {dict(sorted(counts.items()))}"
+    _must(make(tree, "lint", "typecheck", "check-retention", "check-leases", "scan-infra"), "make's checks")
+    here = collected(tree)
+    if sorted(here) != sorted(library):
+        missing, extra = sorted(set(library) - set(here)), sorted(set(here) - set(library))
+        raise AdopterFailure(
+            f"the library's tests differ from the template's: missing {missing[:10]}, new {extra[:10]}"
+        )
+    done = _python(tree, "-m", "pytest", "-q", "-p", "no:cacheprovider", *adopter_suites(tree))
+    _must(done, "pytest")
+    return f"{len(here)} library tests collected as in the template; pytest: {summary(done.stdout)}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab.adopters", description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="*", metavar="PATH",
+                        help=f"of template, {', '.join(PATHS)} (default: {', '.join(PATHS)})")  # fmt: skip
+    parser.add_argument("--full", action="store_true", help="make test in each copy: the whole suite")
+    parser.add_argument("--keep", type=Path, help="make the copies here and keep them (default: removed)")
+    args = parser.parse_args(argv)
+    paths = {**TEMPLATE, **PATHS}
+    if unknown := [name for name in args.paths if name not in paths]:
+        parser.error(f"no adopter path {', '.join(unknown)}: choose from {', '.join(paths)}")
+    args.paths = sorted(args.paths or PATHS, key=list(paths).index)  # the template first
+    base = args.keep or Path(tempfile.mkdtemp(prefix="adopters-"))
+    library = [] if args.full else collected(ROOT)
+    failed: list[str] = []
+    runs: dict[str, Counter[str]] = {}
+    try:
+        for name in args.paths:
+            started, tree = time.monotonic(), base / name
+            if tree.exists():
+                shutil.rmtree(tree)
+            tree.mkdir(parents=True)
+            try:
+                copy_tree(tree)
+                changed = paths[name](tree)
+                verdict = f"OK   {name}: {changed}; {check(tree, library, args.full, runs)}"
+            except NotApplicable as exc:
+                verdict = f"SKIP {name}: {exc}"
+            except (AdopterFailure, ValueError, OSError, subprocess.SubprocessError) as exc:
+                failed.append(name)
+                verdict = f"FAIL {name}: {exc}"
+            print(f"{verdict} ({time.monotonic() - started:.0f} s)", flush=True)
+    finally:
+        if args.keep is None:
+            shutil.rmtree(base, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

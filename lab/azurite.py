@@ -1,0 +1,103 @@
+"""Start and stop the real Azurite Table service (from lab/node_modules) on a free port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ACCOUNT = "devstoreaccount1"
+# Azurite's well-known development key (public, documented by Microsoft; not a secret).
+KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) process ``pid`` has used so far, from Linux /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_listening(tool: str, args: list[str], port: int, timeout: float) -> subprocess.Popen[bytes]:
+    """Start an npm-installed emulator and wait until it accepts connections on ``port``."""
+    binary = ROOT / "lab" / "node_modules" / ".bin" / tool
+    if not binary.exists():
+        raise RuntimeError(f"{binary} is missing: run `npm ci` (make install does)")
+    process = subprocess.Popen([str(binary), *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{tool} exited with {process.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return process
+        except OSError:
+            time.sleep(0.05)
+    process.kill()
+    process.wait()
+    raise RuntimeError(f"{tool} did not listen on port {port} within {timeout}s")
+
+
+class Azurite:
+    """One Azurite Table process. With ``location`` the data survives ``restart()``."""
+
+    def __init__(self, location: Path | None = None, port: int | None = None) -> None:
+        self.location = location
+        self.port = port or free_port()
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def connection_string(self) -> str:
+        return (
+            f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
+            f"TableEndpoint=http://127.0.0.1:{self.port}/{ACCOUNT};"
+        )
+
+    def start(self, timeout: float = 30.0) -> Azurite:
+        storage = ["--location", str(self.location)] if self.location else ["--inMemoryPersistence"]
+        self._process = start_listening(
+            "azurite-table",
+            ["--tableHost", "127.0.0.1", "--tablePort", str(self.port), *storage, "--disableTelemetry", "--silent"],
+            self.port,
+            timeout,
+        )
+        return self
+
+    def stop(self) -> None:
+        """SIGINT, which makes Azurite flush its database. Azurite persists with a 5 s
+        autosave, so SIGKILL would lose writes it had acknowledged — a durability that
+        Azure Storage guarantees and the emulator does not; an outage test must not
+        mistake that for a consumer bug."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.send_signal(signal.SIGINT)
+            try:
+                self._process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
+
+    def cpu_seconds(self) -> float:
+        """CPU time the Azurite process has used so far, for the benchmark's split of each
+        message's cost between the client and the store."""
+        assert self._process is not None, "Azurite is not running"
+        return process_cpu_seconds(self._process.pid)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> Azurite:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,178 @@
+"""`make chaos`: the `orders` function under at-least-once delivery, competing workers,
+injected faults and a store outage; then, at the shipped proportions with 16 concurrent calls
+and no resubmission from the broker's dead-letter queue, store outages of 2, 10 and 30 s and
+30% of store requests answered 503 for 10 s. Exits non-zero on any violated invariant (a
+message left in the broker's DLQ is one).
+
+Knobs (environment): CHAOS_MESSAGES (5000), CHAOS_WORKERS (8), CHAOS_DUP_RATE (0.3),
+CHAOS_FAULT_RATE (0.05), CHAOS_SEED (random when unset), CHAOS_OUTAGE (1),
+CHAOS_PAYMENTS (0; 1 = charge through a local payment API, a two-phase step), CHAOS_RUNTIME
+(process; worker = deliver through the real Functions Python worker: store faults then cannot
+be injected inside it, delivery faults and the outage still are), CHAOS_TROUBLE_MESSAGES (600;
+0 skips the outage and throttling runs), CHAOS_CHAIN_MESSAGES (2000; 0 skips the outbox run:
+orders → order-events → billing + shipping with faults at every hop, lab/chain.py),
+CHAOS_STREAM_EVENTS (3000; 0 skips the Event Hubs run: checkpoints after every batch,
+crashes, rebalances, producer retries, parking and replay, lab/eventhub.py),
+CHAOS_SESSION_ORDERS (500; 0 skips the Service Bus sessions run, lab/sessions.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import sys
+import tempfile
+from pathlib import Path
+
+from lab.azurite import Azurite
+from lab.chain import ChainConfig, ChainReport, run_chain
+from lab.demo import ORDERS
+from lab.eventhub import StreamConfig, StreamReport, run_stream
+from lab.harness import Report, RunConfig, run
+from lab.sessions import SessionConfig, SessionReport, run_sessions
+
+
+def config_from_env() -> RunConfig:
+    env = os.environ.get
+    return RunConfig(
+        messages=int(env("CHAOS_MESSAGES", "5000")),
+        workers=int(env("CHAOS_WORKERS", "8")),
+        dup_rate=float(env("CHAOS_DUP_RATE", "0.3")),
+        fault_rate=float(env("CHAOS_FAULT_RATE", "0.05")),
+        seed=int(env("CHAOS_SEED") or random.randrange(1_000_000)),
+        outage=env("CHAOS_OUTAGE", "1") == "1",
+        payments=env("CHAOS_PAYMENTS", "0") == "1",
+        table="chaosorders",
+        runtime=env("CHAOS_RUNTIME", "process"),
+    )
+
+
+def as_json(report: Report) -> dict[str, object]:
+    return {
+        "messages": report.messages,
+        "deliveries": report.deliveries,
+        "workers": report.config.workers,
+        "faults_injected": sum(report.faults.values()),
+        "store_restarts": report.store_restarts,
+        "effects_applied": report.effects_applied,
+        "double_effects": report.double_effects,
+        "lost": report.lost,
+        "dead_lettered": report.dead_lettered,
+        "orphans": report.orphans,
+        "seed": report.config.seed,
+        "payments": report.config.payments,
+        "payment_charges_accepted": report.payment_charges,
+        "faults": dict(sorted(report.faults.items())),
+        "outcomes": dict(sorted(report.outcomes.items())),
+        "lock_expiries": report.lock_expiries,
+        "locks_lost": report.locks_lost,
+        "broker_dead_lettered": report.broker_dead_lettered,
+        "resubmitted_by_an_operator": report.resubmitted,
+        "seconds": round(report.seconds, 1),
+        "runtime": report.config.runtime,
+    }
+
+
+TROUBLE = {
+    "store outage 2 s": {"outage": True, "outage_seconds": 2.0},
+    "store outage 10 s": {"outage": True, "outage_seconds": 10.0},
+    "store outage 30 s": {"outage": True, "outage_seconds": 30.0},
+    "30% of store requests 503 for 10 s": {"throttle_rate": 0.3, "throttle_seconds": 10.0, "messages": 6000},
+}
+
+
+def trouble_configs(seed: int) -> dict[str, RunConfig]:
+    messages = int(os.environ.get("CHAOS_TROUBLE_MESSAGES", "600"))
+    if messages <= 0:
+        return {}
+    return {name: RunConfig(**{"messages": messages, "workers": 16, "dup_rate": 0.2, "seed": seed,
+                               "table": f"trouble{i}", **changes})  # type: ignore[arg-type]
+            for i, (name, changes) in enumerate(TROUBLE.items())}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)  # the idempotency log is counted, not shown
+    config = config_from_env()
+    with tempfile.TemporaryDirectory(prefix="chaos-azurite-") as data, Azurite(location=Path(data)) as azurite:
+        report = run(config, azurite, ORDERS)
+        ok = summarise(config, report)
+        for name, trouble in trouble_configs(config.seed).items():
+            print(f"\n{name}, 16 concurrent calls, no resubmission:")
+            ok = summarise(trouble, run(trouble, azurite, ORDERS)) and ok
+        chain = int(os.environ.get("CHAOS_CHAIN_MESSAGES", "2000"))
+        if chain > 0:
+            ok = summarise_chain(run_chain(ChainConfig(messages=chain, seed=config.seed), azurite)) and ok
+        stream = int(os.environ.get("CHAOS_STREAM_EVENTS", "3000"))
+        if stream > 0:
+            ok = summarise_stream(run_stream(StreamConfig(events=stream, seed=config.seed), azurite)) and ok
+        orders = int(os.environ.get("CHAOS_SESSION_ORDERS", "500"))
+        if orders > 0:
+            ok = summarise_sessions(run_sessions(SessionConfig(orders=orders, seed=config.seed), azurite)) and ok
+    return 0 if ok else 1
+
+
+def summarise_sessions(report: SessionReport) -> bool:
+    print(
+        f"\nService Bus sessions: {report.messages} status changes ({report.deliveries} deliveries, "
+        f"{report.session_releases} sessions released by abandons and lost locks, "
+        f"{sum(report.faults.values())} store faults) in {report.seconds:.0f}s; outcomes "
+        f"{dict(sorted(report.outcomes.items()))}; not at their last status {report.wrong_final}."
+    )
+    return report.shown()
+
+
+def summarise_stream(report: StreamReport) -> bool:
+    print(
+        f"\nEvent Hubs: {report.logical} events ({report.sent} sent, producer retries included) in "
+        f"{report.seconds:.0f}s; {report.invocations} invocations, {report.replays} batches replayed after "
+        f"crashes, {report.rebalances} rebalances; {sum(report.faults.values())} store faults."
+    )
+    print(
+        f"Parked {report.parked}, applied by the operator's replay {report.replayed_by_operator}; "
+        f"double {report.double}, lost {report.lost}."
+    )
+    return report.shown()
+
+
+def summarise_chain(report: ChainReport) -> bool:
+    print(
+        f"\noutbox: {report.orders} orders → order-events → billing + shipping in {report.seconds:.0f}s; "
+        f"deliveries {dict(report.deliveries)}; {sum(report.faults.values())} faults injected "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(report.faults.items()))})."
+    )
+    print(
+        f"Sent to the topic {report.sent_to_topic}; re-sends dropped by duplicate detection "
+        f"{report.dropped_by_detection}, copies past it caught by the subscribers' dedup {report.caught_by_dedup}; "
+        f"sent by the sweep {report.swept}; double {report.double}, lost {report.lost}, left unsent "
+        f"{report.left_in_outbox}, in a broker's dead-letter queue {report.broker_dead_lettered}."
+    )
+    return report.shown()
+
+
+def summarise(config: RunConfig, report: Report) -> bool:
+    print(
+        f"{report.messages} messages, {report.deliveries} deliveries to {config.workers} workers in "
+        f"{report.seconds:.0f}s; {sum(report.faults.values())} faults injected "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(report.faults.items())) or 'none'}); "
+        f"{report.store_restarts} store restart(s); {report.lock_expiries} lock expiries; "
+        f"{report.broker_dead_lettered} left in the broker's dead-letter queue, "
+        f"{report.resubmitted} resubmitted by an operator."
+    )
+    print(
+        f"Effects applied {report.effects_applied}, dead-lettered {report.dead_lettered}, "
+        f"double effects {report.double_effects}, lost {report.lost}, orphans {report.orphans}."
+    )
+    for violation in report.violations:
+        print("VIOLATION", violation)
+    if not report.ok:
+        print(f"FAILED: invariants violated (reproduce with CHAOS_SEED={config.seed})")
+    print(json.dumps(as_json(report)))
+    return report.ok
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,421 @@
+"""At-least-once delivery of a message stream to a real function, by competing workers,
+with optional faults and a store outage; then an invariant check that reads the real
+store. Shared by `make demo` (no faults) and `make chaos` (the example's orders: their
+target is in lab/demo.py) and the library's chaos tests (tests/app.py's items).
+
+The harness drives a ``Target``: to prove your own handler, give it your function's name,
+how to point its consumer at a table, a workload generator, a reader that counts, per
+message key, how often its effect is in the table, and (for ``RunConfig.payments``) the
+setting naming the payment API and the field of a charge holding the key.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import isodate
+from azure.data.tables import TableServiceClient
+
+from lab import runtimes, workload
+from lab.azurite import Azurite
+from lab.broker import Lock, PeekLockQueue
+from lab.cosmos_emulator import emulated
+from lab.delivery_checks import dedup_settings, host_settings
+from lab.faults import WORKER_FAULTS, Crash, FaultPlan, FaultyTransport
+from lab.infra_checks import ROOT, parameter_values
+from lab.payment_service import PaymentService
+from shared.idempotency import IdempotentConsumer
+from shared.idempotency.keys import DedupKey, marker_id
+from shared.idempotency.stores import CosmosStore, DedupStore, TableStore
+from shared.idempotency.stores._azure import TRANSPORT, table_transactions
+from shared.idempotency.stores._records import GUARD_KIND
+from shared.idempotency.stores._table_batch import TableTransactions
+from shared.idempotency.stores._transport import transaction_transport
+
+
+@dataclass(frozen=True)
+class Target:
+    """The Service Bus queue function the harness delivers to, and what it must know of it."""
+
+    function: str  # its name, as the host indexes it
+    # (storage connection, table): point the app's settings there, as the app's settings
+    # would, and return the function's consumer
+    consumer: Callable[[str, str], IdempotentConsumer]
+    # (count, seed, mismatch rate, invalid rate): the logical messages, e.g. workload.generate
+    generate: Callable[[int, int, float, float], list[workload.LogicalMessage]]
+    applied: Callable[[DedupStore], dict[str, int]]  # per message key, how often its effect is in the store
+    payment_setting: str  # the app setting naming the payment API's URL (RunConfig.payments)
+    charged_for: str  # the field of a charge (its request's body) that holds the message's key
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    messages: int = 1000
+    workers: int = 8
+    dup_rate: float = 0.3
+    fault_rate: float = 0.0
+    seed: int = 1
+    outage: bool = False
+    outage_seconds: float = 1.5
+    throttle_rate: float = 0.0  # this share of store requests answered 503 ...
+    throttle_seconds: float = 0.0  # ... for this long from the start (the run must last longer)
+    lock_duration: float = 2.0
+    # None: the shipped values (infra/, host.json, the dedup defaults), scaled in time so that
+    # the lock lasts ``lock_duration`` — the same proportions as on Azure.
+    max_delivery_count: int | None = None
+    lease: float | None = None
+    in_flight_wait: float | None = None
+    transient_wait: float | None = None
+    # An operator's act, never automatic: rounds of resubmitting the broker's dead-letter
+    # queue after the run (reported as ``resubmitted``, apart from what the consumer handled).
+    resubmit_rounds: int = 0
+    duplicate_window: int = 32  # MessageIds remembered by send-side duplicate detection
+    mismatch_rate: float = 0.005
+    invalid_rate: float = 0.01
+    table: str = "records"
+    payments: bool = False  # charge through a local payment API (two-phase step)
+    runtime: str = "process"  # or "worker": the real Functions Python worker (store faults then stay out of reach)
+
+
+@dataclass
+class Report:
+    config: RunConfig
+    sends: int = 0
+    dropped_by_detection: int = 0
+    messages: int = 0  # logical messages that reached the queue at least once
+    deliveries: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
+    store_restarts: int = 0
+    lock_expiries: int = 0
+    locks_lost: int = 0
+    broker_dead_lettered: int = 0  # left in the broker's DLQ (MaxDeliveryCountExceeded): a violation
+    resubmitted: int = 0  # sent again by an "operator" (RunConfig.resubmit_rounds)
+    effects_applied: int = 0
+    double_effects: int = 0
+    lost: int = 0
+    dead_lettered: int = 0
+    orphans: int = 0
+    payment_charges: int = 0
+    seconds: float = 0.0
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+class _OutcomeCounter(logging.Handler):
+    def __init__(self, counts: Counter[str]) -> None:
+        super().__init__()
+        self.counts = counts
+        self._mutex = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields = getattr(record, "dedup", None)
+        if fields:
+            with self._mutex:
+                self.counts[fields["outcome"]] += 1
+
+
+@contextmanager
+def _counting_outcomes(counts: Counter[str]) -> Iterator[None]:
+    logger = logging.getLogger("idempotency")
+    handler = _OutcomeCounter(counts)
+    logger.addHandler(handler)
+    previous, logger.propagate = logger.propagate, False  # keep the console for the summary
+    level = logger.level
+    logger.setLevel(logging.DEBUG)  # every outcome, the everyday ones included
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = previous
+        logger.setLevel(level)
+
+
+def run(config: RunConfig, azurite: Azurite, target: Target, *, break_store: type[TableStore] | None = None) -> Report:
+    """``break_store`` swaps in a deliberately broken store class, so that tests can show
+    the invariant checker catching what it claims to catch."""
+    report = Report(config)
+    started = time.monotonic()
+    logical = target.generate(config.messages, config.seed, config.mismatch_rate, config.invalid_rate)
+    timing = Timing.of(config)
+    queue = PeekLockQueue(config.lock_duration, timing.max_deliveries, config.duplicate_window, timing.lock_renewal)
+    accepted: set[int] = set()
+    for index, body in workload.sends(logical, config.dup_rate, config.seed):
+        if queue.send(logical[index].message_id, body):
+            accepted.add(index)
+    report.messages = len(accepted)
+
+    plan = FaultPlan(config.fault_rate, config.seed, config.lock_duration)
+    running = threading.local()  # each worker's current lock, for the faults that take it away
+    plan.lose_lock = lambda: queue.lose(running.lock)
+    with ExitStack() as stack:
+        payments = stack.enter_context(PaymentService(hook=_payment_faults(plan))) if config.payments else None
+        _configure(timing, payments, target.payment_setting)
+        consumer = target.consumer(azurite.connection_string, config.table)
+        if isinstance(consumer.store, CosmosStore):  # faults are injected on the Table transport only
+            store: DedupStore = emulated_view(consumer.store)
+        else:
+            faulty = (config.fault_rate > 0 or config.throttle_rate > 0) and config.runtime == "process"
+            store = _attach_store(consumer, azurite, plan, faulty, break_store or TableStore)
+        runtime = stack.enter_context(runtimes.started(config.runtime))
+
+        def deliver(lock: Lock) -> None:
+            running.lock = lock
+            runtime.servicebus(target.function, lock.message.body, lock.message.message_id, lock.delivery_count)
+
+        _deliver_all(config, azurite, queue, deliver, plan, report)
+        applied = target.applied(store)
+        if payments is not None:  # one accepted charge per message, and one effect
+            charges = payments.charges_per(target.charged_for)
+            report.payment_charges = sum(charges.values())
+            applied = {key: max(applied.get(key, 0), charges.get(key, 0)) for key in applied.keys() | charges.keys()}
+    if payments is not None:  # stopped with the run: nothing may call it any more
+        os.environ.pop(target.payment_setting, None)
+
+    report.sends, report.dropped_by_detection = queue.sent, queue.dropped_by_detection
+    report.deliveries, report.lock_expiries, report.locks_lost = queue.deliveries, queue.lock_expiries, queue.locks_lost
+    report.faults = plan.injected
+    _verify(report, [logical[i] for i in sorted(accepted)], store, consumer.name, applied, queue)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+Deliver = Callable[[Lock], None]
+
+
+def _deliver_all(
+    config: RunConfig, azurite: Azurite, queue: PeekLockQueue, deliver: Deliver, plan: FaultPlan, report: Report
+) -> None:
+    with _counting_outcomes(report.outcomes):
+        trouble = _start_trouble(config, azurite, queue, plan, report)
+        _run_workers(config, queue, deliver, plan)
+        trouble.join()
+        for _ in range(config.resubmit_rounds):  # only when a test asks for an operator's help
+            if not queue.dead:
+                break
+            report.resubmitted += queue.resubmit_dead_letters()
+            _run_workers(config, queue, deliver, plan)
+
+
+@dataclass(frozen=True)
+class Timing:
+    max_deliveries: int
+    lease: float
+    in_flight_wait: float
+    transient_wait: float
+    lock_renewal: float
+
+    @staticmethod
+    def of(config: RunConfig) -> Timing:
+        """The run's timing: what the config sets, the rest as shipped (the Service Bus
+        queues' lock duration and delivery count in infra/main.bicep, host.json, the dedup
+        defaults), scaled to its lock."""
+        infra = parameter_values(ROOT / "infra")
+        lock = isodate.parse_duration(infra["lockDuration"])
+        dedup, host = dedup_settings(), host_settings(json.loads((ROOT / "host.json").read_text()))
+        scale = config.lock_duration / lock.total_seconds()
+
+        def scaled(value: timedelta, given: float | None) -> float:
+            return value.total_seconds() * scale if given is None else given
+
+        return Timing(
+            config.max_delivery_count or int(infra["maxDeliveryCount"]),
+            scaled(dedup.lease, config.lease),
+            scaled(dedup.in_flight_wait, config.in_flight_wait),
+            scaled(dedup.transient_wait, config.transient_wait),
+            scaled(host.lock_renewal, None),
+        )
+
+
+def _configure(timing: Timing, payments: PaymentService | None, payment_setting: str | None = None) -> None:
+    """The app's settings for the run, as infra sets them, scaled; ``payment_setting``, the
+    target's, points at ``payments`` (or is removed)."""
+    os.environ.update(
+        DEDUP_LEASE=f"PT{timing.lease:.3f}S",
+        DEDUP_IN_FLIGHT_WAIT=f"PT{timing.in_flight_wait:.3f}S",
+        DEDUP_TRANSIENT_WAIT=f"PT{timing.transient_wait:.3f}S",
+        DEDUP_MAX_DELIVERY_COUNT=str(timing.max_deliveries),
+    )
+    if payment_setting is None:
+        return
+    if payments is None:
+        os.environ.pop(payment_setting, None)
+    else:
+        os.environ[payment_setting] = payments.url
+
+
+def _payment_faults(plan: FaultPlan) -> Callable[[str, str], str | None]:
+    """The payment API fails before charging (503) or charges and loses its answer."""
+
+    def hook(key: str, phase: str) -> str | None:
+        if phase == "before":
+            return "fail" if plan.draw(("payment_503",)) else None
+        return "drop" if plan.draw(("payment_response_lost",)) else None
+
+    return hook
+
+
+def emulated_view(store: CosmosStore) -> CosmosStore:
+    """The checker reads through the emulator adapter (lab/cosmos_emulator.py)."""
+    return CosmosStore(emulated(store.container), emulated(store.dead_letter_container), store.partition_field,
+                       dead_letter_retention=store.dead_letter_retention)  # fmt: skip
+
+
+def _attach_store(
+    consumer: IdempotentConsumer, azurite: Azurite, plan: FaultPlan, faulty: bool, store_class: type[TableStore]
+) -> TableStore:
+    """With faults, give the consumer's store a faulty transport (the function and the
+    flow stay untouched). Returns a clean store on the same tables for the checker."""
+    assert isinstance(consumer.store, TableStore)
+    table, dead = consumer.store.table.table_name, consumer.store.dead_letter_table
+    transport = {"transport": FaultyTransport(plan)} if faulty else {}
+    service = TableServiceClient.from_connection_string(azurite.connection_string, **transport, **TRANSPORT)
+    # the lean path's faults are injected in front of its own transport (urllib3)
+    faulty_lean = {"transport": FaultyTransport(plan, transaction_transport())} if faulty else {}
+    lean = TableTransactions.of(service, table, **faulty_lean, **TRANSPORT) if table_transactions() == "lean" else None
+    consumer.store = store_class(service, table, dead, transactions=lean)
+    clean = TableServiceClient.from_connection_string(azurite.connection_string, **TRANSPORT)
+    return TableStore(clean, table, dead)
+
+
+def _run_workers(config: RunConfig, queue: PeekLockQueue, deliver: Deliver, plan: FaultPlan) -> None:
+    def work() -> None:
+        while True:
+            lock = queue.receive(timeout=0.5)
+            if lock is None:
+                if queue.drained():
+                    return
+                continue
+            _settle(lock, queue, deliver, plan)
+
+    threads = [threading.Thread(target=work, name=f"worker-{i}") for i in range(config.workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def _settle(lock: Lock, queue: PeekLockQueue, deliver: Deliver, plan: FaultPlan) -> None:
+    try:
+        deliver(lock)
+    except Crash:
+        queue.crashed(lock)  # the process died: no settlement, no renewal, the lock lapses
+        return
+    except Exception as error:  # noqa: BLE001 - the host abandons on any exception
+        queue.abandon(lock, why=str(error)[:200])
+        return
+    if plan.draw(WORKER_FAULTS) is not None:
+        queue.crashed(lock)  # died before acknowledging, or the acknowledgement was lost: no more renewal
+        return
+    queue.complete(lock)
+
+
+def _start_trouble(
+    config: RunConfig, azurite: Azurite, queue: PeekLockQueue, plan: FaultPlan, report: Report
+) -> threading.Thread:
+    """Answer a share of store requests 503 from the start for a while (throttling), and/or,
+    once 40% of the queue is done, stop the store, keep it down, bring it back (an outage)."""
+    if config.throttle_rate:
+        plan.throttle(config.throttle_rate, config.throttle_seconds)
+
+    def trouble() -> None:
+        if not config.outage:
+            return
+        while queue.completed < 0.4 * queue.sent - queue.dropped_by_detection and not queue.drained():
+            time.sleep(0.01)
+        azurite.stop()
+        time.sleep(config.outage_seconds)
+        azurite.start()
+        report.store_restarts += 1
+
+    thread = threading.Thread(target=trouble, name="trouble")
+    thread.start()
+    return thread
+
+
+def _verify(
+    report: Report,
+    in_play: list[workload.LogicalMessage],
+    store: DedupStore,
+    scope: str,
+    applied: dict[str, int],
+    queue: PeekLockQueue,
+) -> None:
+    """Read the real store: every logical message has its effect exactly once or a
+    dead-letter record with its reason; no marker without effects, nor the reverse."""
+    dead = store.dead_letters(scope)
+    in_broker_dlq = {(m.message_id, m.body) for m in queue.dead}
+    report.broker_dead_lettered = len(queue.dead)
+    variants: dict[str, list[workload.LogicalMessage]] = defaultdict(list)
+    for message in in_play:
+        if message.key is not None:
+            variants[message.key].append(message)
+
+    def violation(kind: str, key: object) -> None:
+        if len(report.violations) < 50:
+            report.violations.append(f"{kind}: {key!r}")
+
+    # Copies of one key with different payloads: one is applied, the others refused.
+    mismatches = Counter(d.key_id for d in dead if d.reason == "fingerprint_mismatch")
+    for key, group in variants.items():
+        times = applied.get(key, 0)
+        if times > 1:
+            report.double_effects += times - 1
+            violation("double effect", key)
+        if times == 1:
+            report.effects_applied += 1
+        parked = sum((m.message_id, m.body) in in_broker_dlq for m in group)
+        expected_refusals = len(group) - 1 if times else 0
+        if (times == 0 and parked < len(group)) or mismatches[key] + parked < expected_refusals:
+            report.lost += 1
+            violation("lost", key)
+        refused = [d for d in dead if d.key_id == key]
+        if times and len({d.fingerprint for d in refused}) > len(group) - 1:  # a copy both applied and refused
+            violation("applied and dead-lettered", [(d.message_id, d.reason, d.delivery_count, d.detail[:200])
+                                                    for d in refused])  # fmt: skip
+    records = {(d.message_id, d.body, d.reason) for d in dead}
+    for message in in_play:
+        if message.invalid_reason is None:
+            continue
+        recorded = (message.message_id, message.body, message.invalid_reason) in records
+        if not recorded and (message.message_id, message.body) not in in_broker_dlq:
+            report.lost += 1
+            violation("invalid message without its dead-letter record", message.message_id)
+    # One per refused logical message: a producer's retry may re-serialise a body (other bytes,
+    # the same payload), and each body is recorded as it came.
+    report.dead_lettered = len({(d.key_id or d.message_id, d.reason, d.fingerprint or d.body) for d in dead})
+    for parked_message in queue.dead:  # the consumer gave up on it: only an operator can bring it back
+        violation(
+            "left in the broker's dead-letter queue", f"{parked_message.message_id} ({parked_message.dead_reason})"
+        )
+    for problem in orphans(store, scope, applied):
+        report.orphans += 1
+        violation("orphan", problem)
+
+
+def orphans(store: DedupStore, scope: str, applied: dict[str, int]) -> list[str]:
+    """Half-written state: a marker without its effects, effects without their marker, a
+    fingerprint guard without its marker."""
+    markers: dict[str, str] = {}
+    guards: set[str] = set()
+    for item in store.scan():
+        if item.key is not None and not item.key.step:
+            markers[marker_id(item.key)] = item.key.id  # by key: a Cosmos document may be its own marker
+        elif item.kind == GUARD_KIND:
+            guards.add(item.name.rsplit("|", 1)[0])
+    found = [f"marker without effects: {key_id}" for key_id in markers.values() if not applied.get(key_id)]
+    found += [f"effects without marker: {key}" for key in applied if marker_id(DedupKey(scope, key)) not in markers]
+    found += [f"guard without marker: {row}" for row in guards - markers.keys()]
+    return found
