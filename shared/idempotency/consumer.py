@@ -1,15 +1,13 @@
-"""The idempotent-consumer flow. Trigger-neutral: a trigger turns its binding into a
-Delivery, calls ``process`` and settles the returned Result (see ``functions``)."""
+"""The idempotent-consumer flow: decide → commit → settle. Trigger-neutral: a trigger turns
+its binding into a Delivery, calls ``process`` and settles the returned Result (see
+``functions``). The outbox's side of a delivery is ``outbox.Dispatch``; the wait for what
+clears by itself, ``wait.py``."""
 
 from __future__ import annotations
 
-import logging
 import random
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,18 +15,10 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 from opentelemetry import trace
 
-from . import telemetry
+from . import dead_letters, telemetry, wait
+from .cache import CompletedKeys
 from .config import DedupConfig
-from .errors import (
-    DedupError,
-    DownstreamRejected,
-    DownstreamUnavailable,
-    FingerprintMismatch,
-    InFlight,
-    InvalidMessage,
-    LeaseLost,
-    StoreUnavailable,
-)
+from .errors import DedupError, InvalidMessage
 from .keys import DedupKey, KeySource, consumer_partition, from_message_id
 from .messages import (
     RETRY_OUTCOMES,
@@ -38,28 +28,19 @@ from .messages import (
     Outcome,
     Result,
     check_result,
+    failure,
+    mismatch,
     utcnow,
 )
-from .outbox import Outbox, Parked, Sender, outgoing, rows, rows_prefix
+from .outbox import Dispatch, Outbox, Sender
 from .payload import fingerprint, parse_json
+from .reasons import Reason
 from .steps import Context, settle
 from .stores._base import DedupStore
-from .stores._records import Commit, CommitStatus, DeadLetter, Marker, State, StateStatus
+from .stores._records import Commit, CommitStatus, Marker, State, StateStatus
 
-log = logging.getLogger("idempotency")
-
-
-PARKED = "parked"  # a dead-letter record's reason: kept for replay, the source moved on
 _COMMITTED = frozenset({Outcome.PROCESSED, Outcome.DUPLICATE})  # the marker is there: its outbox is due
 _REFUSALS = frozenset({Outcome.INVALID, Outcome.CONFLICT})  # recorded as dead letters before acknowledging
-# What clears by itself: waited for inside the delivery. A handler's own exception is not
-# (the same code fails the same way): it goes back to the broker at once.
-_WAIT_FOR = frozenset({"store_unavailable", "downstream_unavailable", "lease_lost", "claimed_elsewhere",
-                       "dead_letter_failed", "dispatch_failed"})  # fmt: skip
-# Pauses between attempts, as shares of the delivery's wait (2 min: 0.2 s doubling up to 5 s),
-# with jitter; scaled so that a shorter wait (Event Grid, HTTP, a scaled test) keeps its attempts.
-FIRST_PAUSE, MAX_PAUSE = 1 / 600, 1 / 24
-
 
 Handler = Callable[[Any, Context], Effects | LatestState]
 """Decides the entities to commit with the marker (or the latest state to apply);
@@ -73,35 +54,6 @@ _STATE_OUTCOMES = {StateStatus.APPLIED: Outcome.PROCESSED, StateStatus.SAME: Out
 
 def _fingerprint(delivery: Delivery, payload: Any) -> str:
     return fingerprint(payload if delivery.origin is None else {"origin": delivery.origin, "payload": payload})
-
-
-class CompletedKeys:
-    """A bounded, thread-safe LRU of (key → fingerprint) this instance saw completed. A
-    completed marker never goes back, so a hit with the same fingerprint is a duplicate
-    without asking the store; a miss proves nothing and goes to the store."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._keys: OrderedDict[DedupKey, str] = OrderedDict()
-        self._mutex = threading.Lock()
-
-    def get(self, key: DedupKey) -> str | None:
-        if self._size <= 0:
-            return None
-        with self._mutex:
-            fp = self._keys.get(key)
-            if fp is not None:
-                self._keys.move_to_end(key)
-            return fp
-
-    def put(self, key: DedupKey, fp: str) -> None:
-        if self._size <= 0:
-            return
-        with self._mutex:
-            self._keys[key] = fp
-            self._keys.move_to_end(key)
-            while len(self._keys) > self._size:
-                self._keys.popitem(last=False)
 
 
 class IdempotentConsumer:
@@ -126,21 +78,18 @@ class IdempotentConsumer:
         bind_request_keys: bool = False,
         sender: Sender | None = None,
     ) -> None:
-        """``config``: retention, step lease and wait, cache size; by default read from the
-        app settings (``DedupConfig.from_settings()``), as the README documents them.
-        ``replay_results``: a duplicate reads the stored result back (one more read,
-        for duplicates only) — HTTP needs it, a queue does not. ``record_refusals``:
-        invalid and conflicting messages are written to the dead-letter records before
-        they are acknowledged — a queue needs it, HTTP tells its caller instead.
-        ``bind_request_keys``: the delivery's ``message_id`` is the caller's request key
-        (HTTP ``Idempotency-Key``) while ``key_source`` keys by the body: each request key
-        is bound to its payload (one conditional insert), so a key reused with another
-        payload is refused (``idempotency_key_reused``, HTTP 422), and a new key for a
-        known payload still replays.
-        ``sender``: sends what handlers declare in ``Effects.messages`` (the outbox: committed
-        with the marker, sent after the commit and again on duplicates until sent).
-        The cache keeps keys this instance saw completed, so that hot duplicates cost no
-        store request; never an in-progress key, never trusted to decide "new"."""
+        """``config``: retention, step lease and wait, cache size; by default the app settings
+        (``DedupConfig.from_settings()``, as the README documents them). ``replay_results``: a
+        duplicate reads the stored result back (one more read, for duplicates only): HTTP needs
+        it. ``record_refusals``: invalid and conflicting messages are written to the dead-letter
+        records before they are acknowledged: a queue needs it, HTTP tells its caller instead.
+        ``bind_request_keys``: ``message_id`` is the caller's request key (``Idempotency-Key``)
+        while ``key_source`` keys by the body: each request key is bound to its payload (one
+        conditional insert), so a key reused with another payload is refused
+        (``idempotency_key_reused``, HTTP 422), and a new key for a known payload still replays.
+        ``sender``: sends ``Effects.messages`` (the outbox: committed with the marker, sent after
+        the commit and again on duplicates until sent). The cache keeps keys this instance saw
+        completed: hot duplicates cost no store request; never trusted to decide "new"."""
         config = config or DedupConfig.from_settings()
         if not name or "|" in name or name.startswith("~"):
             raise ValueError(f"consumer name {name!r}: non-empty, without '|', not starting with '~' (the library's)")
@@ -187,119 +136,54 @@ class IdempotentConsumer:
         """Each message is decided on its own; the commits of those that share a
         partition go to the store together (``commit_many``: on Table Storage, up to 100
         operations per transaction), and a conflict isolates only its own message.
-        A transient failure is tried again, with growing pauses, until the delivery's
-        wait runs out; on the broker's last delivery, what still fails is recorded as a
-        dead letter with its reason before the broker takes the message."""
+        A transient failure is tried again until the delivery's wait runs out (``wait``);
+        on the broker's last delivery, what still fails is recorded as a dead letter with
+        its reason before the broker takes the message."""
         started = time.perf_counter()
-        wait = min((self._transient_wait if d.wait is None else d.wait for d in deliveries), default=timedelta(0))
-        deadline = time.monotonic() + wait.total_seconds()  # the first attempt counts too
+        patience = min((self._transient_wait if d.wait is None else d.wait for d in deliveries), default=timedelta(0))
         spans = [telemetry.span(self.name, d) for d in deliveries]
         # Each delivery's token: its claims and its marker carry it, so a retry knows its own writes.
-        owners = [f"{random.getrandbits(128):032x}" for _ in deliveries]
-        parked: dict[DedupKey, Parked] = {}  # keys indexed for the outbox sweep, once per delivery
+        tries = [(d, span, f"{random.getrandbits(128):032x}") for d, span in zip(deliveries, spans, strict=True)]
+        dispatch = None if self.sender is None else Dispatch(self.outbox(self.sender), self._max_deliveries,
+                                                             self._completed.put)  # fmt: skip
         try:
-            attempt_started = time.monotonic()
-            results = self._attempt(deliveries, spans, owners, parked, retry=False)
-            slowest = time.monotonic() - attempt_started
-            pause, cap = wait.total_seconds() * FIRST_PAUSE, wait.total_seconds() * MAX_PAUSE
-            while True:
-                again = [i for i, r in enumerate(results) if r.outcome in RETRY_OUTCOMES and r.reason in _WAIT_FOR]
-                nap = random.uniform(pause / 2, pause)  # jitter: instances do not retry in step
-                if not again or time.monotonic() + nap + slowest > deadline:  # an attempt must end by the deadline
-                    break
-                time.sleep(nap)
-                pause = min(pause * 2, cap)
-                attempt_started = time.monotonic()
-                retried = self._attempt([deliveries[i] for i in again], [spans[i] for i in again],
-                                        [owners[i] for i in again], parked, retry=True)  # fmt: skip
-                slowest = max(slowest, time.monotonic() - attempt_started)
-                for i, result in zip(again, retried, strict=True):
-                    results[i] = result
-            finished: list[Result] = []
+            results = wait.within(patience, len(tries), lambda at, again: self._attempt([tries[i] for i in at],
+                                                                                        dispatch, again))  # fmt: skip
             for delivery, result, span in zip(deliveries, results, spans, strict=True):
-                if result.outcome in RETRY_OUTCOMES and self._last(delivery):
-                    if self._record_refusals:
-                        self._dead_letter(delivery, result)  # the broker dead-letters it next: say why
-                    if self.sender is not None and result.key is not None and result.key not in parked:
-                        self._park(self.outbox(self.sender), self.partition_of(result.key), result.key, parked)  # rows
-                        # an earlier delivery may have left
+                if result.outcome in RETRY_OUTCOMES and delivery.is_last(self._max_deliveries):
+                    if self._record_refusals:  # the broker dead-letters it next: say why
+                        dead_letters.record(self.store, self.name, delivery, result)
+                    if dispatch is not None and result.key is not None and not dispatch.left(result.key):
+                        dispatch.leave(result.key, self.partition_of(result.key))  # an earlier delivery's rows
                 telemetry.record(self.name, delivery, result, (time.perf_counter() - started) * 1000, span)
-                finished.append(result)
         finally:
             for span in spans:
                 span.end()
-        return finished
+        return results
 
-    def _attempt(self, deliveries: Sequence[Delivery], spans: Sequence[trace.Span], owners: Sequence[str],
-                 parked: dict[DedupKey, Parked], *, retry: bool) -> list[Result]:  # fmt: skip
+    def _attempt(self, tries: Sequence[tuple[Delivery, trace.Span, str]], dispatch: Dispatch | None,
+                 retry: bool) -> list[Result]:  # fmt: skip
         decided = []
         siblings: dict[DedupKey, Context] = {}  # the steps whose completion a decided message holds
-        for delivery, span, owner in zip(deliveries, spans, owners, strict=True):
+        for delivery, span, owner in tries:
             with trace.use_span(span):  # current while its own handler runs: its calls are children
-                decided.append(self._decide(delivery, owner, retry, parked, siblings))
+                decided.append(self._decide(delivery, owner, retry, dispatch, siblings))
         # A completion a later copy of the same message wrote already (it met the claim) no
         # longer rides with the commit: the claim's version it is fenced by has moved.
         decided = [item._replace(completions=tuple(c for c in item.completions if c.key in siblings))
                    if isinstance(item, Commit) and item.completions else item for item in decided]  # fmt: skip
         committed = iter(self._commit([item for item in decided if isinstance(item, Commit)]))
         results = []
-        for delivery, item in zip(deliveries, decided, strict=True):
+        for (delivery, _, _), item in zip(tries, decided, strict=True):
             result = next(committed) if isinstance(item, Commit) else item
-            if self.sender is not None and isinstance(item, Commit) and result.outcome in _COMMITTED:
-                result = self._dispatch(self.outbox(self.sender), delivery, item, result, retry, parked)
+            if dispatch is not None and isinstance(item, Commit) and result.outcome in _COMMITTED:
+                result = dispatch.send(delivery, item, result, retry=retry)
             if self._record_refusals and result.outcome in _REFUSALS:
-                result = self._dead_letter(delivery, result)
+                result = dead_letters.record(self.store, self.name, delivery, result)
             results.append(result)
         return results
 
-    def _last(self, delivery: Delivery) -> bool:
-        return delivery.delivery_count is not None and delivery.delivery_count >= self._max_deliveries
-
-    def _parks(self, delivery: Delivery) -> bool:
-        """Nobody is sure to deliver it again if it is not acknowledged: an HTTP call (no
-        delivery count), a broker's last delivery. Its outgoing messages are indexed for the
-        sweep before the commit."""
-        return delivery.delivery_count is None or self._last(delivery)
-
-    def _dispatch(self, outbox: Outbox, delivery: Delivery, commit: Commit, result: Result, retry: bool,
-                  parked: dict[DedupKey, Parked]) -> Result:  # fmt: skip
-        """Send what the commit holds: the rows just committed, or (a duplicate, a retry)
-        those the store still has. A failed send waits and retries as any transient failure;
-        a delivery nobody redelivers is parked and acknowledged: its messages are committed,
-        the sweep sends them. A sent delivery takes its index row back: the sweep only ever
-        meets what is really left."""
-        prefix = rows_prefix(commit.key)
-        fresh = result.outcome is Outcome.PROCESSED and not retry
-        try:
-            outbox.dispatch(commit.partition, prefix, [e for e in commit.effects if e.name.startswith(prefix)]
-                            if fresh else None)  # fmt: skip
-        except DedupError as exc:
-            # Parked again: the row written before the commit may be gone already (a sweep that
-            # met it before the commit found nothing to send, and took it).
-            if self._parks(delivery) and self._park(outbox, commit.partition, commit.key, parked):
-                # An HTTP call's send waits for the sweep quietly; a broker's last delivery alerts
-                # (a destination missing or a role not granted fails every send until fixed).
-                log.log(logging.WARNING if delivery.delivery_count is None else logging.ERROR,
-                        "dedup outbox: %s left for the sweep: %s", commit.key, exc)  # fmt: skip
-                return replace(result, reason="outbox_parked", detail=str(exc)[:500])
-            return Result(Outcome.TRANSIENT, commit.key, "dispatch_failed", str(exc)[:500],
-                          fingerprint=commit.fingerprint)  # fmt: skip
-        if commit.key in parked:
-            outbox.unpark(parked.pop(commit.key))
-        # Only now may a duplicate skip the store: the cache must never outlive a send that
-        # did not finish (a crash in a test, an exception a sender should not raise).
-        self._completed.put(commit.key, commit.fingerprint)
-        return result
-
-    @staticmethod
-    def _park(outbox: Outbox, partition: str, key: DedupKey, parked: dict[DedupKey, Parked]) -> bool:
-        try:
-            parked[key] = outbox.park(partition, key, again=parked.get(key))
-        except DedupError:
-            return False  # not parked: the message is not acknowledged either
-        return True
-
-    def _decide(self, delivery: Delivery, owner: str, retry: bool, parked: dict[DedupKey, Parked],
+    def _decide(self, delivery: Delivery, owner: str, retry: bool, dispatch: Dispatch | None,
                 siblings: dict[DedupKey, Context] | None = None) -> Result | Commit:  # fmt: skip
         """Everything up to the commit: parse, key, validate, fingerprint, the cache of
         completed keys, then the handler (and its two-phase steps)."""
@@ -310,7 +194,7 @@ class IdempotentConsumer:
             payload, key, fp = self._read(delivery)
             self._validate(payload)
             if self._completed.get(key) == fp:
-                return Result(Outcome.DUPLICATE, key, "completed_recently", fingerprint=fp, stored_fingerprint=fp)
+                return Result(Outcome.DUPLICATE, key, Reason.COMPLETED_RECENTLY, fingerprint=fp, stored_fingerprint=fp)
             partition, expires_at = self.partition_of(key), utcnow() + self._retention
             if self._bind_request_keys and delivery.message_id:
                 self._bind(delivery.message_id, fp, expires_at)
@@ -321,33 +205,27 @@ class IdempotentConsumer:
                 status = self.store.upsert_if_newer(partition, effects.entity, effects.version)
                 if status is StateStatus.CONFLICT:  # recorded as a dead letter and alerted, as any conflict
                     detail = f"version {effects.version} is already applied with other data; the stored state is kept"
-                    return Result(Outcome.CONFLICT, key, "version_conflict", detail, fingerprint=fp)
+                    return Result(Outcome.CONFLICT, key, Reason.VERSION_CONFLICT, detail, fingerprint=fp)
                 return Result(_STATE_OUTCOMES[status], key, response=effects.result, fingerprint=fp)
             if not isinstance(effects, Effects):
-                raise InvalidMessage("handler_result", f"the handler returned {type(effects).__name__}, "
+                raise InvalidMessage(Reason.HANDLER_RESULT, f"the handler returned {type(effects).__name__}, "
                                      "not Effects or LatestState")  # fmt: skip
             steps = context.completions
             if len(effects.entities) + len(effects.messages) + len(steps) > self.store.max_effects:
-                raise InvalidMessage("too_many_effects", f"{len(effects.entities)} entities, "
+                raise InvalidMessage(Reason.TOO_MANY_EFFECTS, f"{len(effects.entities)} entities, "
                                      f"{len(effects.messages)} outgoing messages and {len(steps)} steps; "
                                      f"one commit holds {self.store.max_effects}")  # fmt: skip
             check_result(effects.result, "the handler's result")
             entities = list(effects.entities)
             if effects.messages:
-                if self.sender is None:
+                if dispatch is None:
                     raise ValueError(f"consumer {self.name!r} has no sender for the handler's outgoing messages")
-                outgoing_rows = rows(key, effects.messages)
-                check = getattr(self.sender, "check", None)  # what the sender can never send: refused now
-                if check is not None:
-                    check([outgoing(row) for row in outgoing_rows])
-                entities += outgoing_rows
-                if self._parks(delivery) and key not in parked:
-                    parked[key] = self.outbox(self.sender).park(partition, key)
+                entities += dispatch.rows(delivery, key, partition, effects.messages)
             return Commit(key, partition, fp, entities, effects.result, expires_at, owner, retry, steps)
         except Exception as exc:  # noqa: BLE001 - mapped to exactly one outcome below
             if context is not None:
                 context.settle()  # the steps it called stay completed
-            return self._failure(exc, key, fp)
+            return failure(exc, key, fp)
 
     def _bind(self, request_key: str, fp: str, expires_at: datetime) -> None:
         """Bind a caller's request key to this payload: the first binding wins (a conditional
@@ -360,7 +238,7 @@ class IdempotentConsumer:
             return
         bound = self.store.get(key, marker.partition)
         if bound is not None and bound.fingerprint != fp:
-            raise InvalidMessage("idempotency_key_reused", "this Idempotency-Key was sent with another payload")
+            raise InvalidMessage(Reason.IDEMPOTENCY_KEY_REUSED, "this Idempotency-Key was sent with another payload")
 
     def _commit(self, pending: list[Commit]) -> list[Result]:
         if not pending:
@@ -371,27 +249,27 @@ class IdempotentConsumer:
         except DedupError as exc:  # not about one message's data (that is CommitStatus.REFUSED): all wait
             for item in pending:
                 settle(self.store, item.completions)
-            return [Result(Outcome.TRANSIENT, p.key, "store_unavailable", str(exc)[:500]) for p in pending]
+            return [Result(Outcome.TRANSIENT, p.key, Reason.STORE_UNAVAILABLE, str(exc)[:500]) for p in pending]
         except Exception as exc:  # noqa: BLE001 - a bug: all retry
             for item in pending:
                 settle(self.store, item.completions)
-            return [self._failure(exc, p.key, p.fingerprint) for p in pending]
+            return [failure(exc, p.key, p.fingerprint) for p in pending]
         per_message = (time.perf_counter() - claiming) * 1000 / len(pending)
         results = []
         for item, commit in zip(pending, commits, strict=True):
             telemetry.claim_duration(self.name, per_message)
             if commit.status is CommitStatus.LEASE_LOST:
-                results.append(Result(Outcome.TRANSIENT, item.key, "lease_lost", "a step's claim was taken over"))
+                results.append(Result(Outcome.TRANSIENT, item.key, Reason.LEASE_LOST, "a step's claim was taken over"))
                 continue
             if commit.status is not CommitStatus.NEW:  # its steps' completions were not written
                 settle(self.store, item.completions)
             if commit.status is CommitStatus.MISMATCH:
-                results.append(self._mismatch(item.key, item.fingerprint, commit.stored_fingerprint))
+                results.append(mismatch(item.key, item.fingerprint, commit.stored_fingerprint))
                 continue
             if commit.status is CommitStatus.REFUSED:
-                results.append(Result(Outcome.INVALID, item.key, "store_refused", commit.detail))
+                results.append(Result(Outcome.INVALID, item.key, Reason.STORE_REFUSED, commit.detail))
                 continue
-            if self.sender is None:  # else once its outgoing messages are sent (_dispatch)
+            if self.sender is None:  # else once its outgoing messages are sent (Dispatch.send)
                 self._completed.put(item.key, item.fingerprint)
             if commit.status is CommitStatus.NEW:
                 results.append(Result(Outcome.PROCESSED, item.key, response=item.result, fingerprint=item.fingerprint))
@@ -399,37 +277,15 @@ class IdempotentConsumer:
                 results.append(self._duplicate(item.key, item.partition, item.fingerprint, commit.stored_fingerprint))
         return results
 
-    def _failure(self, exc: Exception, key: DedupKey | None, fp: str | None) -> Result:
-        if isinstance(exc, InvalidMessage):
-            return Result(Outcome.INVALID, key, exc.reason, exc.detail)
-        if isinstance(exc, DownstreamRejected):
-            return Result(Outcome.INVALID, key, "downstream_rejected", str(exc)[:500])
-        if isinstance(exc, FingerprintMismatch):
-            return self._mismatch(key, fp or "", exc.stored_fingerprint)
-        if isinstance(exc, InFlight):
-            return Result(Outcome.IN_FLIGHT, key, "claimed_elsewhere", "another delivery holds a live claim")
-        transient = {StoreUnavailable: "store_unavailable", DownstreamUnavailable: "downstream_unavailable",
-                     LeaseLost: "lease_lost"}  # fmt: skip
-        for kind, reason in transient.items():  # subclasses too
-            if isinstance(exc, kind):
-                return Result(Outcome.TRANSIENT, key, reason, str(exc)[:500])
-        log.error("dedup handler failed for %r", str(key), exc_info=exc)  # a bug: never acknowledge it
-        return Result(Outcome.TRANSIENT, key, "handler_error", repr(exc)[:500])
-
     def _duplicate(self, key: DedupKey, partition: str, fp: str, stored_fp: str | None) -> Result:
         if not self._replay:
             return Result(Outcome.DUPLICATE, key, fingerprint=fp, stored_fingerprint=stored_fp)
         try:
             stored = self.store.get(key, partition)
         except DedupError as exc:  # the replay could not be read: wait and try again
-            return Result(Outcome.TRANSIENT, key, "store_unavailable", str(exc)[:500])
+            return Result(Outcome.TRANSIENT, key, Reason.STORE_UNAVAILABLE, str(exc)[:500])
         result = stored.result if stored else None
         return Result(Outcome.DUPLICATE, key, response=result, fingerprint=fp, stored_fingerprint=stored_fp)
-
-    @staticmethod
-    def _mismatch(key: DedupKey | None, fp: str, stored: str | None) -> Result:
-        detail = "the key was already processed with a different payload"
-        return Result(Outcome.CONFLICT, key, "fingerprint_mismatch", detail, fingerprint=fp, stored_fingerprint=stored)
 
     def _validate(self, payload: Any) -> None:
         if self._validator is None:
@@ -437,40 +293,8 @@ class IdempotentConsumer:
         error = best_match(self._validator.iter_errors(payload))
         if error is not None:
             where = "/".join(str(part) for part in error.absolute_path) or "(root)"
-            raise InvalidMessage("schema_violation", f"{where}: {error.message[:400]}")
+            raise InvalidMessage(Reason.SCHEMA_VIOLATION, f"{where}: {error.message[:400]}")
 
     def park(self, delivery: Delivery, result: Result) -> Result:
-        """Keep a message the source will not deliver again (an Event Hubs checkpoint moved
-        past it) as a dead-letter record with reason ``parked`` and why, for an operator to
-        replay (``python -m shared.idempotency.replay``). TRANSIENT ``dead_letter_failed``
-        when it could not even be recorded."""
-        why = f"{result.reason or result.outcome.value}: {result.detail or ''}"[:500]
-        parked = replace(result, outcome=Outcome.PARKED, reason=PARKED, detail=why)
-        span = telemetry.span(self.name, delivery)
-        try:  # counted again as its final outcome: the delivery was transient, its event is parked
-            recorded = self._dead_letter(delivery, parked)
-            telemetry.record(self.name, delivery, recorded, 0.0, span)
-        finally:
-            span.end()
-        return recorded
-
-    def _dead_letter(self, delivery: Delivery, result: Result) -> Result:
-        """Record the refused message durably before it is acknowledged; if that fails,
-        the message must go back to the broker instead."""
-        record = DeadLetter(
-            scope=self.name,
-            reason=result.reason or result.outcome.value,
-            detail=result.detail or "",
-            body=delivery.body,
-            message_id=delivery.message_id,
-            correlation_id=delivery.correlation_id,
-            delivery_count=delivery.delivery_count,
-            key_id=result.key.id if result.key else None,
-            fingerprint=result.fingerprint,
-            stored_fingerprint=result.stored_fingerprint,
-        )
-        try:
-            self.store.dead_letter(record)
-        except Exception as exc:  # noqa: BLE001 - whatever failed, the broker keeps the message
-            return Result(Outcome.TRANSIENT, result.key, "dead_letter_failed", repr(exc)[:500])
-        return result
+        """Keep a message its source will not deliver again, for replay (``dead_letters.park``)."""
+        return dead_letters.park(self.store, self.name, delivery, result)

@@ -4,6 +4,8 @@ settles them. ``AlreadyClaimed`` and ``VersionConflict`` are the stores' interna
 
 from __future__ import annotations
 
+from .reasons import Reason
+
 
 class DedupError(Exception):
     """The root of every error the dedup module raises or expects from a store."""
@@ -27,7 +29,7 @@ class StoreRefused(InvalidMessage):
     too large, a type it cannot hold): retrying cannot help, so dead-letter it."""
 
     def __init__(self, detail: str) -> None:
-        super().__init__("store_refused", detail)
+        super().__init__(Reason.STORE_REFUSED, detail)
 
 
 class StoreUnavailable(DedupError):

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import quote
 
 from .errors import InvalidMessage
+from .reasons import Reason
 
 MAX_KEY_LENGTH = 16_384  # stores keep the full key beside its encoded form
 MAX_ENCODED = 400  # an encoded part stays well inside the stores' 1 KiB key limits
@@ -39,9 +40,9 @@ class DedupKey:
         if not self.scope:
             raise ValueError("a dedup key needs a consumer scope")
         if not self.id:
-            raise InvalidMessage("missing_key", "the message has no dedup key")
+            raise InvalidMessage(Reason.MISSING_KEY, "the message has no dedup key")
         if len(self.id) > MAX_KEY_LENGTH:
-            raise InvalidMessage("key_too_long", f"dedup keys are limited to {MAX_KEY_LENGTH} characters")
+            raise InvalidMessage(Reason.KEY_TOO_LONG, f"dedup keys are limited to {MAX_KEY_LENGTH} characters")
 
     def __str__(self) -> str:
         return f"{self.scope}/{self.id}" + (f"#{self.step}" if self.step else "")
@@ -133,5 +134,5 @@ def joined_identity(*parts: str) -> str:
 def cloudevent_identity(source: str | None, event_id: str | None) -> str:
     """CloudEvents 1.0: (source, id) is unique per event."""
     if not source or not event_id:
-        raise InvalidMessage("missing_key", "a CloudEvent needs both source and id")
+        raise InvalidMessage(Reason.MISSING_KEY, "a CloudEvent needs both source and id")
     return joined_identity(source, event_id)

@@ -5,16 +5,27 @@ JSON result, and ``Outgoing`` messages) or a ``LatestState``."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from .errors import InvalidMessage
+from .errors import (
+    DownstreamRejected,
+    DownstreamUnavailable,
+    FingerprintMismatch,
+    InFlight,
+    InvalidMessage,
+    LeaseLost,
+    StoreUnavailable,
+)
 from .keys import DedupKey
+from .reasons import Reason
 
 JSON = Any  # a value that json.dumps accepts
+log = logging.getLogger("idempotency")
 
 MAX_RESULT_CHARACTERS = 30_000  # of a stored result as compact JSON: one Table property holds 32 K
 _compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
@@ -26,9 +37,9 @@ def check_result(value: JSON, what: str) -> None:
     try:
         size = len(_compact(value))
     except (TypeError, ValueError) as exc:
-        raise InvalidMessage("result_not_json", f"{what} must be JSON: {exc}"[:500]) from exc
+        raise InvalidMessage(Reason.RESULT_NOT_JSON, f"{what} must be JSON: {exc}"[:500]) from exc
     if size > MAX_RESULT_CHARACTERS:
-        raise InvalidMessage("result_too_large", f"{what} is {size} characters of JSON; "
+        raise InvalidMessage(Reason.RESULT_TOO_LARGE, f"{what} is {size} characters of JSON; "
                              f"at most {MAX_RESULT_CHARACTERS} are stored")  # fmt: skip
 
 
@@ -77,6 +88,10 @@ class Delivery:
     # clear; None: the consumer's DEDUP_TRANSIENT_WAIT (Service Bus, which redelivers at once).
     wait: timedelta | None = None
 
+    def is_last(self, max_deliveries: int) -> bool:
+        """The broker's last delivery: what still fails now is dead-lettered next."""
+        return self.delivery_count is not None and self.delivery_count >= max_deliveries
+
 
 @dataclass(frozen=True)
 class Result:
@@ -92,6 +107,33 @@ class Result:
     def acknowledge(self) -> bool:
         """False: the trigger must make the broker redeliver (abandon / raise)."""
         return self.outcome not in RETRY_OUTCOMES
+
+
+_TRANSIENT = {StoreUnavailable: Reason.STORE_UNAVAILABLE, DownstreamUnavailable: Reason.DOWNSTREAM_UNAVAILABLE,
+              LeaseLost: Reason.LEASE_LOST}  # fmt: skip
+
+
+def failure(exc: Exception, key: DedupKey | None, fp: str | None) -> Result:
+    """The one outcome an error maps to (errors.py). Any other exception is a bug in the
+    handler: logged, and retried, never acknowledged."""
+    if isinstance(exc, InvalidMessage):
+        return Result(Outcome.INVALID, key, exc.reason, exc.detail)
+    if isinstance(exc, DownstreamRejected):
+        return Result(Outcome.INVALID, key, Reason.DOWNSTREAM_REJECTED, str(exc)[:500])
+    if isinstance(exc, FingerprintMismatch):
+        return mismatch(key, fp or "", exc.stored_fingerprint)
+    if isinstance(exc, InFlight):
+        return Result(Outcome.IN_FLIGHT, key, Reason.CLAIMED_ELSEWHERE, "another delivery holds a live claim")
+    for kind, reason in _TRANSIENT.items():  # subclasses too
+        if isinstance(exc, kind):
+            return Result(Outcome.TRANSIENT, key, reason, str(exc)[:500])
+    log.error("dedup handler failed for %r", str(key), exc_info=exc)
+    return Result(Outcome.TRANSIENT, key, Reason.HANDLER_ERROR, repr(exc)[:500])
+
+
+def mismatch(key: DedupKey | None, fp: str, stored: str | None) -> Result:
+    detail = "the key was already processed with a different payload"
+    return Result(Outcome.CONFLICT, key, Reason.FINGERPRINT_MISMATCH, detail, fingerprint=fp, stored_fingerprint=stored)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ transaction (rows beside the data, in the message's partition), then sent, then 
   before their commit such a delivery *parks* its key in an index partitioned by the hour it
   falls due; ``sweep`` reads only the hours since its cursor, sends what is still there and
   deletes the index rows. Its cost follows what was parked, never the table's size.
+
+``Dispatch`` is a consumer's side of it, for one batch of deliveries; ``Outbox`` the store's.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -33,8 +35,10 @@ from opentelemetry import metrics
 
 from .errors import DedupError, DownstreamUnavailable, InvalidMessage
 from .keys import DedupKey
-from .messages import Entity, Outgoing, utcnow
+from .messages import Delivery, Entity, Outcome, Outgoing, Result, utcnow
+from .reasons import Reason
 from .stores._base import DedupStore
+from .stores._records import Commit
 
 log = logging.getLogger("idempotency")
 _swept = metrics.get_meter("idempotency").create_counter(
@@ -94,16 +98,16 @@ def rows(key: DedupKey, messages: Sequence[Outgoing]) -> list[Entity]:
     """The outgoing messages as entities to commit with the marker; InvalidMessage when
     the handler's messages cannot be stored or told apart."""
     if len(messages) > MAX_MESSAGES:
-        raise InvalidMessage("too_many_messages", f"{len(messages)} outgoing messages; at most {MAX_MESSAGES}")
+        raise InvalidMessage(Reason.TOO_MANY_MESSAGES, f"{len(messages)} outgoing messages; at most {MAX_MESSAGES}")
     names = [m.name or str(i) for i, m in enumerate(messages)]
     if len(set(names)) < len(names) or not all(_NAME.fullmatch(n) for n in names):
-        raise InvalidMessage("outgoing_names", "outgoing messages need distinct names of 1-64 letters, digits, "
+        raise InvalidMessage(Reason.OUTGOING_NAMES, "outgoing messages need distinct names of 1-64 letters, digits, "
                              "'_', '.' or '-'")  # fmt: skip
     prefix = rows_prefix(key)
     found = []
     for name, message in zip(names, messages, strict=True):
         if not message.destination:
-            raise InvalidMessage("outgoing_destination", f"outgoing message {name!r} has no destination")
+            raise InvalidMessage(Reason.OUTGOING_DESTINATION, f"outgoing message {name!r} has no destination")
         body = _json(message.body, name)
         data = {"destination": message.destination, "messageId": message_id(key, name),
                 **_parts(body), "properties": _json(dict(message.properties), name)}  # fmt: skip
@@ -117,7 +121,7 @@ def _json(value: object, name: str) -> str:
     try:
         return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
-        raise InvalidMessage("outgoing_not_json", f"outgoing message {name!r}: {exc}"[:500]) from exc
+        raise InvalidMessage(Reason.OUTGOING_NOT_JSON, f"outgoing message {name!r}: {exc}"[:500]) from exc
 
 
 def _parts(body: str) -> dict[str, str]:
@@ -274,6 +278,70 @@ class Outbox:
             self.store.delete_entities(partition, [index.name for index in done])
         stuck = [index for index in due if _parked_key(index) not in sent and not self._later(index, partition, now)]
         return Sweep(len(keys), sum(len(found[key]) for key in sent), len(keys) - len(sent), 0, bool(stuck))
+
+
+class Dispatch:
+    """A consumer's outbox over one batch of deliveries. Before the commit: the handler's
+    messages as rows to commit with the marker, checked by the sender, and the key parked
+    for the sweep when nobody will deliver the message again if it is not acknowledged (an
+    HTTP call, a broker's last delivery). After it: what the commit holds sent, its index row
+    taken back, ``on_sent`` told. A failed send waits as any transient failure; a delivery
+    nobody redelivers is acknowledged instead, parked: its messages are committed, the
+    sweep sends them."""
+
+    def __init__(self, outbox: Outbox, max_deliveries: int, on_sent: Callable[[DedupKey, str], None]) -> None:
+        self.outbox = outbox
+        self._max_deliveries = max_deliveries
+        self._on_sent = on_sent
+        self._parked: dict[DedupKey, Parked] = {}  # keys indexed for the sweep, once per delivery
+
+    def rows(self, delivery: Delivery, key: DedupKey, partition: str, messages: Sequence[Outgoing]) -> list[Entity]:
+        found = rows(key, messages)
+        check = getattr(self.outbox.sender, "check", None)  # what the sender can never send: refused now
+        if check is not None:
+            check([outgoing(row) for row in found])
+        if self._nobody_redelivers(delivery) and key not in self._parked:
+            self._parked[key] = self.outbox.park(partition, key)
+        return found
+
+    def send(self, delivery: Delivery, commit: Commit, result: Result, *, retry: bool) -> Result:
+        """Send what the commit holds: the rows just committed, or (a duplicate, a retry)
+        those the store still has."""
+        prefix = rows_prefix(commit.key)
+        fresh = result.outcome is Outcome.PROCESSED and not retry
+        try:
+            self.outbox.dispatch(commit.partition, prefix, [e for e in commit.effects if e.name.startswith(prefix)]
+                                 if fresh else None)  # fmt: skip
+        except DedupError as exc:
+            # Parked again: the row written before the commit may be gone already (a sweep that
+            # met it before the commit found nothing to send, and took it).
+            if self._nobody_redelivers(delivery) and self.leave(commit.key, commit.partition):
+                # An HTTP call's send waits for the sweep quietly; a broker's last delivery alerts
+                # (a destination missing or a role not granted fails every send until fixed).
+                log.log(logging.WARNING if delivery.delivery_count is None else logging.ERROR,
+                        "dedup outbox: %s left for the sweep: %s", commit.key, exc)  # fmt: skip
+                return replace(result, reason=Reason.OUTBOX_PARKED, detail=str(exc)[:500])
+            return Result(Outcome.TRANSIENT, commit.key, Reason.DISPATCH_FAILED, str(exc)[:500],
+                          fingerprint=commit.fingerprint)  # fmt: skip
+        if commit.key in self._parked:
+            self.outbox.unpark(self._parked.pop(commit.key))
+        self._on_sent(commit.key, commit.fingerprint)
+        return result
+
+    def leave(self, key: DedupKey, partition: str) -> bool:
+        """Park the key for the sweep (again: a sweep may have taken its row); False if it
+        could not be parked, and then the message must not be acknowledged either."""
+        try:
+            self._parked[key] = self.outbox.park(partition, key, again=self._parked.get(key))
+        except DedupError:
+            return False
+        return True
+
+    def left(self, key: DedupKey) -> bool:
+        return key in self._parked
+
+    def _nobody_redelivers(self, delivery: Delivery) -> bool:
+        return delivery.delivery_count is None or delivery.is_last(self._max_deliveries)
 
 
 def _parked_key(index: Entity) -> tuple[str, str]:

@@ -12,6 +12,7 @@ from typing import Any
 import rfc8785
 
 from .errors import InvalidMessage
+from .reasons import Reason
 
 
 def fingerprint(payload: Any) -> str:
@@ -20,7 +21,7 @@ def fingerprint(payload: Any) -> str:
     except (rfc8785.CanonicalizationError, UnicodeError) as exc:  # a lone surrogate in a member name, too
         # RFC 8785 is defined on I-JSON: integers beyond 2**53, NaN and lone surrogates
         # have no canonical form, so two copies could not be compared reliably.
-        raise InvalidMessage("not_i_json", str(exc)) from exc
+        raise InvalidMessage(Reason.NOT_I_JSON, str(exc)) from exc
     return hashlib.sha256(canonical).hexdigest()
 
 
@@ -39,16 +40,16 @@ def parse_json(body: bytes) -> Any:
     def unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         members = dict(pairs)
         if len(members) != len(pairs):
-            raise InvalidMessage("duplicate_member", "an object repeats a member name")
+            raise InvalidMessage(Reason.DUPLICATE_MEMBER, "an object repeats a member name")
         if not all(name.isascii() or not _SURROGATE.search(name) for name in members):
             # values are refused by the fingerprint (RFC 8785); names must be text too
-            raise InvalidMessage("not_i_json", "a member name holds a lone surrogate")
+            raise InvalidMessage(Reason.NOT_I_JSON, "a member name holds a lone surrogate")
         return members
 
     try:
         payload = json.loads(body.decode("utf-8"), parse_constant=reject_constant, object_pairs_hook=unique_members)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise InvalidMessage("invalid_json", str(exc)[:500]) from exc
+        raise InvalidMessage(Reason.INVALID_JSON, str(exc)[:500]) from exc
     _check_depth(payload)
     return payload
 
@@ -61,4 +62,4 @@ def _check_depth(payload: Any) -> None:
         if not level:
             return
     if any(isinstance(value, dict | list) for value in level):
-        raise InvalidMessage("too_deep", f"JSON nesting is limited to {MAX_JSON_DEPTH} levels")
+        raise InvalidMessage(Reason.TOO_DEEP, f"JSON nesting is limited to {MAX_JSON_DEPTH} levels")

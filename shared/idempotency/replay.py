@@ -21,10 +21,10 @@ from collections import Counter
 
 from azure.core.exceptions import AzureError
 
-from .consumer import PARKED
 from .errors import ConfigurationError, DedupError
 from .functions.registry import declared_consumer
 from .messages import Delivery
+from .reasons import Reason
 from .resubmit import printable
 
 TRUNCATED = "truncated"  # a record keeping only the head of a body too large for it: never replayed
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         consumer = declared_consumer(args.consumer, args.consumers)
-        parked = [r for r in consumer.store.dead_letters(consumer.name) if r.reason == PARKED]
+        parked = [r for r in consumer.store.dead_letters(consumer.name) if r.reason == Reason.PARKED]
         outcomes: Counter[str] = Counter()
         for record in parked:
             if record.truncated:  # only its head is kept: processing it would refuse or change it

@@ -34,8 +34,9 @@ from typing import Any
 
 from azure.core.exceptions import AzureError, ResourceNotFoundError
 
+from .cache import CompletedKeys
 from .config import setting
-from .consumer import CompletedKeys, IdempotentConsumer
+from .consumer import IdempotentConsumer
 from .errors import (
     AlreadyClaimed,
     ConfigurationError,
@@ -49,6 +50,7 @@ from .functions.registry import declared_consumer, using_store
 from .keys import DedupKey, consumer_partition
 from .messages import Delivery, Entity, Outcome, Outgoing
 from .payload import parse_json
+from .reasons import Reason
 from .stores import app_store
 from .stores._base import DedupStore, check_storable, refused
 from .stores._records import (
@@ -178,8 +180,8 @@ def dry_run(consumer: IdempotentConsumer, delivery: Delivery) -> tuple[str, str]
         case Outcome.IN_FLIGHT:
             return "in_progress", ""
         case Outcome.INVALID:
-            return ("refused" if result.reason == "downstream_rejected" else "invalid"), why
-    if result.reason == "store_unavailable":  # a read failed: no verdict at all
+            return ("refused" if result.reason == Reason.DOWNSTREAM_REJECTED else "invalid"), why
+    if result.reason == Reason.STORE_UNAVAILABLE:  # a read failed: no verdict at all
         raise StoreUnavailable(result.detail or "")
     return "fails", why
 

@@ -23,6 +23,7 @@ from ..jobs import CATCH_UP, complete, pending, run_job
 from ..keys import joined_identity
 from ..messages import Delivery, Effects, Outcome, Result, utcnow
 from ..payload import parse_json
+from ..reasons import PUBLIC, Reason
 from ..steps import Context
 
 log = logging.getLogger("idempotency")
@@ -42,10 +43,6 @@ MAX_IDEMPOTENCY_KEY = 255  # characters
 EVENT_GRID_WAIT = timedelta(seconds=5)
 HTTP_WAIT = timedelta(seconds=2)
 CLOUDEVENT_REQUIRED = ("id", "source", "specversion", "type")  # CloudEvents 1.0 required attributes
-# Refusal reasons whose detail is ours to show to an HTTP caller; any other detail (a
-# downstream service's answer, a store error) stays in logs and dead-letter records.
-PUBLIC_REASONS = frozenset({"invalid_json", "schema_violation", "missing_key", "key_too_long", "key_mismatch",
-                            "too_deep", "duplicate_member", "not_i_json", "idempotency_key_reused"})  # fmt: skip
 
 
 class RetryLater(DedupError):
@@ -320,10 +317,12 @@ def refusal(result: Result) -> func.HttpResponse:
                        "this business key was already used by another request or another caller")  # fmt: skip
     if result.outcome is Outcome.IN_FLIGHT:
         return problem(409, "A request with this key is in progress", "retry later", retry_after=True)
-    if result.outcome is Outcome.INVALID and result.reason == "idempotency_key_reused":  # IETF Idempotency-Key draft
+    if (
+        result.outcome is Outcome.INVALID and result.reason == Reason.IDEMPOTENCY_KEY_REUSED
+    ):  # IETF Idempotency-Key draft
         return problem(422, "Idempotency-Key reused", "this Idempotency-Key was already sent with another payload")
     if result.outcome is Outcome.INVALID:
-        detail = (result.detail or "")[:500] if result.reason in PUBLIC_REASONS else "the request was refused"
+        detail = (result.detail or "")[:500] if result.reason in PUBLIC else "the request was refused"
         return problem(400, f"Invalid request: {result.reason}", detail)
     return unavailable()
 
@@ -389,7 +388,7 @@ def on_schedule(consumer: Consumer, every: timedelta, at: timedelta,
     settle_or_park(built, [(d, r) for run in runs for d, r in zip(run.deliveries, run.results, strict=True)
                            if not r.acknowledge], context)  # fmt: skip
     if unlisted and retries_left(context):
-        raise RetryLater(Result(Outcome.TRANSIENT, None, "items_failed", f"{len(unlisted)} occurrence(s)"))
+        raise RetryLater(Result(Outcome.TRANSIENT, None, Reason.ITEMS_FAILED, f"{len(unlisted)} occurrence(s)"))
     done = [when for when in due if when < min(unlisted, default=due[-1] + every)]  # the next run tries the rest
     if done:
         complete(built, done[-1])

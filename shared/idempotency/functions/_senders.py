@@ -17,6 +17,7 @@ from ..config import factory, setting, whole
 from ..errors import ConfigurationError, InvalidMessage
 from ..messages import Outgoing
 from ..outbox import Sender
+from ..reasons import Reason
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusClient, ServiceBusMessage
@@ -62,15 +63,15 @@ class ServiceBusSender:
             what = f"an outgoing message to {message.destination!r}"
             odd = sorted(name for name, value in message.properties.items() if not isinstance(value, SIMPLE))
             if odd:
-                raise InvalidMessage("outgoing_refused", f"{what}: properties {odd} are not strings, numbers "
+                raise InvalidMessage(Reason.OUTGOING_REFUSED, f"{what}: properties {odd} are not strings, numbers "
                                      "or booleans (Service Bus application properties hold simple types)")  # fmt: skip
             try:
                 ServiceBusMessageBatch(max_size_in_bytes=self.max_message_bytes).add_message(to_servicebus(message))
             except MessageSizeExceededError as exc:
-                raise InvalidMessage("outgoing_refused", f"{what} is over {self.max_message_bytes} bytes once "
+                raise InvalidMessage(Reason.OUTGOING_REFUSED, f"{what} is over {self.max_message_bytes} bytes once "
                                      "encoded (DEDUP_OUTGOING_MAX_BYTES)") from exc  # fmt: skip
             except (TypeError, ValueError) as exc:  # a session id over 128 characters, an int over 32 bits, ...
-                raise InvalidMessage("outgoing_refused", f"{what}: {exc}"[:500]) from exc
+                raise InvalidMessage(Reason.OUTGOING_REFUSED, f"{what}: {exc}"[:500]) from exc
 
     def send(self, messages: Sequence[Outgoing]) -> None:
         from azure.servicebus.exceptions import MessageSizeExceededError

@@ -1,0 +1,43 @@
+"""What a consumer records for an operator: a message it refuses (invalid, conflicting)
+before acknowledging it, one that still fails on the broker's last delivery before the
+broker dead-letters it, and an event parked for replay (its source moved on). The record
+holds the body, ids, reason and fingerprints (stores' ``dead_letter``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from . import telemetry
+from .messages import Delivery, Outcome, Result
+from .reasons import Reason
+from .stores._base import DedupStore
+from .stores._records import DeadLetter
+
+
+def record(store: DedupStore, scope: str, delivery: Delivery, result: Result) -> Result:
+    """Record it durably; if that fails, TRANSIENT ``dead_letter_failed``: the message must
+    go back to the broker instead of being acknowledged."""
+    letter = DeadLetter(scope, result.reason or result.outcome.value, result.detail or "", delivery.body,
+                        delivery.message_id, delivery.correlation_id, delivery.delivery_count,
+                        result.key.id if result.key else None, result.fingerprint,
+                        result.stored_fingerprint)  # fmt: skip
+    try:
+        store.dead_letter(letter)
+    except Exception as exc:  # noqa: BLE001 - whatever failed, the broker keeps the message
+        return Result(Outcome.TRANSIENT, result.key, Reason.DEAD_LETTER_FAILED, repr(exc)[:500])
+    return result
+
+
+def park(store: DedupStore, scope: str, delivery: Delivery, result: Result) -> Result:
+    """Keep a message the source will not deliver again (an Event Hubs checkpoint moved past
+    it) with reason ``parked`` and why, for an operator to replay (``python -m
+    shared.idempotency.replay``); TRANSIENT ``dead_letter_failed`` when it could not be recorded."""
+    why = f"{result.reason or result.outcome.value}: {result.detail or ''}"[:500]
+    parked = replace(result, outcome=Outcome.PARKED, reason=Reason.PARKED, detail=why)
+    span = telemetry.span(scope, delivery)
+    try:  # counted again as its final outcome: the delivery was transient, its event is parked
+        recorded = record(store, scope, delivery, parked)
+        telemetry.record(scope, delivery, recorded, 0.0, span)
+    finally:
+        span.end()
+    return recorded
