@@ -87,19 +87,20 @@ worker: install
 # The example (orders, its recipes, and what drives them: demo, chaos, bench, the smoke client),
 # deleted at once with the order_events subscription in infra/main.bicep: what stays is the
 # library, its tests (on tests/app.py) and your consumers; what is left to edit is listed.
-EXAMPLE := consumers/orders.py consumers/order_events.py shared/orders shared/ledger recipes tests/example \
+EXAMPLE := consumers/orders.py consumers/order_events.py recipes tests/example lab/order_effects.py \
 	lab/demo.py lab/chaos.py lab/chain.py lab/eventhub.py lab/sessions.py lab/other_triggers.py \
 	lab/soak.py lab/outbox_cost.py lab/recipe.py lab/findings.py lab/delay_proxy.py lab/bench lab/client docs/requests.http
 # The example's block in infra/main.bicep (through the blank line after it), deleted with it.
 SUBSCRIPTION_BLOCK := \/\/ The example's: the order_events function's subscription
-# Refused while a recipe is switched on: its module in consumers/ (your code by then) uses the example's domain.
-USING_EXAMPLE = $(shell grep -lE 'shared[.](orders|ledger)|from shared import ledger' \
+# Refused while a recipe is switched on: its module in consumers/ (your code by then) may use the example's
+# consumers (their handlers and schemas: the http, topic and cloudevents-http recipes do).
+USING_EXAMPLE = $(shell grep -lE 'from consumers[.](orders|order_events) import' \
 	$(filter-out $(EXAMPLE),$(wildcard consumers/*.py)) 2>/dev/null)
 remove-example:
 	@if [ -n "$(USING_EXAMPLE)" ] || [ "$$(tr -d ' \n' < infra/recipes.json)" != "[]" ]; then \
 		echo "make remove-example: switch the recipes off first, make recipe-off NAME=<name> for each" \
 			"(infra/recipes.json: $$(tr -d ' \n' < infra/recipes.json);" \
-			"in consumers/ and using shared/orders or shared/ledger: $(or $(USING_EXAMPLE),none))" >&2; exit 2; fi
+			"in consumers/ and using consumers/orders.py or order_events.py: $(or $(USING_EXAMPLE),none))" >&2; exit 2; fi
 	@if grep -q "^$(SUBSCRIPTION_BLOCK)" infra/main.bicep; then \
 		sed "/^$(SUBSCRIPTION_BLOCK)/,/^$$/d" infra/main.bicep > infra/main.bicep.new && mv infra/main.bicep.new infra/main.bicep \
 		&& echo "Removed the order_events function's Event Grid subscription from infra/main.bicep."; fi

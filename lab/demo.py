@@ -23,10 +23,10 @@ from lab import other_triggers, runtimes, workload
 from lab.azurite import Azurite
 from lab.cosmos_emulator import CosmosEmulator, use_cosmos_emulator
 from lab.harness import Report, RunConfig, Target, run
+from lab.order_effects import effects_by_order
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.functions.registry import reset
 from shared.idempotency.stores import DedupStore
-from shared.orders.checks import effects_by_order
 
 
 def orders_consumer(connection: str, table: str) -> IdempotentConsumer:

@@ -24,6 +24,7 @@ import random
 import threading
 import time
 import uuid
+from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -41,13 +42,18 @@ from lab.harness import _attach_store, _counting_outcomes
 from shared.idempotency.consumer import PARKED
 from shared.idempotency.functions._bindings import event_position
 from shared.idempotency.functions.registry import reset
-from shared.idempotency.stores import TableStore
-from shared.orders.checks import tracking_by_event
-from shared.orders.tracking import tracking_handler
+from shared.idempotency.stores import DedupStore, TableStore
 
 shipments = recipes.module("shipments")
+tracking_handler = shipments.tracking_handler
 
 HUB = "shipments"
+
+
+def tracking_by_event(store: DedupStore) -> Counter[str]:
+    """How many tracking records each event key has (the stream's ground truth)."""
+    return Counter(str(item.data["eventKey"]) for item in store.scan()
+                   if str(item.entity).startswith(shipments.TRACKING + "|"))  # fmt: skip
 
 
 @dataclass(frozen=True)

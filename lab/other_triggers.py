@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import consumers
 from consumers import orders as orders_app
+from consumers.order_events import SHIPPED
 from lab.runtimes import Runtime
-from shared.orders import SHIPPED
 
 
 @dataclass

@@ -24,6 +24,7 @@ from typing import Any
 
 from azure.data.tables import TableServiceClient
 
+from consumers.orders import SCHEMA, order_handler
 from lab.azurite import Azurite
 from lab.broker import PeekLockQueue
 from lab.topic import SendFailed, Topic
@@ -31,7 +32,6 @@ from shared.idempotency import DedupConfig, Delivery, IdempotentConsumer, Outgoi
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._azure import TRANSPORT
-from shared.orders import SCHEMA, order_handler
 
 PARKED = 20
 

@@ -1,15 +1,16 @@
 """Recipe ``cloudevents-http``: shipments as CloudEvents from ``POST /api/events`` (the
 CloudEvents webhook: the OPTIONS handshake, then one event per POST), under the Event Grid
-consumer's name and markers. An event sent over HTTP is keyed by its caller too, so no caller
-can pre-claim, or replay, an event that Event Grid delivers; refusals are told to the caller."""
+consumer's name and markers, with its handler and schema (consumers/order_events.py). An event
+sent over HTTP is keyed by its caller too, so no caller can pre-claim, or replay, an event that
+Event Grid delivers; refusals are told to the caller."""
 
 from __future__ import annotations
 
 import azure.functions as func
 
+from consumers.order_events import EVENTS_CONSUMER, SHIPPED_SCHEMA, shipment_handler
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.functions import consumer, on_cloudevents_http, shared_store
-from shared.orders import EVENTS_CONSUMER, SHIPPED_SCHEMA, shipment_handler
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
 

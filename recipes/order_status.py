@@ -6,18 +6,40 @@ no version is skipped as stale on its way (docs/triggers.md)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import azure.functions as func
 
-from shared.idempotency import IdempotentConsumer, from_body_field
+from shared.idempotency import Context, Entity, IdempotentConsumer, LatestState, from_body_field
 from shared.idempotency.functions import BODY_AS_BYTES, consumer, on_servicebus, shared_store
-from shared.orders import STATUS_SCHEMA, status_handler
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
+
+SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://example.com/schemas/order-status-changed.json",
+    "title": "OrderStatusChanged",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["orderId", "status", "version"],
+    "properties": {
+        "orderId": {"type": "string", "minLength": 1, "maxLength": 128},
+        "status": {"enum": ["placed", "paid", "packed", "shipped", "delivered", "cancelled"]},
+        "version": {"type": "integer", "minimum": 0, "maximum": 9007199254740991},
+    },
+}
+
+
+def status_handler(change: dict[str, Any], context: Context) -> LatestState:
+    """``OrderStatusChanged {orderId, status, version}`` carries the absolute status: it
+    is applied as an upsert when its version is newer, ignored (``stale``) otherwise."""
+    state = {"orderId": change["orderId"], "status": change["status"]}
+    return LatestState(Entity("status", state), int(change["version"]), {"status": change["status"]})
 
 
 @consumer
 def status_consumer() -> IdempotentConsumer:
-    return IdempotentConsumer("order-status", shared_store(), status_handler, schema=STATUS_SCHEMA,
+    return IdempotentConsumer("order-status", shared_store(), status_handler, schema=SCHEMA,
                               key_source=from_body_field("orderId"))  # fmt: skip
 
 

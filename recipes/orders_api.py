@@ -1,15 +1,15 @@
 """Recipe ``http``: orders from ``POST /api/orders`` with an ``Idempotency-Key`` — the same
-order handler as the queue, keyed by the business key (one order per orderId, whatever the
-Idempotency-Key); a duplicate answers with the stored response, refusals are told to the
-caller, an Idempotency-Key reused with another payload is refused (422)."""
+order handler and schema as the queue (consumers/orders.py), keyed by the business key (one
+order per orderId, whatever the Idempotency-Key); a duplicate answers with the stored response,
+refusals are told to the caller, an Idempotency-Key reused with another payload is refused (422)."""
 
 from __future__ import annotations
 
 import azure.functions as func
 
+from consumers.orders import SCHEMA, accepted_topic, housekeeping, order_handler, payments
 from shared.idempotency import IdempotentConsumer, from_body_field
 from shared.idempotency.functions import consumer, on_http, shared_sender, shared_store, stored_response
-from shared.orders import SCHEMA, accepted_topic, housekeeping, order_handler, payments
 
 BY_ORDER = from_body_field("orderId")
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated

@@ -57,13 +57,15 @@ from azure.functions import meta
 from azure.functions.servicebus import ServiceBusMessage
 from jsonschema import Draft202012Validator
 
+import recipes
+from consumers.order_events import SHIPPED, SHIPPED_SCHEMA, shipment_handler
+from consumers.orders import SCHEMA, order_handler
 from lab import outbox_cost, purge_cost
 from lab.azurite import Azurite
 from lab.bench import instructions, worker
 from lab.broker import PeekLockQueue
 from lab.delay_proxy import delayed
 from lab.topic import Topic
-from shared import ledger
 from shared.idempotency import Delivery, Effects, IdempotentConsumer, Outcome, Outgoing, from_body_field
 from shared.idempotency.config import DedupConfig
 from shared.idempotency.consumer import Handler
@@ -82,9 +84,9 @@ from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._expiry import NOTES_PER_ROW
 from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.stores._transport import pooled_transport
-from shared.orders import SCHEMA, SHIPPED, SHIPPED_SCHEMA, order_handler, shipment_handler
-from shared.orders import tracking as hub
 
+ledger = recipes.module("ledger")  # the batch recipe, wherever it is (recipes/ or, switched on, consumers/)
+hub = recipes.module("shipments")  # the Event Hubs recipe, likewise
 RESULTS = Path(__file__).resolve().parent / "results"
 INDEX_PER_MARKER = 1 / NOTES_PER_ROW  # the expiry index (Table Storage's purge): one row per 250 markers
 INDEX = ("~expiry|", "%7Eexpiry%7C")  # a request that writes the index names its partition (body or URL)

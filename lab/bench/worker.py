@@ -54,12 +54,12 @@ from typing import Any
 from azure.data.tables import TableServiceClient
 
 from lab.azurite import Azurite
+from lab.order_effects import OrderEffects, effects_by_order
 from lab.runtime import build
 from lab.runtime.host import WorkerHost
 from lab.runtime.triggers import Http, Invocation, ServiceBusMessage, http, http_result, servicebus
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._expiry import NOTES_PER_ROW
-from shared.orders.checks import OrderEffects, effects_by_order
 
 ROOT = Path(__file__).resolve().parents[2]
 APP_SOURCE = Path(__file__).with_name("worker_app.py")
@@ -111,11 +111,13 @@ class Pooled:
 @contextmanager
 def app_folder(runtime: build.Runtime) -> Iterator[build.Runtime]:
     """The bench app deployed beside the template's: its own folder under .runtime holding
-    function_app.py (lab/bench/worker_app.py), the deployed ``shared`` package and host.json, and
-    the deployed app's .python_packages (linked, not reinstalled)."""
+    function_app.py (lab/bench/worker_app.py), the deployed ``shared`` and ``consumers`` packages (the
+    orders handler is consumers/orders.py's) and host.json, and the deployed app's .python_packages
+    (linked, not reinstalled)."""
     folder = Path(tempfile.mkdtemp(prefix="bench-app-", dir=build.CACHE))
     try:
-        shutil.copytree(runtime.app / "shared", folder / "shared")
+        for package in ("shared", "consumers"):
+            shutil.copytree(runtime.app / package, folder / package)
         shutil.copy2(runtime.app / "host.json", folder / "host.json")
         shutil.copy2(APP_SOURCE, folder / "function_app.py")
         (folder / ".python_packages").symlink_to(runtime.app / ".python_packages", target_is_directory=True)

@@ -1,5 +1,6 @@
 """The function app that lab/bench/worker.py runs in the real Azure Functions Python worker (it
-is copied into a folder of its own as ``function_app.py``, beside the deployed ``shared``):
+is copied into a folder of its own as ``function_app.py``, beside the deployed ``shared`` and
+``consumers``):
 
 - ``dedup``: a Service Bus function built as the template's consumers are (consumers/orders.py):
   a ``@consumer`` on ``shared_store()`` (the store the app settings configure: DEDUP_STORE,
@@ -27,6 +28,7 @@ import azure.functions as func
 from jsonschema import Draft202012Validator
 from opentelemetry import metrics
 
+from consumers.orders import SCHEMA, order_handler
 from shared.idempotency import Effects, IdempotentConsumer
 from shared.idempotency.functions import BODY_AS_BYTES, check_app_settings, consumer, on_servicebus, shared_store
 from shared.idempotency.keys import encode_key
@@ -34,7 +36,6 @@ from shared.idempotency.payload import parse_json
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._azure import TRANSPORT, table_service
 from shared.idempotency.stores._table_batch import TableTransactions, TransactionFailure
-from shared.orders import SCHEMA, order_handler
 
 # As function_app.py: the SDKs' per-request HTTP logging stays out of the app's logs.
 logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)

@@ -25,7 +25,7 @@ from azure.eventgrid import EventGridPublisherClient
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSender
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from shared.orders import SHIPPED
+from consumers.order_events import SHIPPED
 
 
 def order_message(order: dict[str, Any], *, correlation_id: str | None = None) -> ServiceBusMessage:

@@ -24,9 +24,9 @@ from typing import Any
 
 from azure.core.exceptions import HttpResponseError
 
+from lab.order_effects import effects_by_order
 from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.stores import DedupStore
-from shared.orders.checks import effects_by_order
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The orders example's own consumer (consumers/orders.py, shared/orders): what its schema
+"""The orders example's own consumer (consumers/orders.py): what its schema
 allows fits the store, it writes one order and one charge, and PAYMENT_API_URL makes the
 charge a two-phase step. Moved unchanged from the library tests, which prove the same
 behaviours on tests/app.py's items."""
@@ -15,12 +15,12 @@ from azure.data.tables import TableClient, TableServiceClient
 
 from consumers import orders as orders_app
 from lab.azurite import Azurite
+from lab.order_effects import OrderEffects, effects_by_order
 from lab.payment_service import PaymentService
 from shared.idempotency.functions import shared_store
 from shared.idempotency.keys import DedupKey, consumer_partition, encode_key
 from shared.idempotency.stores import DeadLetter, DedupStore, Marker, State, TableStore
 from shared.idempotency.testing import entities
-from shared.orders.checks import OrderEffects, effects_by_order
 from tests.functions import fresh_app, servicebus_message, user_function
 
 orders = user_function("orders")

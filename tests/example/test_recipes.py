@@ -92,7 +92,8 @@ def test_the_example_is_not_removed_under_a_recipe_switched_on(template: Path) -
     assert done.returncode == 2 and done.stderr.startswith("make remove-example: switch the recipes off first")
     assert "make recipe-off NAME=" in done.stderr and '"http"' in done.stderr, done.stderr
     assert "consumers/orders_api.py" in done.stderr, done.stderr
-    assert (template / "shared" / "orders").is_dir() and (template / "consumers" / "orders.py").is_file()
+    assert (template / "consumers" / "orders.py").is_file() and (template / "consumers" / "order_events.py").is_file()
+    assert (template / "recipes").is_dir() and (template / "lab" / "order_effects.py").is_file()
 
 
 def test_an_unknown_recipe_is_one_line_and_changes_nothing(template: Path) -> None:

@@ -1,15 +1,13 @@
-"""What is really stored per order: the ground truth of the example app's tests, demo,
-chaos harness and smoke test."""
+"""What is really stored per order: the ground truth of the example's tests, demo, chaos
+harness, smoke test and worker benchmark (the orders consumer's records, consumers/orders.py)."""
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
+from consumers.orders import ORDER
 from shared.idempotency.keys import consumer_partition
 from shared.idempotency.stores import DedupStore
-from shared.orders import ORDER
-from shared.orders.tracking import TRACKING
 
 
 @dataclass
@@ -33,9 +31,3 @@ def effects_by_order(
         else:
             effects.charges += 1
     return found
-
-
-def tracking_by_event(store: DedupStore) -> Counter[str]:
-    """How many tracking records each event key has (the Event Hubs example's ground truth)."""
-    return Counter(str(item.data["eventKey"]) for item in store.scan()
-                   if str(item.entity).startswith(TRACKING + "|"))  # fmt: skip
