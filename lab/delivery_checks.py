@@ -63,7 +63,7 @@ EVENT_GRID_RETRIES = [timedelta(seconds=s) for s in (10, 30, 60, 300, 600, 1800,
 EVENT_GRID_EVERY = timedelta(hours=12)
 EVENT_GRID_RESPONSE_TIMEOUT = timedelta(seconds=30)
 SKEW = timedelta(seconds=15)  # clock skew between instances, plus the claim's own write
-SWEEP_EVERY = timedelta(minutes=5)  # dispatch_outbox's schedule (functions/_timers.py)
+SWEEP_EVERY = timedelta(minutes=5)  # dispatch_outbox's schedule (functions/_housekeeping.py)
 HTTP_THREADS = 16  # worker threads kept for HTTP and Event Grid calls beside the Service Bus ones
 
 

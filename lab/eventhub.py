@@ -39,9 +39,9 @@ from lab.azurite import Azurite
 from lab.faults import Crash, FaultPlan
 from lab.findings import Findings
 from lab.harness import _attach_store, _counting_outcomes
-from shared.idempotency.consumer import PARKED
-from shared.idempotency.functions._bindings import event_position
+from shared.idempotency.functions.adapters import event_position
 from shared.idempotency.functions.registry import reset
+from shared.idempotency.reasons import Reason
 from shared.idempotency.stores import DedupStore, TableStore
 
 shipments = recipes.module("shipments")
@@ -154,7 +154,7 @@ def run_stream(config: StreamConfig, azurite: Azurite) -> StreamReport:
         for thread in threads:
             thread.join()
         applied = tracking_by_event(store)
-        report.parked = sum(1 for d in store.dead_letters("shipments") if d.reason == PARKED)
+        report.parked = sum(1 for d in store.dead_letters("shipments") if d.reason == Reason.PARKED)
         from shared.idempotency.replay import main as replay
 
         if report.parked:  # the carrier's API is back; an operator replays what was parked

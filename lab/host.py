@@ -19,7 +19,7 @@ from azure.functions.servicebus import ServiceBusMessage
 import consumers
 import function_app
 from shared.idempotency.functions import housekeeping
-from shared.idempotency.functions._timers import NEEDS
+from shared.idempotency.functions._housekeeping import NEEDS
 
 
 def others() -> list[ModuleType]:

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from lab.client.producer import order_message, send_in_batches, servicebus_client
     from shared.idempotency.config import setting
-    from shared.idempotency.stores._registry import app_store
+    from shared.idempotency.stores._settings import app_store
 
     if not (os.environ.get("SERVICEBUS_FULLY_QUALIFIED_NAMESPACE") or os.environ.get("SERVICEBUS_CONNECTION_STRING")):
         print(

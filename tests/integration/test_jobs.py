@@ -20,7 +20,7 @@ from lab.azurite import Azurite
 from shared.idempotency import Context, DedupConfig, Effects, IdempotentConsumer, Outcome
 from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.functions import RetryLater, on_schedule
-from shared.idempotency.functions import _bindings as bindings
+from shared.idempotency.functions import _schedule as schedule
 from shared.idempotency.jobs import complete, occurrence, run_job
 from shared.idempotency.stores import TableStore
 from tests.app import SCHEMA, due, job_handler
@@ -111,7 +111,7 @@ def test_a_day_whose_every_try_failed_is_caught_up_by_the_next_run(
         c = consumer(store)
 
         def run(now: str, tries: Any) -> None:
-            monkeypatch.setattr(bindings, "utcnow", lambda: at(now))
+            monkeypatch.setattr(schedule, "utcnow", lambda: at(now))
             on_schedule(lambda: c, DAY, SIX, due, tries)
 
         run("2026-12-01T06:00:10", retry(0))
@@ -147,7 +147,7 @@ def test_an_occurrence_whose_items_cannot_be_listed_never_stops_the_others(
         return due(when)
 
     def run(now: str, tries: Any) -> None:
-        monkeypatch.setattr(bindings, "utcnow", lambda: at(now))
+        monkeypatch.setattr(schedule, "utcnow", lambda: at(now))
         on_schedule(lambda: c, DAY, SIX, items, tries)
 
     run("2026-12-01T06:00:10", retry(0))

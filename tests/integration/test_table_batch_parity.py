@@ -41,7 +41,7 @@ from azure.data.tables import TableTransactionError, UpdateMode
 from lab.azurite import Azurite
 from shared.idempotency.errors import DedupError, StoreRefused, StoreUnavailable
 from shared.idempotency.stores._azure import error_code, store_errors
-from shared.idempotency.stores._registry import table_store
+from shared.idempotency.stores._settings import table_store
 from shared.idempotency.stores._table import TableStore
 from shared.idempotency.stores._table_batch import TransactionFailure
 from tests.integration.canned import Canned, canned_server

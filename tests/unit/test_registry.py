@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from shared.idempotency.functions import shared_store
-from shared.idempotency.functions._registry import Once
+from shared.idempotency.functions._app import Once
 from shared.idempotency.functions.registry import reset, using_store
 from shared.idempotency.stores import MemoryStore
 

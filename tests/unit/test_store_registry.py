@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shared.idempotency.errors import ConfigurationError
-from shared.idempotency.stores import DedupStore, MemoryStore, _registry, app_store, register_store
+from shared.idempotency.stores import DedupStore, MemoryStore, _settings, app_store, register_store
 
 
 def test_a_users_own_store_is_chosen_by_module_and_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -34,7 +34,7 @@ def test_a_registered_name_chooses_its_factory(monkeypatch: pytest.MonkeyPatch) 
         opened.append(table)
         return MemoryStore()
 
-    monkeypatch.setattr(_registry, "_factories", dict(_registry._factories))  # registered for this test only
+    monkeypatch.setattr(_settings, "_factories", dict(_settings._factories))  # registered for this test only
     register_store("Memory-Test", factory)
     monkeypatch.setenv("DEDUP_STORE", "memory-test")
     assert isinstance(app_store(), MemoryStore) and opened == ["records"]

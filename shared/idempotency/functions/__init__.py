@@ -23,25 +23,22 @@ each function's body one call:
   once (purge expired markers; with ``"steps"`` reconcile stale claims; with ``"outbox"``
   sweep the outbox).
 
-Building blocks for a trigger of your own are in ``.adapters``; the app's declared consumers,
-for tools and tests, in ``.registry``.
+One module per source (``_servicebus``, ``_eventgrid``, ``_eventhubs``, ``_http``,
+``_cloudevents_http``, ``_schedule``), each opening with its ``on_*`` call. Building blocks for
+a trigger of your own are in ``.adapters``; the app's declared consumers, for operators' tools,
+in ``.registry``.
 """
 
-from ._bindings import (
-    BODY_AS_BYTES,
-    RetryLater,
-    on_cloudevents_http,
-    on_eventgrid,
-    on_eventhub_batch,
-    on_http,
-    on_schedule,
-    on_servicebus,
-    on_servicebus_batch,
-    stored_response,
-)
-from ._registry import check_app_settings, consumer, shared_sender, shared_store
+from ._app import check_app_settings, consumer, shared_sender, shared_store
+from ._cloudevents_http import on_cloudevents_http
+from ._eventgrid import on_eventgrid
+from ._eventhubs import on_eventhub_batch
+from ._housekeeping import housekeeping
+from ._http import on_http, stored_response
+from ._schedule import on_schedule
 from ._senders import ServiceBusSender
-from ._timers import housekeeping
+from ._servicebus import BODY_AS_BYTES, on_servicebus, on_servicebus_batch
+from ._settle import RetryLater
 
 __all__ = [
     "BODY_AS_BYTES",

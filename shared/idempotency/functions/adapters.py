@@ -2,8 +2,8 @@
 them): turn what the trigger receives into a ``Delivery``, give it to the consumer, settle
 its ``Result``.
 
-- deliveries: ``servicebus_delivery``, ``eventgrid_delivery``, ``eventhub_deliveries``,
-  ``cloudevent_delivery``, ``http_delivery`` (``Idempotency-Key``),
+- deliveries: ``servicebus_delivery``, ``eventgrid_delivery``, ``eventhub_deliveries`` (an
+  event's place in its hub: ``event_position``), ``cloudevent_delivery``, ``http_delivery`` (``Idempotency-Key``),
   ``http_cloudevent_delivery``;
 - settlements: ``acknowledge_or_retry`` (return, or raise ``RetryLater`` for the host to
   retry), ``http_response`` (replays carry the ``REPLAYED`` header), ``cloudevent_response``,
@@ -12,21 +12,12 @@ its ``Result``.
   the call: ``HTTP_WAIT``, ``EVENT_GRID_WAIT``.
 """
 
-from ._bindings import (
-    EVENT_GRID_WAIT,
-    HTTP_WAIT,
-    REPLAYED,
-    acknowledge_or_retry,
-    cloudevent_delivery,
-    cloudevent_response,
-    eventgrid_delivery,
-    eventhub_deliveries,
-    http_cloudevent_delivery,
-    http_delivery,
-    http_response,
-    problem,
-    servicebus_delivery,
-)
+from ._cloudevents_http import cloudevent_response, http_cloudevent_delivery
+from ._eventgrid import EVENT_GRID_WAIT, cloudevent_delivery, eventgrid_delivery
+from ._eventhubs import event_position, eventhub_deliveries
+from ._http import HTTP_WAIT, REPLAYED, http_delivery, http_response, problem
+from ._servicebus import servicebus_delivery
+from ._settle import acknowledge_or_retry
 
 __all__ = [
     "EVENT_GRID_WAIT",
@@ -35,6 +26,7 @@ __all__ = [
     "acknowledge_or_retry",
     "cloudevent_delivery",
     "cloudevent_response",
+    "event_position",
     "eventgrid_delivery",
     "eventhub_deliveries",
     "http_cloudevent_delivery",

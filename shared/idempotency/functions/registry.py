@@ -8,6 +8,6 @@
   in-memory one in unit tests).
 """
 
-from ._registry import declared, declared_consumer, reset, using_sender, using_store
+from ._app import declared, declared_consumer, reset, using_sender, using_store
 
 __all__ = ["declared", "declared_consumer", "reset", "using_sender", "using_store"]

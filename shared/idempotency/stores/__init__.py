@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AlreadyClaimed, StoreRefused, StoreUnavailable, VersionConflict
+from ._settings import StoreFactory, app_store, open_store, register_store
 from ._base import DedupStore
 from ._memory import MemoryStore
 from ._records import (
@@ -36,7 +37,6 @@ from ._records import (
     StoredItem,
     StoredState,
 )
-from ._registry import StoreFactory, app_store, open_store, register_store
 
 if TYPE_CHECKING:  # at run time, on first use (__getattr__ below)
     from ._cosmos import CosmosStore

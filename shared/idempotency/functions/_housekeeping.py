@@ -19,7 +19,7 @@ from ..consumer import IdempotentConsumer
 from ..messages import utcnow
 from ..outbox import Sender
 from ..reconcile import escalate_stale_claims
-from ._registry import declared, shared_store
+from ._app import declared, shared_store
 
 _purges = metrics.get_meter("idempotency").create_counter(
     "dedup.purge.runs", description="Purge runs, by whether they spent their whole budget (a backlog)"

@@ -32,7 +32,7 @@ from ..consumer import IdempotentConsumer
 from ..errors import ConfigurationError
 from ..outbox import Sender
 from ..stores._base import DedupStore
-from ..stores._registry import app_store, check_store_settings
+from ..stores._settings import app_store, check_store_settings
 from ._senders import app_sender, check_sender_settings
 
 T = TypeVar("T")
