@@ -1,9 +1,61 @@
 """The testing face (the ``testing`` extra: pytest): ``StoreContract``, the contract suite
-every store — the shipped ones, and yours — passes against its real server, and the
-read-back helpers tests and checkers use: ``entities`` (the stored business entities) and
-``marker_keys`` (the stored markers' keys). Never used on the message path."""
+every store — the shipped ones, and yours — passes against its real server, with
+``in_progress`` (a claim, as its tests build one); the read-back helpers tests and checkers
+use: ``entities`` (the stored business entities) and ``marker_keys`` (the stored markers'
+keys); and, for the shipped stores' own tests, what they keep beside the data —
+``dead_letter_table`` (a Table store's dead-letter table client), ``expiry_index`` (its
+expiry index), ``pending_expiry_notes`` (the notes it holds unwritten), ``expiry_hour`` (the
+hour a note is filed under), ``commits_lean`` (whether it commits the lean way) — and the
+seams they step in by: ``submit_transaction`` (one transaction, as the store submits a
+commit's), ``transactions_intercepted`` (recorded, never sent), ``dead_letter_entities_edited``
+(a record's entities changed before they are sent), ``earlier_expiry_index`` (the index
+where an earlier version kept it), ``refused_expiry_rows`` (index rows refused),
+``forget_expiry_notes`` and ``hold_expiry_notes`` (notes lost, or held again),
+``forget_state_fingerprint`` (a memory store's state as written before fingerprints),
+``wrapped_handler`` (a consumer's handler wrapped) and ``store_names_restored`` (names given
+to ``register_store`` forgotten). Never used on the message path."""
 
-from ._contract import StoreContract
-from ._read_back import entities, marker_keys
+from ._contract import StoreContract, in_progress
+from ._read_back import (
+    commits_lean,
+    dead_letter_table,
+    entities,
+    expiry_hour,
+    expiry_index,
+    marker_keys,
+    pending_expiry_notes,
+)
+from ._seams import (
+    dead_letter_entities_edited,
+    earlier_expiry_index,
+    forget_expiry_notes,
+    forget_state_fingerprint,
+    hold_expiry_notes,
+    refused_expiry_rows,
+    store_names_restored,
+    submit_transaction,
+    transactions_intercepted,
+    wrapped_handler,
+)
 
-__all__ = ["StoreContract", "entities", "marker_keys"]
+__all__ = [
+    "StoreContract",
+    "commits_lean",
+    "dead_letter_entities_edited",
+    "dead_letter_table",
+    "earlier_expiry_index",
+    "entities",
+    "expiry_hour",
+    "expiry_index",
+    "forget_expiry_notes",
+    "forget_state_fingerprint",
+    "hold_expiry_notes",
+    "in_progress",
+    "marker_keys",
+    "pending_expiry_notes",
+    "refused_expiry_rows",
+    "store_names_restored",
+    "submit_transaction",
+    "transactions_intercepted",
+    "wrapped_handler",
+]
