@@ -1,20 +1,24 @@
+"""The fixtures every suite shares. The servers (Azurite, the Cosmos DB emulator) and the
+store SDKs are imported by the fixtures and builders that use them, never at import: the
+unit tests load neither."""
+
 from __future__ import annotations
 
 import os
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from azure.cosmos import CosmosClient, PartitionKey
-from azure.data.tables import TableServiceClient
 
-from lab.azurite import Azurite
-from lab.cosmos_emulator import CosmosEmulator, emulated
 from shared.idempotency.functions.registry import reset
-from shared.idempotency.stores import CosmosStore, DedupStore, TableStore
-from shared.idempotency.stores._azure import TRANSPORT
-from shared.idempotency.stores._table_batch import TableTransactions
+
+if TYPE_CHECKING:
+    from azure.data.tables import TableServiceClient
+
+    from lab.azurite import Azurite
+    from lab.cosmos_emulator import CosmosEmulator
+    from shared.idempotency.stores import CosmosStore, DedupStore, TableStore
 
 
 @pytest.fixture(autouse=True)
@@ -32,6 +36,8 @@ def _restore_app_settings() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def azurite() -> Iterator[Azurite]:
     """The real Azurite Table service, on a free port, for the whole test run."""
+    from lab.azurite import Azurite
+
     with Azurite() as emulator:
         yield emulator
 
@@ -39,6 +45,12 @@ def azurite() -> Iterator[Azurite]:
 def new_table_store(azurite: Azurite, *, lean: bool = False, hook: Callable[[Any], None] | None = None) -> TableStore:
     """``lean``: commits through table_batch.TableTransactions, else the SDK's; ``hook``: sees
     every request of both paths (to count them)."""
+    from azure.data.tables import TableServiceClient
+
+    from shared.idempotency.stores import TableStore
+    from shared.idempotency.stores._azure import TRANSPORT
+    from shared.idempotency.stores._table_batch import TableTransactions
+
     name = "t" + uuid.uuid4().hex[:16]
     options = {**TRANSPORT, **({"raw_request_hook": hook} if hook else {})}
     service = TableServiceClient.from_connection_string(azurite.connection_string, **options)
@@ -51,6 +63,8 @@ def new_table_store(azurite: Azurite, *, lean: bool = False, hook: Callable[[Any
 @pytest.fixture
 def table(azurite: Azurite) -> Iterator[tuple[TableServiceClient, str]]:
     """A fresh, empty table (no store around it) and the client that made it; dropped after."""
+    from azure.data.tables import TableServiceClient
+
     name = "t" + uuid.uuid4().hex[:16]
     service = TableServiceClient.from_connection_string(azurite.connection_string, retry_total=0)
     service.create_table(name)
@@ -60,13 +74,35 @@ def table(azurite: Azurite) -> Iterator[tuple[TableServiceClient, str]]:
 
 @pytest.fixture
 def table_store(azurite: Azurite) -> TableStore:
-    """A store on fresh tables, so tests never see each other's data."""
+    """A store on fresh tables, so tests never see each other's data; commits through the SDK."""
     return new_table_store(azurite)
+
+
+@pytest.fixture
+def lean_store(azurite: Azurite) -> TableStore:
+    """A store on fresh tables; commits through the lean transaction path."""
+    return new_table_store(azurite, lean=True)
+
+
+@pytest.fixture
+def items_store(azurite: Azurite) -> Iterator[TableStore]:
+    """The test app (tests/app.py) on fresh tables, and its store: the one its functions and
+    consumers use (DEDUP_STORE unset: a Table store, the SDK's path)."""
+    from shared.idempotency.functions import shared_store
+    from shared.idempotency.stores import TableStore
+    from tests.functions import fresh_app
+
+    with fresh_app(azurite):
+        store = shared_store()
+        assert isinstance(store, TableStore)
+        yield store
 
 
 @pytest.fixture(scope="session")
 def cosmos_emulator() -> Iterator[CosmosEmulator]:
     """npm @vercel/cosmosdb-server, on a free port, for the whole test run."""
+    from lab.cosmos_emulator import CosmosEmulator
+
     with CosmosEmulator() as emulator:
         yield emulator
 
@@ -79,6 +115,11 @@ EMULATED: set[int] = set()
 def new_cosmos_store(request: pytest.FixtureRequest) -> CosmosStore:
     """Fresh containers partitioned by /partitionKey: on real Cosmos DB when
     COSMOS_CONTRACT_ENDPOINT/COSMOS_CONTRACT_KEY are set, else on the local emulator."""
+    from azure.cosmos import CosmosClient, PartitionKey
+
+    from lab.cosmos_emulator import emulated
+    from shared.idempotency.stores import CosmosStore
+
     endpoint, key = REAL_COSMOS
     if endpoint and key:
         client = CosmosClient(endpoint, credential=key)
