@@ -76,9 +76,9 @@ STATE_SCHEMA: dict[str, Any] = {
 }
 
 
-def item(item_id: str, amount: float = 10.0, **extra: Any) -> dict[str, Any]:
-    """An item message's body."""
-    return {"id": item_id, "amount": amount, **extra}
+def item(item_id: str | None = None, amount: float = 10.0, **extra: Any) -> dict[str, Any]:
+    """An item message's body; without ``item_id``, a new item's (a fresh id on every call)."""
+    return {"id": f"i-{uuid.uuid4().hex[:12]}" if item_id is None else item_id, "amount": amount, **extra}
 
 
 def payments() -> IdempotentHttp | None:
