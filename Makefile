@@ -61,9 +61,9 @@ typecheck: install
 # Functions worker (fetched by `make worker` unless FUNCTIONS_PYTHON_WORKER names it);
 # writes lab/bench/results/latest.{json,md,png}.
 bench: install
-	$(call example,bench)
+	$(call example,lab/bench)
 	$(if $(FUNCTIONS_PYTHON_WORKER),,$(MAKE) worker)
-	$(PY) -m bench
+	$(PY) -m lab.bench
 
 # Dedup markers must outlive every redelivery infra/ allows; a dead step owner's claim
 # must lapse while the broker still has deliveries left (lab/delivery_checks.py).

@@ -1,6 +1,6 @@
 """The library tests' own consumers: one small function per trigger, on a domain of their own
 (items), so that the library's proof stands without the example (consumers/orders.py,
-order_events.py, recipes/, shared/orders). Self-contained — it imports the library only —
+order_events.py, recipes/). Self-contained — it imports the library only —
 because the runtime tests deploy it as a module of consumers/ (lab.runtime.build).
 
 An item ``{"id", "amount"}`` (message id = id) records the item and one posting: a duplicate

@@ -150,7 +150,7 @@ def test_without_the_example_the_library_and_its_tests_stand(copy: Path) -> None
     adopters.switch_every_recipe_off(copy)
     removed = make(copy, "remove-example")
     assert "infra/modules/servicebus.bicep" in removed and "README.md" in removed, removed  # what is left to edit
-    for gone in ("consumers/orders.py", "shared/orders", "recipes", "tests/example", "lab/bench", "lab/demo.py"):
+    for gone in ("consumers/orders.py", "consumers/order_events.py", "recipes", "tests/example", "lab/bench"):
         assert not (copy / gone).exists(), gone
     consumers = {p.name for p in (copy / "consumers").glob("*.py")}
     assert "invoices.py" in consumers and not {"orders.py", "order_events.py"} & consumers

@@ -44,6 +44,7 @@ from shared.idempotency.stores._azure import error_code, store_errors
 from shared.idempotency.stores._settings import table_store
 from shared.idempotency.stores._table import TableStore
 from shared.idempotency.stores._table_batch import TransactionFailure
+from shared.idempotency.testing import commits_lean
 from tests.integration.canned import Canned, canned_server
 
 ACCOUNT = "devstoreaccount1", "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
@@ -183,7 +184,7 @@ def app_stores(connection: str, table: str) -> dict[str, TableStore]:
         for path in ("sdk", "lean"):
             env.setenv("DEDUP_TABLE_TRANSACTIONS", path)
             store = table_store(table, table + "dl", create=False)
-            assert isinstance(store, TableStore) and (store._lean is not None) == (path == "lean")
+            assert isinstance(store, TableStore) and commits_lean(store) == (path == "lean")
             found[path] = store
     return found
 

@@ -44,7 +44,7 @@ def test_the_wheel_holds_the_library_and_imports_without_the_example(tmp_path: P
     probe = (
         "import shared.idempotency as lib, shared.domain as d, importlib.util as u;"
         "from shared.idempotency.stores import MemoryStore;"
-        "print(lib.__file__, d.NAME, u.find_spec('shared.orders'), u.find_spec('function_app'))"
+        "print(lib.__file__, d.NAME, u.find_spec('consumers'), u.find_spec('function_app'))"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), sysconfig.get_paths()["purelib"]])}
     found = subprocess.run([sys.executable, "-c", probe], cwd=app, env=env, capture_output=True, text=True,

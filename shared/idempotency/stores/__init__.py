@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AlreadyClaimed, StoreRefused, StoreUnavailable, VersionConflict
-from ._settings import StoreFactory, app_store, open_store, register_store
 from ._base import DedupStore
 from ._memory import MemoryStore
 from ._records import (
@@ -37,6 +36,7 @@ from ._records import (
     StoredItem,
     StoredState,
 )
+from ._settings import StoreFactory, app_store, open_store, register_store
 
 if TYPE_CHECKING:  # at run time, on first use (__getattr__ below)
     from ._cosmos import CosmosStore

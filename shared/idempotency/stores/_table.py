@@ -10,28 +10,23 @@ marker exists).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from functools import cache
 from itertools import islice
 from typing import Any
 from urllib.parse import unquote
 
-import requests
-import urllib3
 from azure.core import MatchConditions
 from azure.core.exceptions import (
     HttpResponseError,
     ResourceExistsError,
     ResourceModifiedError,
     ResourceNotFoundError,
-    ServiceResponseError,
 )
 from azure.data.tables import (
     EdmType,
@@ -39,7 +34,6 @@ from azure.data.tables import (
     TableClient,
     TableErrorCode,
     TableServiceClient,
-    TableTransactionError,
     UpdateMode,
 )
 
@@ -49,7 +43,7 @@ from ..keys import DedupKey, encode_key, guard_id, marker_id
 from ..messages import Entity, utcnow
 from ._azure import error_code, store_errors
 from ._base import DedupStore, check_storable, refused
-from ._codec import dead_letter_fields, dead_letter_from, kept, marker_fields, marker_from, state_fingerprint
+from ._codec import state_fingerprint
 from ._expiry import INDEX, ExpiryIndex, Note
 from ._records import (
     GUARD_KIND,
@@ -64,30 +58,24 @@ from ._records import (
     StoredItem,
     StoredState,
 )
-from ._table_batch import TableTransactions, TransactionFailure
+from ._table_batch import TransactionFailure
+from ._table_purge import delete_noted, purge_matching
+from ._table_rows import (
+    check_entities,
+    dead_letter_entities,
+    dead_letter_records,
+    effect_entity,
+    marker_entity,
+    marker_of,
+)
+from ._table_sdk import SdkTransactions, Transactions
 
 log = logging.getLogger("idempotency")
-# Table Storage's limits (learn: understanding-the-table-service-data-model).
-MAX_PROPERTY_BYTES = 64 * 1024
-MAX_ENTITY_BYTES = 1024 * 1024
-MAX_PROPERTIES = 252  # 255 with PartitionKey, RowKey and Timestamp
 MAX_TRANSACTION_OPERATIONS = 100  # Table entity-group transaction limit
-_INT32 = range(-(2**31), 2**31)  # a plain int property; beyond it, typed Edm.Int64
 STATE_VERSION = "StateVersion"  # the version of an entity written by upsert_if_newer
 STATE_FINGERPRINT = "StateFingerprint"  # and the state_fingerprint of its data
 _KEYS = ("PartitionKey", "RowKey")
 _STATE_FIELDS = (*_KEYS, STATE_VERSION, STATE_FINGERPRINT)
-# A dead letter's body: Edm.Binary properties of 64,000 bytes (a property holds 64 KiB), in
-# the record's entity and, past it, in parts written in the same transaction. An entity
-# holds 1 MiB, which Azurite counts on its JSON (base64: 4/3 of the bytes), so 12 chunks a
-# part (1,024,000 characters) and 10 in the record's entity, beside its fields (at most
-# ~135 KB of JSON with every text at its limit).
-_BODY_CHUNK = 64_000
-_RECORD_CHUNKS = 10
-_PART_CHUNKS = 12
-# Compact, and UTF-8 rather than ASCII escapes: "é" is one character of a property's 64 KiB, not six.
-# (json.dumps builds an encoder per call otherwise.)
-_compact_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 class TableStore(DedupStore):
@@ -100,20 +88,18 @@ class TableStore(DedupStore):
         dead_letter_table: str = "deadletters",
         *,
         dead_letter_retention: timedelta = DEAD_LETTER_RETENTION,
-        transactions: TableTransactions | None = None,
+        transactions: Transactions | None = None,
     ) -> None:
-        """``transactions``: commits go through this lean transaction path (table_batch.py);
-        None: through the SDK's ``submit_transaction``."""
+        """``transactions``: how it writes, the lean ``$batch`` transport (``_table_batch``) or,
+        by default, the SDK's (``_table_sdk``)."""
         self.dead_letter_retention = dead_letter_retention
-        self._lean = transactions
         self._service = service
         self._table: TableClient = service.get_table_client(table)
         self._dead: TableClient = service.get_table_client(dead_letter_table)
-        # Beside the markers it notes (the dead-letter table holds dead letters only; an earlier
-        # version's rows there are drained); its rows (~50 KB) inserted the lean way when commits
-        # are (about half the client CPU of the SDK's create_entity, measured while tuning).
-        lean_rows = transactions.insert if transactions is not None else None
-        self._expiry = ExpiryIndex(self._table, table, create=lean_rows, earlier=self._dead)
+        self._transactions: Transactions = transactions or SdkTransactions(self._table)
+        # Beside the markers it notes (the dead-letter table holds dead letters only), written
+        # as the store writes.
+        self._expiry = ExpiryIndex(self._table, table, create=self._transactions.insert, earlier=self._dead)
 
     @property
     def table(self) -> TableClient:
@@ -162,24 +148,10 @@ class TableStore(DedupStore):
     def _submit(self, operations: list[Any]) -> TransactionFailure | list[str]:
         """One transaction (the SDK's operation tuples, or a bare entity for an insert): each
         operation's ETag when applied; the refused operation when one met an existing entity,
-        another version or none (nothing written); other errors raise."""
-        # Not resent by the SDK's retry policy: a resend after a lost answer meets our own
-        # guard, so the consumer's waiting loop resends, knowing to read the marker back.
-        if self._lean is not None:
-            return self._lean.submit(operations, retry_total=0)
-        operations = [("create", op) if isinstance(op, Mapping) else op for op in operations]
-        try:
-            answers = self._table.submit_transaction(operations, retry_total=0)
-        except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
-            # The SDK reads a transaction's answer after azure-core's transport: an answer cut
-            # short escapes as requests' error. It may have been applied: as the lean path says.
-            raise ServiceResponseError(f"the transaction's answer was cut short: {exc}", error=exc) from exc
-        except TableTransactionError as exc:
-            failure = TransactionFailure.of(exc.status_code or 0, error_code(exc), exc.message or "")
-            if not failure.decided:
-                raise
-            return failure
-        return [str(answer.get("etag") or "") for answer in answers]
+        another version or none (nothing written); other errors raise. Not resent by the
+        retry policy: a resend after a lost answer meets our own guard, so the consumer's
+        waiting loop resends, knowing to read the marker back."""
+        return self._transactions.submit(operations, retry_total=0)
 
     def _transact(self, commits: Sequence[Commit], partition: str, chunk: list[int]) -> dict[int, CommitResult]:
         results: dict[int, CommitResult] = {}
@@ -243,16 +215,9 @@ class TableStore(DedupStore):
         return self._marker_from(entity, partition)
 
     def insert(self, marker: Marker) -> Marker | None:
-        if self._lean is not None:  # a claim on the path of every message with a step: the lean one
-            with store_errors():
-                etag = self._lean.insert(self._marker_entity(marker))
-            return None if etag is None else self._noted(replace(marker, version=etag))
-        try:
-            with store_errors():
-                meta = self._table.create_entity(self._marker_entity(marker))
-        except ResourceExistsError:
-            return None
-        return self._noted(_versioned(marker, meta))
+        with store_errors():
+            etag = self._transactions.insert(self._marker_entity(marker))
+        return None if etag is None else self._noted(replace(marker, version=etag))
 
     def replace(self, marker: Marker, if_version: str) -> Marker:
         try:
@@ -340,11 +305,10 @@ class TableStore(DedupStore):
         """Follows the expiry index (_expiry.py): reads the hours that fell due, deletes each
         noted marker at its noted version with its guard, one transaction per business
         partition, in parallel, until ``budget`` records are deleted or ``deadline``
-        (time.monotonic()). Then the dead-letter records that expired (their own table; the
-        rows an earlier version's index left there have no ``ExpiresAt``: the index drains them)."""
+        (time.monotonic()). Then the dead-letter records that expired (their own table)."""
         deadline = time.monotonic() + 3600 if deadline is None else deadline
         markers = self._expiry.purge(now, budget, deadline, self._delete_noted)
-        dead = self._purge(self._dead, "ExpiresAt lt @now", {"now": now}, budget - markers.deleted, deadline)
+        dead = purge_matching(self._dead, "ExpiresAt lt @now", {"now": now}, budget - markers.deleted, deadline)
         return Purge(markers.scanned + dead.scanned, markers.deleted + dead.deleted, markers.requests + dead.requests)
 
     def sweep_expired(self, now: datetime, budget: int) -> Purge:
@@ -353,7 +317,7 @@ class TableStore(DedupStore):
         ``Kind``: never matched); within a page, grouped by partition and deleted in
         transactions of up to 100, each conditional on the ETag read, so that a marker
         rewritten meanwhile (a takeover) is kept."""
-        return self._purge(
+        return purge_matching(
             self._table,
             "( Kind eq @marker or Kind eq @guard ) and ExpiresAt lt @now",  # the SDK splits on spaces
             {"marker": MARKER_KIND, "guard": GUARD_KIND, "now": now},
@@ -361,74 +325,7 @@ class TableStore(DedupStore):
         )
 
     def _delete_noted(self, pk: str, notes: list[Note]) -> tuple[int, int]:
-        """Delete noted markers (at their noted version) with their guards: (deleted, requests).
-        A marker rewritten since is kept with its guard; one already gone is passed over."""
-        deleted = made = 0
-        for start in range(0, len(notes), MAX_TRANSACTION_OPERATIONS // 2):
-            operations: list[Any] = []
-            for note in notes[start : start + MAX_TRANSACTION_OPERATIONS // 2]:
-                at = {"etag": note.etag, "match_condition": MatchConditions.IfNotModified} if note.etag else {}
-                operations.append(("delete", {"PartitionKey": pk, "RowKey": note.marker}, at))
-                if note.guard:
-                    operations.append(("delete", {"PartitionKey": pk, "RowKey": note.guard}, {}))
-            while operations:
-                try:
-                    with store_errors():
-                        answer = self._submit(operations)
-                except StoreRefused as exc:  # never expected: left to the full sweep, the purge goes on
-                    log.warning("dedup purge: %d deletes refused in %s (the sweep's): %s", len(operations), pk, exc)
-                    break
-                made += 1
-                if not isinstance(answer, TransactionFailure):
-                    deleted += len(operations)
-                    break
-                if answer.index is None or not 0 <= answer.index < len(operations):
-                    break  # the service did not say which: the full sweep will
-                failed = operations[answer.index]
-                if answer.version_conflict:  # the marker was rewritten: keep it and its guard
-                    guard = self._guard_of(notes, failed[1]["RowKey"])
-                    operations = [op for op in operations if op[1]["RowKey"] not in (failed[1]["RowKey"], guard)]
-                else:  # gone already
-                    operations = [op for op in operations if op is not failed]
-        return deleted, made
-
-    @staticmethod
-    def _guard_of(notes: list[Note], marker: str) -> str | None:
-        return next((note.guard for note in notes if note.marker == marker), None)
-
-    def _purge(self, table: TableClient, query: str, parameters: dict[str, Any], budget: int,
-               deadline: float | None = None) -> Purge:  # fmt: skip
-        found = table.query_entities(query, parameters=parameters, select=["PartitionKey", "RowKey"],
-                                     results_per_page=1000)  # fmt: skip
-        scanned = deleted = requests = 0
-        with store_errors():
-            for page in found.by_page():
-                if deleted >= budget or (deadline is not None and time.monotonic() >= deadline):
-                    break
-                requests += 1
-                by_partition: dict[str, list[Any]] = {}
-                for entity in page:
-                    scanned += 1
-                    if deleted + sum(map(len, by_partition.values())) < budget:
-                        by_partition.setdefault(entity["PartitionKey"], []).append(entity)
-                for entities in by_partition.values():
-                    for start in range(0, len(entities), MAX_TRANSACTION_OPERATIONS):
-                        chunk = entities[start : start + MAX_TRANSACTION_OPERATIONS]
-                        deleted += self._delete_unchanged(table, chunk)
-                        requests += 1
-        return Purge(scanned, deleted, requests)
-
-    @staticmethod
-    def _delete_unchanged(table: TableClient, entities: list[Any]) -> int:
-        operations: list[Any] = [
-            ("delete", e, {"etag": e.metadata["etag"], "match_condition": MatchConditions.IfNotModified})
-            for e in entities
-        ]
-        try:
-            table.submit_transaction(operations)
-        except (TableTransactionError, ResourceModifiedError, ResourceNotFoundError):
-            return 0  # one of them changed or vanished since the scan: the next run retries
-        return len(entities)
+        return delete_noted(self._submit, pk, notes)
 
     # -- the library's own records beside the data ------------------------------------------
 
@@ -477,8 +374,8 @@ class TableStore(DedupStore):
     # -- dead letters --------------------------------------------------------------------
 
     def dead_letter(self, record: DeadLetter) -> None:
-        """One entity, or (a body past its 10 chunks) the record's entity and its parts
-        (RowKey ``<record id>|<n>``) in one entity-group transaction: never half a record."""
+        """One entity, or (a body past its 10 chunks) the record's entity and its parts in one
+        entity-group transaction: never half a record."""
         entities = self._dead_letter_entities(record)
         with store_errors():
             if len(entities) == 1:
@@ -487,35 +384,12 @@ class TableStore(DedupStore):
                 self._dead.submit_transaction([("upsert", e, {"mode": UpdateMode.REPLACE}) for e in entities])
 
     def _dead_letter_entities(self, record: DeadLetter) -> list[dict[str, Any]]:
-        stored, recorded = kept(record), record.recorded_at or utcnow()
-        expires = recorded + self.dead_letter_retention
-        pk, row = encode_key(record.scope), record.record_id
-        chunks = [stored.body[i : i + _BODY_CHUNK] for i in range(0, len(stored.body), _BODY_CHUNK)]
-        parts = [chunks[i : i + _PART_CHUNKS] for i in range(_RECORD_CHUNKS, len(chunks), _PART_CHUNKS)]
-        entity = {"PartitionKey": pk, "RowKey": row, **_to_table(dead_letter_fields(stored, recorded, expires)),
-                  **_body(chunks[:_RECORD_CHUNKS])}  # fmt: skip
-        if parts:
-            entity["BodyParts"] = len(parts)
-        # A part expires with its record: the purge deletes it by its ExpiresAt.
-        return [entity, *({"PartitionKey": pk, "RowKey": f"{row}|{n}", "Part": n, "ExpiresAt": expires, **_body(part)}
-                          for n, part in enumerate(parts, start=1))]  # fmt: skip
+        return dead_letter_entities(record, self.dead_letter_retention, utcnow())
 
     def dead_letters(self, scope: str) -> list[DeadLetter]:
         query = self._dead.query_entities("PartitionKey eq @pk", parameters={"pk": encode_key(scope)})
         with store_errors():
-            entities = list(query)
-        parts = {entity["RowKey"]: entity for entity in entities if "Part" in entity}
-        records = []
-        for entity in entities:
-            if "Part" in entity:
-                continue
-            names = [f"{entity['RowKey']}|{n}" for n in range(1, entity.get("BodyParts", 0) + 1)]
-            if not all(name in parts for name in names):  # expired and half purged (its entities go apart)
-                continue
-            whole = [entity, *(parts[name] for name in names)]
-            body = b"".join(_as_bytes(e[f"Body{i}"]) for e in whole for i in range(e.get("BodyChunks", 0)))
-            records.append(dead_letter_from(_from_table(entity), body))
-        return records
+            return dead_letter_records(list(query))
 
     def scan(self, partition: str | None = None) -> Iterator[StoredItem]:
         if partition is None:
@@ -535,47 +409,14 @@ class TableStore(DedupStore):
                 name = None if kind else unquote(entity["RowKey"])
                 yield StoredItem(entity["RowKey"], kind, key, name, dict(entity))
 
-    # -- entity mapping ------------------------------------------------------------------
+    # -- entity mapping (_table_rows) -------------------------------------------------------
 
-    @staticmethod
-    def _marker_entity(marker: Marker) -> dict[str, Any]:
-        return {"PartitionKey": encode_key(marker.partition), "RowKey": marker_id(marker.key),
-                **_to_table(marker_fields(marker))}  # fmt: skip
+    _marker_entity = staticmethod(marker_entity)
+    effect_entity = staticmethod(effect_entity)
+    _marker_from = staticmethod(marker_of)
 
     def check_effects(self, effects: Sequence[Entity]) -> None:
-        """Table Storage's limits, counted as the service counts them (strings in UTF-16):
-        a property of at most 64 KiB, at most 252 of one's own, an entity of at most 1 MiB."""
-        check_storable(effects)
-        for effect in effects:
-            entity = self.effect_entity("", effect)
-            if len(entity) - 2 > MAX_PROPERTIES:
-                raise StoreRefused(f"{effect.name}: {len(entity) - 2} properties; an entity holds {MAX_PROPERTIES}")
-            size = 4 + 2 * len(encode_key(effect.name))
-            for name, value in list(entity.items())[2:]:
-                value = value[0] if isinstance(value, tuple) else value
-                held = len(value.encode("utf-16-le", "surrogatepass")) if isinstance(value, str) else (
-                    len(value) if isinstance(value, bytes) else 8)  # fmt: skip
-                if held > MAX_PROPERTY_BYTES:
-                    raise StoreRefused(f"{effect.name}.{name}: {held} bytes; a property holds {MAX_PROPERTY_BYTES}")
-                size += 8 + 2 * len(name) + held
-            if size > MAX_ENTITY_BYTES:
-                raise StoreRefused(f"{effect.name}: about {size} bytes; an entity holds {MAX_ENTITY_BYTES}")
-
-    @staticmethod
-    def effect_entity(pk: str, effect: Entity) -> dict[str, Any]:
-        entity: dict[str, Any] = {"PartitionKey": pk, "RowKey": encode_key(effect.name)}
-        for name, value in effect.data.items():
-            # Tables hold scalars only: nested values are stored as JSON text.
-            if isinstance(value, dict | list):
-                value = _compact_json(value)
-            elif type(value) is int and value not in _INT32:
-                value = (value, EdmType.INT64)
-            entity[name] = value
-        return entity
-
-    @staticmethod
-    def _marker_from(entity: Any, partition: str) -> Marker:
-        return marker_from(_from_table(entity), partition, entity.metadata.get("etag"))
+        check_entities(effects, self.effect_entity)
 
 
 def _at_version(etag: str | None) -> dict[str, Any]:
@@ -602,31 +443,3 @@ def _chunks(commits: Sequence[Commit], members: list[int]) -> Iterator[list[int]
         operations += size
     if chunk:
         yield chunk
-
-
-def _to_table(fields: dict[str, Any]) -> dict[str, Any]:
-    """Table properties are PascalCase scalars: a result is stored as JSON text."""
-    table = {_pascal(name): value for name, value in fields.items()}
-    if "result" in fields:
-        table["Result"] = _compact_json(fields["result"])
-    return table
-
-
-@cache
-def _pascal(name: str) -> str:  # field names are few and fixed (codec.py)
-    return name[0].upper() + name[1:]
-
-
-def _from_table(entity: Any) -> dict[str, Any]:
-    fields = {name[0].lower() + name[1:]: value for name, value in entity.items()}
-    if "result" in fields:
-        fields["result"] = json.loads(fields["result"])
-    return fields
-
-
-def _body(chunks: list[bytes]) -> dict[str, Any]:
-    return {"BodyChunks": len(chunks), **{f"Body{i}": chunk for i, chunk in enumerate(chunks)}}
-
-
-def _as_bytes(value: Any) -> bytes:
-    return value if isinstance(value, bytes) else base64.b64decode(value)

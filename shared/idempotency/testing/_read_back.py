@@ -58,6 +58,8 @@ def expiry_hour(moment: datetime) -> str:
 
 
 def commits_lean(store: TableStore) -> bool:
-    """Whether a Table store commits through the lean transaction path (table_batch.py)
+    """Whether a Table store commits through the lean transaction path (stores/_table_batch.py)
     rather than the SDK's ``submit_transaction``."""
-    return store._lean is not None
+    from ..stores._table_batch import TableTransactions
+
+    return isinstance(store._transactions, TableTransactions)
