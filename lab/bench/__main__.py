@@ -26,8 +26,8 @@ judged targets; exits non-zero when one is missed.
 
 Knobs: BENCH_MESSAGES (default 500), BENCH_REPEATS, BENCH_DELAYS (default "1"),
 BENCH_CONCURRENCY (default 16), BENCH_PAIRED_ROUNDS, BENCH_PURGE_MARKERS, BENCH_SWEEP_PARKED,
-BENCH_WORKER_MESSAGES (default 400), BENCH_WORKER_ROUNDS (default 4). The long matrix, as
-issue 42 ran it: BENCH_DELAYS=1,4 BENCH_REPEATS=3 BENCH_PAIRED_ROUNDS=10 BENCH_WORKER_ROUNDS=10.
+BENCH_WORKER_MESSAGES (default 400), BENCH_WORKER_ROUNDS (default 4). The long matrix:
+BENCH_DELAYS=1,4 BENCH_REPEATS=3 BENCH_PAIRED_ROUNDS=10 BENCH_WORKER_ROUNDS=10.
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ import argparse
 import json
 import logging
 import os
+import platform
 import random
 import re
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -47,6 +49,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +90,7 @@ from shared.idempotency.stores._transport import pooled_transport
 
 ledger = recipes.module("ledger")  # the batch recipe, wherever it is (recipes/ or, switched on, consumers/)
 hub = recipes.module("shipments")  # the Event Hubs recipe, likewise
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
 INDEX_PER_MARKER = 1 / NOTES_PER_ROW  # the expiry index (Table Storage's purge): one row per 250 markers
 INDEX = ("~expiry|", "%7Eexpiry%7C")  # a request that writes the index names its partition (body or URL)
@@ -267,12 +271,12 @@ def atomic(lean: bool, duplicate_share: float = 0.0, cache: int = 0) -> Callable
     return scenario
 
 
-def two_phase(as_before: bool = False) -> Callable[[Bench], Measure]:
+def two_phase(three_requests: bool = False) -> Callable[[Bench], Measure]:
     """A step outside the transaction: claim it, make the (in-process) call, then commit the
     order with its marker and the step's completion (fenced by the claim's ETag) — two requests.
-    ``as_before``: the comparator of the 2x target, the path this one replaced, in the same
-    run — the claim and the completion each a request of its own on the SDK path (create,
-    then replace at the claim's ETag), then the commit: three requests, and no expiry index."""
+    ``three_requests``: the comparator of the two-phase floor, in the same run — the claim and
+    the completion each a request of its own on the SDK path (create, then replace at the
+    claim's ETag), then the commit: three requests, and no expiry index."""
 
     def scenario(bench: Bench) -> Measure:
         orders_handler = order_handler()
@@ -284,7 +288,7 @@ def two_phase(as_before: bool = False) -> Callable[[Bench], Measure]:
             return effects
 
         store = bench.store(lean=True)
-        if as_before:
+        if three_requests:
             store.folds_completions = False  # the completion: a replace of its own (on the SDK path)
             sdk = TableStore(store._service, store.table.table_name, store.dead_letter_table)
             store.insert = sdk.insert  # type: ignore[method-assign]  # the claim too
@@ -461,7 +465,7 @@ SCENARIOS: dict[str, Callable[[Bench], Measure]] = {
     **{f"Powertools-style, {p}% duplicates": powertools(duplicate_share=p / 100) for p in (10, 50, 90)},
     "atomic, duplicates, hot cache (lean)": atomic(lean=True, duplicate_share=0.9, cache=100_000),
     "two-phase, all new (lean)": two_phase(),
-    "two-phase as before issue 31 (3 requests)": two_phase(as_before=True),
+    "two-phase, 3 requests (SDK claim)": two_phase(three_requests=True),
     "outbox, all new (lean)": outbox,
     "batch of 100 (SDK)": batch(lean=False),
     "batch of 100 (lean)": batch(lean=True),
@@ -481,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds = max(2, rounds + rounds % 2)  # both orders equally often
     runs: dict[float, dict[str, list[Measure]]] = {d: {name: [] for name in SCENARIOS} for d in delays}
     pairs: Pairs = {}
+    started = time.monotonic()
     with Azurite() as azurite:
         warm_up = Bench(azurite, azurite.port, n, concurrency)
         for name, scenario in SCENARIOS.items():  # untimed (module docstring)
@@ -518,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     report["targets"].update(sweep_targets(sweep))
     report["targets"].update(worker_targets(through))
     report["targets"].update(instruction_targets(counted))
+    report["run"] = provenance(time.monotonic() - started)
     write(report)
     for target, ok in report["targets"].items():
         print(("PASS " if ok else "MISS ") + target)
@@ -548,7 +554,7 @@ Pairs = dict[str, dict[str, dict[str, Any]]]  # by delay, then kind: what paired
 PAIRS = {
     "atomic": ("baseline, no dedup (lean)", "atomic, all new (lean)"),
     "duplicates": ("baseline, no dedup (lean)", "atomic, 90% duplicates (lean)"),
-    "two-phase": ("two-phase as before issue 31 (3 requests)", "two-phase, all new (lean)"),
+    "two-phase": ("two-phase, 3 requests (SDK claim)", "two-phase, all new (lean)"),
 }
 
 
@@ -623,10 +629,10 @@ def summarize(runs: dict[float, dict[str, list[Measure]]], n: int, repeats: int,
 
 
 # Throughput is reported, and judged only by floors that catch a collapse, well below what this machine's noise
-# reaches (issue 50: the atomic paired ratio moved 0.72-0.82x between runs, the worker's 0.80-0.95x): atomic
-# over the lean baseline, paired, 0.5x (typically ~0.8x); two-phase over the path it replaced 1.2x (~2.0x; its
-# requests alone give 1.5x). What the noise cannot move is judged exactly: store requests, index rows and sends
-# per message, and the client's instructions per message (lab/bench/instructions.py).
+# reaches (the atomic paired ratio and the worker's move by a tenth between runs here): atomic over the lean
+# baseline, paired, 0.5x; two-phase over the three-request path 1.2x (its requests alone give 1.5x). What the
+# noise cannot move is judged exactly: store requests, index rows and sends per message, and the client's
+# instructions per message (lab/bench/instructions.py).
 ATOMIC_FLOOR, TWO_PHASE_FLOOR = 0.5, 1.2
 # Store requests per message where they are deterministic, the expiry index's apart (its share is stated).
 # HTTP: the Idempotency-Key's binding, then the commit. The outbox: the sent mark after the commit; a delivery
@@ -643,8 +649,8 @@ def store_requests(row: dict[str, Any]) -> float:
 
 
 def targets(tables: dict[str, list[dict[str, Any]]], pairs: Pairs) -> dict[str, bool]:
-    """Issue 42's targets, at 1 and 4 ms of one-way delay (where measured): ratios measured in
-    the same run, and requests counted exactly."""
+    """The targets at 1 and 4 ms of one-way delay (where measured): requests counted exactly,
+    throughput ratios measured in the same run against their floors."""
     checks: dict[str, bool] = {}
     for delay in ("1", "4"):
         if delay not in tables:
@@ -729,10 +735,29 @@ def worker_targets(through: dict[str, Any]) -> dict[str, bool]:
     return {name: ok}
 
 
+def provenance(seconds: float) -> dict[str, Any]:
+    """Which run wrote the results: the commit (and whether the tree had changes beside it),
+    when, on which Python and how many cores, how long it took."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    return {"commit": git("rev-parse", "--short=12", "HEAD") or "unknown",
+            "uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "python": platform.python_version(),
+            "cores": os.cpu_count(), "seconds": round(seconds)}  # fmt: skip
+
+
 def write(report: dict[str, Any]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "latest.json").write_text(json.dumps(report, indent=1) + "\n")
+    run, met = report["run"], report["targets"].values()
     lines = [
+        f"Run: commit {run['commit']}{' with uncommitted changes' if run['uncommitted_changes'] else ''}, "
+        f"{run['date']}, Python {run['python']}, {run['cores']} cores, "
+        f"{run['seconds'] // 60} min {run['seconds'] % 60} s; {sum(met)} of {len(met)} judged targets met.",
+        "",
         f"Azurite behind a delay proxy, {report['concurrency']} concurrent calls, {report['messages_per_scenario']} "
         f"messages per scenario, median of {report['repeats']} interleaved runs; ratios measured in the same run.",
     ]

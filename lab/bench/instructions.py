@@ -50,7 +50,7 @@ SCENARIOS = (
 BASELINE = "baseline, no dedup (lean)"
 # The judged bounds: each scenario's instructions per message (purge: per expired marker; sweep: per
 # parked key) over the lean no-dedup baseline's, counted in the same process. Measured on Python 3.11
-# at 200 messages (issue 50's closing notes give the runs): the ratio in the comment, the bound 8% above it,
+# at 200 messages: the ratio in the comment, the bound 8% above it,
 # so that 20% more client work per message fails and a library's patch release does not.
 BOUNDS = {
     "atomic, all new (lean)": 1.48,  # 1.367

@@ -65,7 +65,7 @@ ROOT = Path(__file__).resolve().parents[2]
 APP_SOURCE = Path(__file__).with_name("worker_app.py")
 DOCUMENTED = json.loads((ROOT / "local.settings.json.example").read_text())["Values"]
 # dedup / plain messages per second: reported, and judged only by a floor that catches a collapse (the ratio
-# moves with this shared machine, 0.80-0.95x over twenty-two runs: docs/performance.md; the marker is a third
+# moves with this shared machine by a tenth between runs; the marker is a third
 # entity per transaction, and Azurite spends it on the same two cores). What the noise cannot move is judged:
 # the store requests per message through the worker (``targets``), and the client's instructions (instructions.py).
 FLOOR = 0.5

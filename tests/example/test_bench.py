@@ -4,6 +4,10 @@ exactly-once check, on the real Azurite, at a size that takes seconds."""
 
 from __future__ import annotations
 
+import os
+import platform
+import re
+import subprocess
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -13,7 +17,7 @@ from azure.data.tables import TableServiceClient
 from lab import outbox_cost, purge_cost
 from lab.azurite import Azurite
 from lab.bench import instructions
-from lab.bench.__main__ import EXACT, PAIRS, SCENARIOS, Bench, paired
+from lab.bench.__main__ import EXACT, PAIRS, ROOT, SCENARIOS, Bench, paired, provenance
 from lab.delay_proxy import delayed
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores._expiry import SETTLE
@@ -70,7 +74,7 @@ def test_two_phase_makes_two_requests_where_the_path_it_replaced_made_three(azur
     the commit — and no expiry index, which that path did not have."""
     ours, before = Recording(azurite), Recording(azurite)
     assert SCENARIOS["two-phase, all new (lean)"](ours).violations == 0
-    assert SCENARIOS["two-phase as before issue 31 (3 requests)"](before).violations == 0
+    assert SCENARIOS["two-phase, 3 requests (SDK claim)"](before).violations == 0
     # after the runs, each exactly-once check's scan (GET); ours also its expiry index row (one
     # insert for up to 250 markers, in the records table beside them), which that path did not have
     assert sorted(ours.kinds) == sorted(["POST (lean)", "$batch (lean)"] * 20 + ["GET (SDK)", "POST (lean)"])
@@ -132,3 +136,11 @@ def test_instructions_are_counted_per_message_only_while_messages_are_processed(
     assert all(instructions.targets(measured).values())
     doubled = {**measured, names[1]: 2 * few[names[1]]}  # twice the work per message: refused
     assert [ok for target, ok in instructions.targets(doubled).items() if target.endswith(names[1])] == [False]
+
+
+def test_the_results_say_which_run_wrote_them() -> None:
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    run = provenance(125.4)
+    assert run["commit"] == (head.stdout.strip() or "unknown")
+    assert (run["python"], run["cores"], run["seconds"]) == (platform.python_version(), os.cpu_count(), 125)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", run["date"]) and isinstance(run["uncommitted_changes"], bool)
