@@ -44,5 +44,5 @@ ensure_telemetry()
 if not {"azure_functions_worker", "azure_functions_runtime"}.isdisjoint(sys.modules):
     check_app_settings()
 app = func.FunctionApp()
-for blueprint in [*consumers.blueprints(), *housekeeping(consumers.housekeeping())]:
+for blueprint in [*consumers.blueprints(), *housekeeping(consumers.needs())]:
     app.register_functions(blueprint)

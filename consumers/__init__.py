@@ -1,5 +1,5 @@
 """The app's consumers: one module each, a Functions Blueprint ``bp`` with its triggers and
-the consumer they use, and the housekeeping its consumers need (``HOUSEKEEPING``: "steps",
+the consumer they use, and the housekeeping its consumers need (``NEEDS``: "steps",
 "outbox"; none by default). function_app.py registers every module of this package, so a new
 consumer is a new module here (README, "Start your own app"), and a recipe is switched on by
 moving its module here (recipes/README.md)."""
@@ -24,6 +24,6 @@ def blueprints() -> list[func.Blueprint]:
     return [module.bp for module in modules()]
 
 
-def housekeeping() -> set[str]:
+def needs() -> set[str]:
     """What the modules' consumers need of the store's housekeeping."""
-    return {need for module in modules() for need in getattr(module, "HOUSEKEEPING", ())}
+    return {need for module in modules() for need in getattr(module, "NEEDS", ())}

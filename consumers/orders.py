@@ -66,13 +66,13 @@ def accepted_topic() -> str | None:
     return os.environ.get("ORDER_ACCEPTED_TOPIC") or None
 
 
-def housekeeping() -> set[str]:
+def needs() -> set[str]:
     """What the orders consumers need of the store's housekeeping, by the features switched on:
     reconcile_claims for the payment step ("steps"), dispatch_outbox for the outbox ("outbox")."""
     return {name for name, on in (("steps", payments()), ("outbox", accepted_topic())) if on}
 
 
-HOUSEKEEPING = housekeeping()
+NEEDS = needs()
 
 
 def order_handler(payments: IdempotentHttp | None = None, *, key_is_order_id: bool = True,

@@ -33,10 +33,10 @@ from lab.findings import Findings
 from lab.harness import RunConfig, Timing, _attach_store, _configure, _counting_outcomes, _run_workers
 from lab.topic import SendFailed, Topic
 from shared.idempotency import Outgoing
-from shared.idempotency.functions.registry import reset, using_sender
 from shared.idempotency.messages import utcnow
 from shared.idempotency.outbox import ROWS
 from shared.idempotency.stores import DedupStore, TableStore
+from shared.idempotency.testing import reset, using_sender
 
 order_topic = recipes.module("order_topic")
 

@@ -25,8 +25,8 @@ from lab.cosmos_emulator import CosmosEmulator, use_cosmos_emulator
 from lab.harness import Report, RunConfig, Target, run
 from lab.order_effects import effects_by_order
 from shared.idempotency import IdempotentConsumer
-from shared.idempotency.functions.registry import reset
 from shared.idempotency.stores import DedupStore
+from shared.idempotency.testing import reset
 
 
 def orders_consumer(connection: str, table: str) -> IdempotentConsumer:

@@ -40,9 +40,9 @@ from lab.faults import Crash, FaultPlan
 from lab.findings import Findings
 from lab.harness import _attach_store, _counting_outcomes
 from shared.idempotency.functions.adapters import event_position
-from shared.idempotency.functions.registry import reset
 from shared.idempotency.reasons import Reason
 from shared.idempotency.stores import DedupStore, TableStore
+from shared.idempotency.testing import reset
 
 shipments = recipes.module("shipments")
 tracking_handler = shipments.tracking_handler

@@ -30,8 +30,8 @@ from lab.faults import Crash, FaultPlan
 from lab.findings import Findings
 from lab.harness import _attach_store, _counting_outcomes
 from shared.idempotency import Delivery, IdempotentConsumer
-from shared.idempotency.functions.registry import reset
 from shared.idempotency.stores import TableStore
+from shared.idempotency.testing import reset
 
 status_consumer = recipes.module("order_status").status_consumer
 

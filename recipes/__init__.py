@@ -1,5 +1,5 @@
 """Opt-in recipes: every other source and feature the template knows, each a module like
-those in consumers/ (a Blueprint ``bp``, its consumers, its ``HOUSEKEEPING``). A recipe is
+those in consumers/ (a Blueprint ``bp``, its consumers, its ``NEEDS``). A recipe is
 switched on by moving its module into consumers/ and naming it in infra/recipes.json —
 ``make recipe NAME=<name>`` does both (recipes/README.md). Until then the app does not
 register it, and infra deploys nothing for it.

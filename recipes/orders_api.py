@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import azure.functions as func
 
-from consumers.orders import SCHEMA, accepted_topic, housekeeping, order_handler, payments
+from consumers.orders import SCHEMA, accepted_topic, needs, order_handler, payments
 from shared.idempotency import IdempotentConsumer, from_body_field
 from shared.idempotency.functions import consumer, on_http, shared_sender, shared_store, stored_response
 
 BY_ORDER = from_body_field("orderId")
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
-HOUSEKEEPING = housekeeping()
+NEEDS = needs()
 
 
 @consumer

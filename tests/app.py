@@ -50,7 +50,7 @@ from shared.idempotency.keys import DedupKey, consumer_partition
 from shared.idempotency.stores import DedupStore
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
-HOUSEKEEPING = {"steps", "outbox"}
+NEEDS = {"steps", "outbox"}
 
 ITEM = "item"
 ITEM_OF = "item|"  # the item's entity where many items share a partition (item_batch)

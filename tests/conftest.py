@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from shared.idempotency.functions.registry import reset
+from shared.idempotency.testing import reset
 
 if TYPE_CHECKING:
     from azure.data.tables import TableServiceClient

@@ -12,7 +12,7 @@ from lab.azurite import Azurite
 from lab.host import cloudevent, servicebus_message, user_function
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.errors import StoreUnavailable
-from shared.idempotency.functions.registry import reset
+from shared.idempotency.testing import reset
 
 __all__ = ["app_settings", "cloudevent", "fresh_app", "servicebus_message", "store_down", "user_function"]
 

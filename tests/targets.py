@@ -9,8 +9,8 @@ import os
 from lab import workload
 from lab.harness import Target
 from shared.idempotency import IdempotentConsumer
-from shared.idempotency.functions.registry import reset
 from shared.idempotency.stores import DedupStore
+from shared.idempotency.testing import reset
 from tests import app
 
 

@@ -46,7 +46,7 @@ from .errors import (
     StoreRefused,
     StoreUnavailable,
 )
-from .functions.registry import declared_consumer, using_store
+from .functions._app import declared_consumer, using_store
 from .keys import DedupKey, consumer_partition
 from .messages import Delivery, Entity, Outcome, Outgoing
 from .payload import parse_json

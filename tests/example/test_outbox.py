@@ -31,7 +31,7 @@ def test_the_example_publishes_order_accepted_and_each_subscriber_acts_once(azur
     order_topic = recipes.module("order_topic")
     billing_consumer, shipping_consumer = order_topic.billing_consumer, order_topic.shipping_consumer
     from consumers.orders import queue_consumer
-    from shared.idempotency.functions.registry import using_sender
+    from shared.idempotency.testing import using_sender
     from tests.functions import fresh_app
 
     order = {"orderId": "e2e-1", "customerId": "c-1", "amount": 12.5, "currency": "EUR",

@@ -119,7 +119,7 @@ def test_the_default_app_indexes_its_consumers_and_the_housekeeping_they_need(
     with WorkerHost(default_runtime, app_settings(store_server, table)) as host:
         host.start_app()
         indexed = set(host.functions)
-    assert indexed == declared_functions(consumers.modules(), consumers.housekeeping())
+    assert indexed == declared_functions(consumers.modules(), consumers.needs())
     if {m.__name__ for m in consumers.modules()} == {"consumers.orders", "consumers.order_events"}:  # as shipped
         assert indexed == {"orders", "order_events", "purge_markers", "sweep_markers"}
 

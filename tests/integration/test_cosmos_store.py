@@ -20,13 +20,13 @@ from lab.harness import Report, RunConfig, run
 from lab.runtimes import InProcess, Runtime
 from shared.idempotency import Entity
 from shared.idempotency.errors import StoreRefused, StoreUnavailable
-from shared.idempotency.functions.registry import reset
 from shared.idempotency.keys import DedupKey
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import CommitStatus, CosmosStore, Marker, State, VersionConflict
 from shared.idempotency.stores._azure import store_errors
 from shared.idempotency.stores._codec import MARKER_FIELDS, marker_fields
 from shared.idempotency.stores._records import MARKER_KIND
+from shared.idempotency.testing import reset
 from tests.app import EVENT_TYPE, item
 from tests.conftest import EMULATED, REAL_COSMOS, new_cosmos_store
 from tests.targets import ITEMS, items_consumer

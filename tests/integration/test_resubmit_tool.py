@@ -20,8 +20,9 @@ from lab.azurite import KEY, Azurite, free_port
 from shared.idempotency import InvalidMessage, resubmit
 from shared.idempotency import consumer as consumer_module
 from shared.idempotency.functions import shared_store
-from shared.idempotency.functions.registry import declared, reset
+from shared.idempotency.functions.registry import declared
 from shared.idempotency.resubmit import main
+from shared.idempotency.testing import reset
 from tests.app import item
 from tests.functions import app_settings, fresh_app, servicebus_message, user_function
 from tests.integration.operators import run_tool

@@ -175,11 +175,11 @@ def emit_every_alerted_situation(azurite: Azurite) -> None:
     from datetime import timedelta
     from types import SimpleNamespace
 
-    from shared.idempotency.functions.registry import using_sender, using_store
     from shared.idempotency.messages import utcnow
     from shared.idempotency.outbox import Outbox
     from shared.idempotency.reconcile import escalate_stale_claims
     from shared.idempotency.stores import Marker, State
+    from shared.idempotency.testing import using_sender, using_store
 
     store = MemoryStore()
 

@@ -174,7 +174,7 @@ def declared_functions(modules: Sequence[ModuleType] | None = None, needs: Itera
     housekeeping they need."""
     if modules is None:
         modules = [*consumers.modules(), library_app]
-        needs = {*needs, *consumers.housekeeping(), *library_app.HOUSEKEEPING}
+        needs = {*needs, *consumers.needs(), *library_app.NEEDS}
     app = func.FunctionApp()
     for blueprint in [*(m.bp for m in modules), *housekeeping(needs)]:
         app.register_functions(blueprint)
@@ -190,7 +190,7 @@ def test_the_default_app_indexes_its_consumers_and_the_housekeeping_they_need(
     with WorkerHost(default_runtime, app_settings(store_server, table)) as host:
         host.start_app()
         indexed = set(host.functions)
-    assert indexed == declared_functions(consumers.modules(), consumers.housekeeping())
+    assert indexed == declared_functions(consumers.modules(), consumers.needs())
 
 
 def test_the_worker_indexes_and_loads_every_function(worker: WorkerHost) -> None:
@@ -235,7 +235,7 @@ def assert_documented_and_deployed(named: set[str], connections: set[str]) -> No
 def test_every_setting_the_apps_bindings_name_is_documented_and_deployed(worker: WorkerHost) -> None:
     """Whatever consumers/ holds (the walkthrough's new consumer too): its bindings' settings
     are in local.settings.json.example and in what infra deploys."""
-    app = declared_functions(consumers.modules(), consumers.housekeeping())
+    app = declared_functions(consumers.modules(), consumers.needs())
     assert_documented_and_deployed(*settings_named(worker.functions[name] for name in app))
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from shared.idempotency.functions import shared_store
 from shared.idempotency.functions._app import Once
-from shared.idempotency.functions.registry import reset, using_store
 from shared.idempotency.stores import MemoryStore
+from shared.idempotency.testing import reset, using_store
 
 
 def test_sixteen_concurrent_first_calls_build_once() -> None:

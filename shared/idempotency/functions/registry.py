@@ -1,13 +1,9 @@
-"""The app's declared consumers, for operators' tools and tests (the app itself needs only
-``@consumer`` and ``shared_store`` from the Functions face).
-
-- ``declared`` lists every declared consumer, built (with a package: after importing each of
-  its modules); ``declared_consumer`` finds one by name, as operators' tools do;
-- ``reset`` rebuilds them all after the settings changed; ``using_store`` and
-  ``using_sender`` run every consumer on a store or an outbox sender of your choice (an
-  in-memory one in unit tests).
+"""The app's declared consumers, for operators' tools (``python -m shared.idempotency.replay``,
+``resubmit``): ``declared`` lists every declared consumer, built (with a package: after
+importing each of its modules); ``declared_consumer`` finds one by name. Tests rebuild them, or
+run them on a store of their own, with ``testing.reset``, ``using_store`` and ``using_sender``.
 """
 
-from ._app import declared, declared_consumer, reset, using_sender, using_store
+from ._app import declared, declared_consumer
 
-__all__ = ["declared", "declared_consumer", "reset", "using_sender", "using_store"]
+__all__ = ["declared", "declared_consumer"]

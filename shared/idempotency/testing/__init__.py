@@ -13,7 +13,11 @@ where an earlier version kept it), ``refused_expiry_rows`` (index rows refused),
 ``forget_expiry_notes`` and ``hold_expiry_notes`` (notes lost, or held again),
 ``forget_state_fingerprint`` (a memory store's state as written before fingerprints),
 ``wrapped_handler`` (a consumer's handler wrapped) and ``store_names_restored`` (names given
-to ``register_store`` forgotten). Never used on the message path."""
+to ``register_store`` forgotten). The app's consumers, rebuilt or run on a store or sender of
+a test's choosing: ``reset``, ``using_store``, ``using_sender`` (with the ``functions`` extra).
+Never used on the message path."""
+
+from typing import TYPE_CHECKING, Any
 
 from ._contract import StoreContract, in_progress
 from ._read_back import (
@@ -38,6 +42,22 @@ from ._seams import (
     wrapped_handler,
 )
 
+if TYPE_CHECKING:
+    from ..functions._app import reset, using_sender, using_store
+
+_APP_HOOKS = ("reset", "using_sender", "using_store")
+
+
+def __getattr__(name: str) -> Any:
+    """The app hooks on first use: they need the Functions face (``azure.functions``), which a
+    store's own contract tests do not."""
+    if name in _APP_HOOKS:
+        from ..functions import _app
+
+        return getattr(_app, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "StoreContract",
     "commits_lean",
@@ -54,8 +74,11 @@ __all__ = [
     "marker_keys",
     "pending_expiry_notes",
     "refused_expiry_rows",
+    "reset",
     "store_names_restored",
     "submit_transaction",
     "transactions_intercepted",
+    "using_sender",
+    "using_store",
     "wrapped_handler",
 ]
