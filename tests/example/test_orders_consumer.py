@@ -56,7 +56,7 @@ def test_a_schema_valid_order_of_non_ascii_skus_at_the_schema_limits_is_processe
     assert dead_letters(store, "orders") == []
 
 
-# -- from tests/integration/test_orders_function.py ------------------------------------------
+# -- the orders function, invoked as the host invokes it --------------------------------------
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ class TestTableStore(StoreContract):
 
 
 class TestTableStoreLean(TestTableStore):
-    """The same contract with commits through the lean transaction path (table_batch.py)."""
+    """The same contract with commits through the lean transaction path (stores/_table_batch.py)."""
 
     @pytest.fixture
     def store(self, azurite: Azurite) -> DedupStore:

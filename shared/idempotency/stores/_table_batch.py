@@ -13,7 +13,7 @@ read as the SDK reads them, each refusal returned or raised as the store gets it
 gives the SDK's clients this path's reading of a 202 that is not a whole changeset. The shared
 key (Azurite) or a ``TokenCredential`` (managed identity) authenticates, as the SDK's client
 it is built from; retries are azure-core's, with the store's settings; the transport is
-urllib3's connection pools (transport.py), requests' behind a proxy.
+urllib3's connection pools (_transport.py), requests' behind a proxy.
 """
 
 from __future__ import annotations
