@@ -13,7 +13,6 @@ import logging
 import socket
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,13 +33,12 @@ from shared.idempotency.config import DedupConfig
 from shared.idempotency.errors import StoreRefused, StoreUnavailable
 from shared.idempotency.functions import RetryLater, shared_store
 from shared.idempotency.functions.adapters import REPLAYED, eventgrid_delivery, servicebus_delivery
-from shared.idempotency.functions.registry import using_store
 from shared.idempotency.messages import MAX_RESULT_CHARACTERS
 from shared.idempotency.stores import DeadLetter, DedupStore, TableStore
 from shared.idempotency.stores._azure import TRANSPORT, store_errors
 from shared.idempotency.stores._base import check_storable
 from shared.idempotency.stores._table_batch import TableTransactions
-from shared.idempotency.testing import entities
+from shared.idempotency.testing import entities, using_store
 from tests.app import EVENT_TYPE, effects_by_item, item, queue_consumer
 from tests.conftest import new_table_store
 from tests.functions import app_settings, fresh_app, servicebus_message, user_function
@@ -49,24 +47,14 @@ items, item_state, items_api, item_batch = (user_function(name) for name in
                                             ("items", "item_state", "items_api", "item_batch"))  # fmt: skip
 
 
-def an_item(item_id: str | None = None) -> dict[str, Any]:
-    return item(item_id or f"i-{uuid.uuid4().hex[:8]}", 12.5)
-
-
 def dead_letters(store: DedupStore, scope: str) -> list[DeadLetter]:
     return store.dead_letters(scope)
-
-
-@pytest.fixture
-def store(azurite: Azurite) -> Iterator[DedupStore]:
-    with fresh_app(azurite):
-        yield shared_store()
 
 
 # -- fixable shapes are processed -------------------------------------------------------------
 
 
-def test_nested_non_ascii_data_near_a_propertys_limit_is_processed(store: DedupStore) -> None:
+def test_nested_non_ascii_data_near_a_propertys_limit_is_processed(items_store: DedupStore) -> None:
     """100 lines of 64-emoji SKUs: 25,800 characters of lines as UTF-8 text (as ASCII escapes,
     which cost 12 characters an emoji, it was over Table Storage's 32 K-character property)."""
 
@@ -74,16 +62,16 @@ def test_nested_non_ascii_data_near_a_propertys_limit_is_processed(store: DedupS
         return Effects([Entity("item", {"id": body["id"], "lines": body["lines"]})])  # nested: stored as JSON text
 
     body = item("i-1", lines=[{"sku": "😀" * 63 + str(i % 10), "quantity": 10_000} for i in range(100)])
-    consumer = IdempotentConsumer("items", store, handler, config=DedupConfig())
+    consumer = IdempotentConsumer("items", items_store, handler, config=DedupConfig())
     result = consumer.process(servicebus_delivery(servicebus_message(body, "i-1")))
     assert result.outcome is Outcome.PROCESSED
-    [stored] = entities(store, "item")
+    [stored] = entities(items_store, "item")
     assert json.loads(stored["lines"]) == body["lines"]
-    assert dead_letters(store, "items") == []
+    assert dead_letters(items_store, "items") == []
 
 
 @pytest.mark.parametrize("version", [2**31, 2**53 - 1])
-def test_state_versions_up_to_the_largest_exact_json_integer_are_applied(store: DedupStore, version: int) -> None:
+def test_state_versions_up_to_the_largest_exact_json_integer_are_applied(items_store: DedupStore, version: int) -> None:
     def change(status: str, at: int) -> func.ServiceBusMessage:
         body = {"id": "i-big", "status": status, "version": at}
         return servicebus_message(body, f"i-big:{at}")
@@ -91,7 +79,7 @@ def test_state_versions_up_to_the_largest_exact_json_integer_are_applied(store: 
     item_state(change("paid", version - 1))
     item_state(change("shipped", version))
     item_state(change("paid", version - 1))  # late: stale
-    [state] = entities(store, "state")
+    [state] = entities(items_store, "state")
     stored = state["StateVersion"]
     assert (state["status"], int(getattr(stored, "value", stored))) == ("shipped", version)
 
@@ -99,21 +87,23 @@ def test_state_versions_up_to_the_largest_exact_json_integer_are_applied(store: 
 # -- what can never be stored is refused at the first delivery, with its reason ----------------
 
 
-def test_a_lone_surrogate_in_a_member_name_is_refused_and_the_rest_of_the_batch_commits(store: DedupStore) -> None:
+def test_a_lone_surrogate_in_a_member_name_is_refused_and_the_rest_of_the_batch_commits(
+    items_store: DedupStore,
+) -> None:
     bad = b'{"id": "i-2", "amount": 5, "\\ud800": 1}'
     item_batch([servicebus_message(item("i-1", 5), "i-1"), servicebus_message(bad, "i-2")])  # no RetryLater
-    assert len(entities(store, None, None)) == 2  # the good item's record and posting
-    assert effects_by_item(store) == {"i-1": Counter({"item": 1, "posting": 1})}
-    [record] = dead_letters(store, "item-batch")
+    assert len(entities(items_store, None, None)) == 2  # the good item's record and posting
+    assert effects_by_item(items_store) == {"i-1": Counter({"item": 1, "posting": 1})}
+    [record] = dead_letters(items_store, "item-batch")
     assert (record.reason, record.message_id, record.delivery_count) == ("not_i_json", "i-2", 1)
 
 
-def test_an_event_with_a_huge_source_is_dead_lettered_with_bounded_fields(store: DedupStore) -> None:
+def test_an_event_with_a_huge_source_is_dead_lettered_with_bounded_fields(items_store: DedupStore) -> None:
     """A 40,000-character source makes a key over the limit; its record still fits the store."""
     event = func.CloudEvent(id="e-1", source="/s" + "x" * 40_000, type=EVENT_TYPE, specversion="1.0",
                             data={"id": "i-1"}, traceparent="00-" + "a" * 40_000)  # fmt: skip
     user_function("item_events")(event)  # acknowledged: refused for good, recorded
-    [record] = dead_letters(store, "item-events")
+    [record] = dead_letters(items_store, "item-events")
     assert record.reason == "key_too_long"
     assert len(record.message_id or "") <= 1024 and "sha256" in (record.message_id or "")
     assert len(record.correlation_id or "") <= 1024
@@ -263,29 +253,29 @@ def post(body: dict[str, Any], key: str) -> func.HttpResponse:
     return response
 
 
-def test_an_idempotency_key_reused_with_another_payload_is_422(store: DedupStore) -> None:
-    first, other = an_item(), an_item()
+def test_an_idempotency_key_reused_with_another_payload_is_422(items_store: DedupStore) -> None:
+    first, other = item(), item()
     assert post(first, "k-1").status_code == 201
     reused = post(other, "k-1")
     assert reused.status_code == 422 and reused.mimetype == "application/problem+json"
-    assert [i["itemId"] for i in entities(store, "item")] == [first["id"]]  # no second item
+    assert [i["itemId"] for i in entities(items_store, "item")] == [first["id"]]  # no second item
     replay = post(first, "k-2")  # a new key for an existing item still replays
     assert replay.status_code == 201 and replay.headers.get(REPLAYED) == "true"
     assert post(first, "k-1").headers.get(REPLAYED) == "true"  # the same key and payload: replayed
 
 
-def test_an_item_id_with_line_breaks_stays_answerable(store: DedupStore) -> None:
-    body = an_item("i-\r\nX-Injected: 1 é")
+def test_an_item_id_with_line_breaks_stays_answerable(items_store: DedupStore) -> None:
+    body = item("i-\r\nX-Injected: 1 é")
     for key in ("k-a", "k-b"):
         response = post(body, key)
         assert response.status_code == 201
         assert response.headers["Location"] == "/api/items/i-%0D%0AX-Injected%3A%201%20%C3%A9"
 
 
-def test_a_store_refusal_is_a_4xx_problem_for_http(store: DedupStore, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_store_refusal_is_a_4xx_problem_for_http(items_store: DedupStore, monkeypatch: pytest.MonkeyPatch) -> None:
     too_large = staticmethod(lambda pk, e: {"PartitionKey": pk, "RowKey": e.name, "x": "é" * 40_000})
     monkeypatch.setattr(TableStore, "effect_entity", too_large)  # Azurite answers 400 PropertyValueTooLarge
-    response = post(an_item(), "k-r")
+    response = post(item(), "k-r")
     assert response.status_code == 400 and "store_refused" in json.loads(response.get_body())["title"]
 
 
@@ -326,9 +316,9 @@ def test_a_commit_applied_then_answered_500_reports_processed(azurite: Azurite, 
         store, faulty = store_answering_500_once(azurite, table, lean)
         store.create_tables()
         with using_store(store), caplog_outcomes() as outcomes:
-            body = an_item()
+            body = item()
             items(servicebus_message(body, body["id"]))  # no RetryLater: waited out
-            response = post(an_item(), "k-h")
+            response = post(item(), "k-h")
         assert faulty.sent >= 3  # the first commit (answered 500), its resend, the HTTP commit
         assert outcomes == ["processed", "processed"]  # never "duplicate" for a first delivery
         assert response.status_code == 201 and REPLAYED not in response.headers
@@ -391,7 +381,7 @@ def test_a_commit_applied_then_cut_short_is_a_store_failure_waited_out(azurite: 
             app_settings(DEDUP_STORAGE_CONNECTION=proxy.connection_string),
             caplog_outcomes() as outcomes,
         ):
-            body = an_item()
+            body = item()
             items(servicebus_message(body, body["id"]))  # no RetryLater: waited out, then read back
             items(servicebus_message(body, body["id"], delivery_count=2))
             assert proxy.to_cut == 0  # the cut happened
@@ -443,7 +433,7 @@ def test_a_delivery_waits_with_growing_pauses_and_ends_within_its_wait(
             raise StoreUnavailable("503 injected")
 
         consumer.store.commit_many = unavailable  # type: ignore[method-assign]
-        body = an_item()
+        body = item()
         started = time.monotonic()
         with pytest.raises(RetryLater):
             items(servicebus_message(body, body["id"]))
