@@ -19,8 +19,9 @@ from shared.idempotency import Entity
 from shared.idempotency.keys import DedupKey, encode_key
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import DeadLetter, TableStore
-from shared.idempotency.stores._expiry import DRAINED, INDEX, ExpiryIndex
+from shared.idempotency.stores._expiry import DRAINED, INDEX
 from shared.idempotency.stores._records import GUARD_KIND, MARKER_KIND
+from shared.idempotency.testing import dead_letter_table, earlier_expiry_index, expiry_index
 from tests.conftest import new_table_store
 
 
@@ -33,17 +34,13 @@ def seed(store: TableStore, expired: int, live: int, prefix: str, now: datetime)
 
 
 def seed_the_earlier_way(store: TableStore, expired: int, live: int, prefix: str, now: datetime) -> None:
-    """As a version before this one did: the index over the dead-letter table
-    (``ExpiryIndex(self._dead, table)``), and its cursor there."""
-    own = store._expiry
-    store._expiry = ExpiryIndex(store._dead, store.table.table_name)
-    try:
+    """As a version before this one did: the index over the dead-letter table, and its
+    cursor there."""
+    with earlier_expiry_index(store) as index:
         seed(store, expired, live, prefix, now)
-        store._expiry.flush()
-    finally:
-        store._expiry = own
+        index.flush()
     cursor = {"PartitionKey": f"{INDEX}{store.table.table_name}|cursor", "RowKey": "cursor"}
-    store._dead.upsert_entity({**cursor, "Hour": f"{now - timedelta(days=2):%Y%m%d%H}"})
+    dead_letter_table(store).upsert_entity({**cursor, "Hour": f"{now - timedelta(days=2):%Y%m%d%H}"})
 
 
 def index_rows(table: TableClient) -> list[str]:
@@ -88,10 +85,10 @@ def test_index_rows_are_in_the_records_table_and_the_dead_letter_table_holds_dea
     now = utcnow()
     seed(store, expired=30, live=20, prefix="o", now=now)
     store.dead_letter(DeadLetter("orders", "invalid_json", "not JSON", b"{", message_id="m-1"))
-    assert store._expiry.flush() == 2  # one row per hour the markers expire in
+    assert expiry_index(store).flush() == 2  # one row per hour the markers expire in
     written = {f"{INDEX}{store.table.table_name}|{t:%Y%m%d%H}" for t in (now, utcnow())}  # expired: filed now
-    assert not any(e["PartitionKey"].startswith(INDEX) for e in store._dead.list_entities())
-    assert [e["Reason"] for e in store._dead.list_entities()] == ["invalid_json"]
+    assert not any(e["PartitionKey"].startswith(INDEX) for e in dead_letter_table(store).list_entities())
+    assert [e["Reason"] for e in dead_letter_table(store).list_entities()] == ["invalid_json"]
     live = f"{INDEX}{store.table.table_name}|{now + timedelta(days=1):%Y%m%d%H}"
     [expired, still] = index_rows(store.table)
     assert expired in written and still == live
@@ -103,7 +100,7 @@ def test_index_rows_are_in_the_records_table_and_the_dead_letter_table_holds_dea
     assert store.purge_expired(utcnow(), budget=1000).deleted == 19
     assert kinds(store) == {"marker": 20, "guard": 20, "business": 50}
     assert index_rows(store.table) == [live]
-    assert [e["Reason"] for e in store._dead.list_entities()] == ["invalid_json"]  # not due yet
+    assert [e["Reason"] for e in dead_letter_table(store).list_entities()] == ["invalid_json"]  # not due yet
 
 
 def test_the_full_sweep_deletes_markers_and_guards_never_the_index_rows(azurite: Azurite) -> None:
@@ -111,7 +108,7 @@ def test_the_full_sweep_deletes_markers_and_guards_never_the_index_rows(azurite:
     purge then finds gone, passes over, and deletes the rows that noted it."""
     store = new_table_store(azurite)
     seed(store, expired=5, live=2, prefix="o", now=utcnow())
-    store._expiry.flush()
+    expiry_index(store).flush()
     assert store.sweep_expired(utcnow(), 1000).deleted == 10
     assert len(index_rows(store.table)) == 2
     purge = store.purge_expired(utcnow(), 1000)
@@ -129,7 +126,7 @@ def test_a_dead_letter_of_a_long_consumer_name_is_purged_too(azurite: Azurite) -
     assert encode_key(scope).startswith("~")
     store.dead_letter(DeadLetter(scope, "invalid_json", "not JSON", b"{", message_id="m-1"))
     assert store.purge_expired(utcnow() + timedelta(minutes=11), 100).deleted == 1
-    assert list(store._dead.list_entities()) == []
+    assert list(dead_letter_table(store).list_entities()) == []
 
 
 # -- upgrade: rows an earlier version kept in the dead-letter table ---------------------------
@@ -140,13 +137,14 @@ def test_the_purge_drains_the_rows_an_earlier_version_left_in_the_dead_letter_ta
     fresh, fresh_reads = counted_store(azurite)  # a store no earlier version wrote to: the baseline
     now = utcnow()
     seed_the_earlier_way(store, expired=30, live=20, prefix="old", now=now)
-    assert len(index_rows(store._dead)) == 2 and library_rows(store._dead) == 3  # two hours' rows, the cursor
+    dead = dead_letter_table(store)
+    assert len(index_rows(dead)) == 2 and library_rows(dead) == 3  # two hours' rows, the cursor
     seed(store, expired=5, live=0, prefix="new", now=now)
 
     at = utcnow()
     first = store.purge_expired(at, 1000)
     assert (first.scanned, first.deleted, reads.earlier) == (35, 70, 1)  # the earlier rows' 30 and the new 5
-    assert index_rows(store._dead) == [f"{INDEX}{store.table.table_name}|{now + timedelta(days=1):%Y%m%d%H}"]
+    assert index_rows(dead) == [f"{INDEX}{store.table.table_name}|{now + timedelta(days=1):%Y%m%d%H}"]
     assert kinds(store) == {"marker": 20, "guard": 20, "business": 55}
     fresh.purge_expired(at, 1000)
     assert fresh_reads.earlier == 1  # a first run reads the earlier location once, finds nothing, and says so
@@ -160,7 +158,7 @@ def test_the_purge_drains_the_rows_an_earlier_version_left_in_the_dead_letter_ta
     # Its markers expire: deleted, then the row, then the earlier cursor (read last).
     later = utcnow() + timedelta(days=2)
     assert store.purge_expired(later, 1000).deleted == 2 * 20
-    assert (library_rows(store._dead), reads.earlier) == (0, 3)
+    assert (library_rows(dead), reads.earlier) == (0, 3)
     assert cursor(store)[DRAINED] is False
 
     # The next run finds the range empty and says so in its cursor row; after that, no read.
@@ -170,7 +168,7 @@ def test_the_purge_drains_the_rows_an_earlier_version_left_in_the_dead_letter_ta
         store.purge_expired(later, 1000)
     assert reads.earlier == 4
     assert kinds(store) == {"marker": 0, "guard": 0, "business": 55}
-    assert list(store._dead.list_entities()) == []
+    assert list(dead.list_entities()) == []
 
 
 def cursor(store: TableStore) -> Any:
@@ -193,7 +191,7 @@ def test_every_run_deletes_exactly_its_budget_across_the_earlier_and_the_new_row
         runs.append(store.purge_expired(utcnow(), budget).deleted)
     assert runs == [budget] * (records // budget) + ([records % budget] if records % budget else []) + [0]
     assert kinds(store) == {"marker": 0, "guard": 0, "business": 2 * expired}
-    assert list(store._dead.list_entities()) == []
+    assert list(dead_letter_table(store).list_entities()) == []
 
 
 def test_two_apps_sharing_a_dead_letter_table_each_drain_only_their_own_earlier_rows(azurite: Azurite) -> None:
@@ -205,7 +203,7 @@ def test_two_apps_sharing_a_dead_letter_table_each_drain_only_their_own_earlier_
         store.create_tables()
         seed_the_earlier_way(store, expired=3, live=0, prefix="old", now=now)
     assert first.purge_expired(utcnow(), 1000).deleted == 6
-    assert library_rows(second._dead) == 2  # the second app's row and cursor, untouched
+    assert library_rows(dead_letter_table(second)) == 2  # the second app's row and cursor, untouched
     assert kinds(second)["marker"] == 3
     assert second.purge_expired(utcnow(), 1000).deleted == 6
-    assert library_rows(second._dead) == 0
+    assert library_rows(dead_letter_table(second)) == 0
