@@ -23,6 +23,7 @@ from shared.idempotency.functions import on_eventhub_batch
 from shared.idempotency.keys import encode_key
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import DeadLetter, TableStore
+from shared.idempotency.testing import dead_letter_entities_edited, dead_letter_table
 from tests.app import item, stream_consumer
 from tests.conftest import new_table_store
 from tests.functions import fresh_app
@@ -30,7 +31,7 @@ from tests.functions import fresh_app
 
 def rows(store: TableStore, scope: str) -> list[Any]:
     """The dead-letter table's entities of one scope, records and parts."""
-    dead: TableClient = store._dead
+    dead: TableClient = dead_letter_table(store)
     return list(dead.query_entities("PartitionKey eq @pk", parameters={"pk": encode_key(scope)}))
 
 
@@ -47,23 +48,18 @@ def test_a_body_past_one_entity_is_written_as_a_record_and_its_parts_and_purged_
     assert rows(store, "shipments") == [] and store.dead_letters("shipments") == []
 
 
-def test_a_record_whose_transaction_fails_is_not_written_at_all(
-    azurite: Azurite, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_record_whose_transaction_fails_is_not_written_at_all(azurite: Azurite) -> None:
     """The part after the record's entity is invalid (a property past 64 KiB): the service
     refuses the transaction, and neither the record's entity nor any part is stored."""
     store = new_table_store(azurite)
-    build = store._dead_letter_entities
 
-    def last_invalid(record: DeadLetter) -> list[dict[str, Any]]:
-        entities = build(record)
+    def last_invalid(entities: list[dict[str, Any]]) -> None:
         entities[-1]["Body0"] = b"x" * 70_000
-        return entities
 
-    monkeypatch.setattr(store, "_dead_letter_entities", last_invalid)
-    with pytest.raises(DedupError):
-        store.dead_letter(DeadLetter("shipments", "invalid_json", "", b"y" * 1_000_000, message_id="e-1"))
-    assert rows(store, "shipments") == [] and store.dead_letters("shipments") == []
+    with dead_letter_entities_edited(store, last_invalid):
+        with pytest.raises(DedupError):
+            store.dead_letter(DeadLetter("shipments", "invalid_json", "", b"y" * 1_000_000, message_id="e-1"))
+        assert rows(store, "shipments") == [] and store.dead_letters("shipments") == []
 
 
 def test_a_record_half_purged_is_not_read_as_a_shorter_body(azurite: Azurite) -> None:
@@ -77,7 +73,7 @@ def test_a_record_half_purged_is_not_read_as_a_shorter_body(azurite: Azurite) ->
     for entity in by_id.values():
         message = by_id[entity["RowKey"].split("|")[0]].get("MessageId")
         if (message, "Part" in entity) in (("part-gone", True), ("record-gone", False)):
-            store._dead.delete_entity(entity["PartitionKey"], entity["RowKey"])
+            dead_letter_table(store).delete_entity(entity["PartitionKey"], entity["RowKey"])
     assert [(r.message_id, r.body) for r in store.dead_letters("shipments")] == [("whole", b"c" * 10)]
 
 
