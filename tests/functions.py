@@ -9,12 +9,21 @@ from contextlib import contextmanager
 from typing import Any
 
 from lab.azurite import Azurite
+from lab.broker import PeekLockQueue, QueuedMessage
 from lab.host import cloudevent, servicebus_message, user_function
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.testing import reset
 
-__all__ = ["app_settings", "cloudevent", "fresh_app", "servicebus_message", "store_down", "user_function"]
+__all__ = [
+    "app_settings",
+    "cloudevent",
+    "fresh_app",
+    "ready_messages",
+    "servicebus_message",
+    "store_down",
+    "user_function",
+]
 
 
 @contextmanager
@@ -58,3 +67,12 @@ def app_settings(**settings: str) -> Iterator[None]:
             else:
                 os.environ[name] = value
         reset()
+
+
+def ready_messages(queue: PeekLockQueue) -> list[QueuedMessage]:
+    """Every message a queue (a topic's subscription, lab/broker.py) has ready, received as a
+    receiver takes them: each is locked, and counted as a delivery."""
+    ready = []
+    while (lock := queue.receive(timeout=0)) is not None:
+        ready.append(lock.message)
+    return ready

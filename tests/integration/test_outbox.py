@@ -23,7 +23,7 @@ from shared.idempotency.stores import DedupStore, TableStore
 from shared.idempotency.testing import entities, using_sender
 from tests.app import effects_by_item, item, queue_consumer, subscriber_consumer
 from tests.conftest import new_table_store
-from tests.functions import fresh_app
+from tests.functions import fresh_app, ready_messages
 
 NO_WAIT = DedupConfig(transient_wait=timedelta(0))
 
@@ -32,6 +32,7 @@ class Crash(BaseException):
     """The process dies: nothing after it runs, nothing is settled."""
 
 
+# Its own: every test on both commit paths (conftest's table_store and lean_store take one each).
 @pytest.fixture(params=[False, True], ids=["sdk", "lean"])
 def store(request: pytest.FixtureRequest, azurite: Azurite) -> TableStore:
     return new_table_store(azurite, lean=request.param)
@@ -69,7 +70,7 @@ def test_a_new_message_commits_its_outgoing_one_then_sends_it_once(store: TableS
     c = consumer(store, topic)
     assert c.process(delivery("o-1")).outcome is Outcome.PROCESSED
     assert (topic.sent, copies(topic)) == (1, {"billing": 1, "shipping": 1})
-    [queued] = topic.subscriptions["billing"]._ready
+    [queued] = ready_messages(topic.subscriptions["billing"])
     assert queued.message_id == message_id(c.identify(delivery("o-1"))[0], "accepted")
     assert outbox_rows(store, "orders|o-1") == []  # sent, then deleted
     assert [e["id"] for e in entities(store, "order", "orders|o-1")] == ["o-1"]
@@ -205,7 +206,7 @@ def test_the_app_publishes_each_item_and_its_subscriber_acts_once(azurite: Azuri
         for count in (2, 3):  # the redelivery re-sends; a lost completion redelivers once more
             assert queue_consumer().process(Delivery(body, message_id="e2e-1", delivery_count=count)).acknowledge
         assert (topic.sent, topic.dropped_by_detection) == (1, 1)
-        [copy] = topic.subscriptions["subscriber"]._ready
+        [copy] = ready_messages(topic.subscriptions["subscriber"])
         assert json.loads(copy.body) == sent
         outcomes = [subscriber_consumer().process(Delivery(copy.body, message_id=copy.message_id,
                                                            delivery_count=n)).outcome
