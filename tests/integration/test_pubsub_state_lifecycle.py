@@ -165,7 +165,7 @@ def test_purge_deletes_exactly_the_expired_markers_and_no_business_entity(items_
     assert kinds(items_store) == {"marker": 20, "guard": 20, "business": 50}
     expired_key = DedupKey("items", "seed-0")
     assert items_store.commit(expired_key, expired_key.id, "fp", [Entity(ITEM, {"id": "seed-0"})], None,
-                        utcnow()).status.value == "duplicate"  # fmt: skip  # the item itself still guards it
+                              utcnow()).status.value == "duplicate"  # fmt: skip  # the item itself still guards it
     at = utcnow()
     again = items_store.purge_expired(at, budget=1000)  # from the cursor: this hour's page, the dead letters'
     assert (again.deleted, again.requests) == (0, 1 + 1 + unsettled(at) + 1)
@@ -246,12 +246,12 @@ def test_purge_keeps_a_marker_rewritten_since_it_was_noted(items_store: TableSto
     now = utcnow()
     key = DedupKey("items", "taken-over")
     old = items_store.claim(Marker(key, key.id, State.IN_PROGRESS, "fp", now, now - timedelta(seconds=1),
-                             lease_until=now - timedelta(seconds=1), owner="a"), now)  # fmt: skip
+                                   lease_until=now - timedelta(seconds=1), owner="a"), now)  # fmt: skip
     items_store.complete(old, {"ok": True})  # final: noted at this version, already expired
     taken = items_store.get(key, key.id)
     assert taken is not None and taken.version
     items_store.replace(Marker(key, key.id, State.IN_PROGRESS, "fp", now, now + timedelta(days=1),
-                         lease_until=now + timedelta(minutes=5), owner="b"), taken.version)  # fmt: skip
+                               lease_until=now + timedelta(minutes=5), owner="b"), taken.version)  # fmt: skip
     purge = items_store.purge_expired(utcnow(), 100)
     assert (purge.scanned, purge.deleted) == (1, 0)  # the ETag noted no longer matches
     assert items_store.get(key, key.id) is not None
@@ -298,7 +298,8 @@ def test_the_resubmission_report_tells_what_a_resubmit_would_do(items_store: Tab
     claimed = DedupKey("items", "i-claimed")
     consumer = queue_consumer()
     items_store.claim(Marker(claimed, consumer.partition_of(claimed), State.IN_PROGRESS, "fp", now,
-                       now + timedelta(days=1), lease_until=now + timedelta(minutes=5), owner="w"), now)  # fmt: skip
+                             now + timedelta(days=1), lease_until=now + timedelta(minutes=5), owner="w"),
+                      now)  # fmt: skip
 
     by_id = check_ids(consumer, [done["id"], fresh["id"], "i-claimed"])
     assert [line.verdict for line in by_id] == ["completed", "new", "in_progress"]
