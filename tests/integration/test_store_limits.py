@@ -10,12 +10,11 @@ from typing import Any
 
 import pytest
 
-from lab.azurite import Azurite
 from shared.idempotency import Context, DedupConfig, Delivery, Effects, Entity, IdempotentConsumer, Outcome
 from shared.idempotency.errors import StoreRefused
 from shared.idempotency.resubmit import DryRun
 from shared.idempotency.stores import CosmosStore, TableStore
-from tests.conftest import new_table_store
+from shared.idempotency.testing import transactions_intercepted
 
 TOO_MUCH = {
     "a string over 64 KiB in UTF-16": {"text": "x" * 32_769},
@@ -28,11 +27,6 @@ FITS = {
     "a string of 64 KiB in UTF-16": {"text": "x" * 32_768},
     "252 properties": {f"p{i}": i for i in range(252)},
 }
-
-
-@pytest.fixture
-def store(azurite: Azurite) -> TableStore:
-    return new_table_store(azurite, lean=True)
 
 
 def writing(data: dict[str, Any]) -> Any:
@@ -48,31 +42,28 @@ def deliver(store: TableStore, data: dict[str, Any]) -> tuple[IdempotentConsumer
 
 
 @pytest.mark.parametrize("case", list(TOO_MUCH))
-def test_an_entity_over_table_storages_limits_is_refused_before_it_is_sent(
-    store: TableStore, case: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    sent: list[object] = []
-    monkeypatch.setattr(store, "_submit", lambda operations: sent.append(operations))  # must never be reached
-    c, result = deliver(store, TOO_MUCH[case])
-    assert (result.outcome, result.reason, sent) == (Outcome.INVALID, "store_refused", [])
-    [record] = store.dead_letters("limits")
-    assert record.reason == "store_refused" and record.detail == result.detail
-    key, partition, _ = c.identify(Delivery(b'{"n": 1}', message_id="m-1"))
-    assert store.get(key, partition) is None
+def test_an_entity_over_table_storages_limits_is_refused_before_it_is_sent(lean_store: TableStore, case: str) -> None:
+    with transactions_intercepted(lean_store) as sent:  # must never be reached
+        c, result = deliver(lean_store, TOO_MUCH[case])
+        assert (result.outcome, result.reason, sent) == (Outcome.INVALID, "store_refused", [])
+        [record] = lean_store.dead_letters("limits")
+        assert record.reason == "store_refused" and record.detail == result.detail
+        key, partition, _ = c.identify(Delivery(b'{"n": 1}', message_id="m-1"))
+        assert lean_store.get(key, partition) is None
 
 
 @pytest.mark.parametrize("case", list(FITS))
-def test_an_entity_at_table_storages_limits_is_stored(store: TableStore, case: str) -> None:
-    assert deliver(store, FITS[case])[1].outcome is Outcome.PROCESSED
+def test_an_entity_at_table_storages_limits_is_stored(lean_store: TableStore, case: str) -> None:
+    assert deliver(lean_store, FITS[case])[1].outcome is Outcome.PROCESSED
 
 
-def test_a_dry_run_refuses_what_the_store_would(store: TableStore) -> None:
+def test_a_dry_run_refuses_what_the_store_would(lean_store: TableStore) -> None:
     """resubmit --bodies: the store's own limits are known without writing."""
-    c = IdempotentConsumer("limits", DryRun(store), writing(TOO_MUCH["an entity over 1 MiB"]),
+    c = IdempotentConsumer("limits", DryRun(lean_store), writing(TOO_MUCH["an entity over 1 MiB"]),
                            config=DedupConfig(transient_wait=timedelta(0)), record_refusals=False)  # fmt: skip
     result = c.process(Delivery(b'{"n": 1}', message_id="m-2", delivery_count=1))
     assert (result.outcome, result.reason) == (Outcome.INVALID, "store_refused")
-    assert list(store.scan()) == []
+    assert list(lean_store.scan()) == []
 
 
 def test_cosmos_refuses_an_item_over_2_mb_before_sending() -> None:
