@@ -18,6 +18,7 @@ from lab.faults import Crash
 from lab.payment_service import PaymentService
 from shared.idempotency import Effects, IdempotentConsumer, Outcome, StepPolicy
 from shared.idempotency.config import DedupConfig
+from shared.idempotency.consumer import Handler
 from shared.idempotency.downstream import IdempotentHttp
 from shared.idempotency.functions import RetryLater
 from shared.idempotency.functions.adapters import servicebus_delivery
@@ -26,15 +27,12 @@ from shared.idempotency.messages import utcnow
 from shared.idempotency.reconcile import ESCALATION, escalate_stale_claims
 from shared.idempotency.resubmit import check_ids
 from shared.idempotency.stores import Marker, State, TableStore
+from shared.idempotency.testing import wrapped_handler
 from tests.app import SCHEMA, effects_by_item, item, item_handler, queue_consumer
 from tests.functions import fresh_app, servicebus_message, user_function
 
 items = user_function("items")
 SHORT_LEASE = "PT1S"
-
-
-def an_item() -> dict[str, Any]:
-    return item(f"i-{uuid.uuid4().hex[:10]}", 42.0)
 
 
 ONCE = Counter({"item": 1, "posting": 1})  # what an item leaves in the store: its record and one posting
@@ -51,7 +49,7 @@ def payments() -> Iterator[PaymentService]:
         yield service
 
 
-@pytest.fixture
+@pytest.fixture  # its own: the test app with a payment API and a short lease (conftest's items_store has neither)
 def app(azurite: Azurite, payments: PaymentService) -> Iterator[TableStore]:
     """The test app, with a payment API and a short lease."""
     with fresh_app(azurite, ITEMS_PAYMENT_URL=payments.url, DEDUP_LEASE=SHORT_LEASE, DEDUP_IN_FLIGHT_WAIT="PT0S"):
@@ -83,7 +81,7 @@ def charge_key(item_id: str) -> str:
 
 
 def test_a_new_item_is_charged_once_then_written(app: TableStore, payments: PaymentService) -> None:
-    body = an_item()
+    body = item()
     items(servicebus_message(body, body["id"]))
     items(servicebus_message(body, body["id"], delivery_count=2))
     assert charges_per_item(payments) == {body["id"]: 1}
@@ -96,7 +94,7 @@ def test_a_new_item_is_charged_once_then_written(app: TableStore, payments: Paym
 def test_crash_after_the_call_before_completion_charges_once(app: TableStore, payments: PaymentService) -> None:
     """The step's completion commits with the item (one transaction): a crash before it
     leaves the claim in progress, and the takeover calls again with the same key."""
-    body = an_item()
+    body = item()
     real_commit = app.commit_many
 
     def crash(*args: Any, **kwargs: Any) -> Any:
@@ -137,7 +135,7 @@ def test_a_stale_owner_cannot_complete_after_a_takeover(azurite: Azurite, paymen
     consumer = IdempotentConsumer("items", store, item_handler(StallingHttp(payments.url)), schema=SCHEMA,
                                   config=DedupConfig(steps=StepPolicy(lease=timedelta(seconds=1)),
                                                      transient_wait=timedelta(0)))  # fmt: skip
-    body = an_item()
+    body = item()
     delivery = servicebus_delivery(servicebus_message(body, body["id"]))
     results: dict[str, Any] = {}
     worker_a = threading.Thread(target=lambda: results.update(a=consumer.process(delivery)), name="worker-a")
@@ -159,7 +157,7 @@ def test_a_stale_owner_cannot_complete_after_a_takeover(azurite: Azurite, paymen
 
 
 def test_a_live_lease_abandons_the_message_without_calling(app: TableStore, payments: PaymentService) -> None:
-    body = an_item()
+    body = item()
     now = utcnow()
     key = DedupKey("items", body["id"], "charge")
     from shared.idempotency.payload import fingerprint
@@ -177,7 +175,7 @@ def test_a_live_lease_abandons_the_message_without_calling(app: TableStore, paym
 def test_same_key_different_payload_on_a_step_is_a_conflict_and_not_charged_again(
     app: TableStore, payments: PaymentService
 ) -> None:
-    body = an_item()
+    body = item()
     items(servicebus_message(body, body["id"]))
     items(servicebus_message({**body, "amount": 43.0}, body["id"]))
     assert charges_per_item(payments) == {body["id"]: 1}
@@ -186,7 +184,7 @@ def test_same_key_different_payload_on_a_step_is_a_conflict_and_not_charged_agai
 
 
 def test_payment_outage_is_transient_and_the_retry_reuses_the_key(app: TableStore, payments: PaymentService) -> None:
-    body = an_item()
+    body = item()
     failures = iter(["drop"])  # charged, but the answer never arrives
     payments.hook = lambda key, phase: next(failures, None) if phase == "after" else None
     with pytest.raises(RetryLater) as info:
@@ -202,7 +200,7 @@ def test_payment_outage_is_transient_and_the_retry_reuses_the_key(app: TableStor
 def test_a_different_payload_after_a_failed_call_is_refused_here_not_downstream(
     app: TableStore, payments: PaymentService
 ) -> None:
-    body = an_item()
+    body = item()
     drops = iter(["drop"])
     payments.hook = lambda key, phase: next(drops, None) if phase == "after" else None
     with pytest.raises(RetryLater):
@@ -248,7 +246,7 @@ def test_reconciliation_moves_on_past_each_page_of_stuck_claims(app: TableStore)
 def test_a_declined_charge_is_final_not_stuck(app: TableStore, payments: PaymentService) -> None:
     """A 402 is known to have happened: the step is recorded refused (never called again),
     the message is dead-lettered with the reason, and reconciliation has nothing to escalate."""
-    body = an_item()
+    body = item()
     payments.hook = lambda key, phase: "decline" if phase == "before" else None
     items(servicebus_message(body, body["id"]))
     payments.hook = None
@@ -294,7 +292,7 @@ def test_a_message_with_a_step_costs_two_store_requests(azurite: Azurite, lean: 
         return Effects([*effects.entities], result={"charge": charge["id"]})
 
     consumer = IdempotentConsumer("items", store, handler, schema=SCHEMA, config=DedupConfig(cache_size=0))
-    deliveries = [servicebus_delivery(servicebus_message(o, o["id"])) for o in (an_item() for _ in range(20))]
+    deliveries = [servicebus_delivery(servicebus_message(o, o["id"])) for o in (item() for _ in range(20))]
     sent.clear()
     assert {consumer.process(d).outcome for d in deliveries} == {Outcome.PROCESSED}
     assert len(sent) == 2 * 20 and len(calls) == 20
@@ -311,18 +309,17 @@ def test_a_message_with_a_step_costs_two_store_requests(azurite: Azurite, lean: 
 def test_a_handler_failing_after_its_step_leaves_the_step_completed(app: TableStore, payments: PaymentService) -> None:
     """No commit to carry the completion: it is written on its own, so the redelivery
     neither waits for the lease nor calls again."""
-    body = an_item()
-    with pytest.MonkeyPatch.context() as patch:
-        consumer = queue_consumer()
-        handler = consumer._handler
+    body = item()
 
+    def failing_after(handler: Handler) -> Handler:
         def failing(payload: Any, context: Any) -> Any:
             handler(payload, context)
             raise RuntimeError("a bug after the charge")
 
-        patch.setattr(consumer, "_handler", failing)
-        with pytest.raises(RetryLater):
-            items(servicebus_message(body, body["id"]))
+        return failing
+
+    with wrapped_handler(queue_consumer(), failing_after), pytest.raises(RetryLater):
+        items(servicebus_message(body, body["id"]))
     marker = step_marker(app, body["id"])
     assert marker is not None and marker.state is State.COMPLETED
     items(servicebus_message(body, body["id"], delivery_count=2))
@@ -336,7 +333,7 @@ def test_a_claim_taken_over_during_the_call_fails_the_commit_that_carries_its_co
     from tests.conftest import new_table_store
 
     store = new_table_store(azurite, lean=True)
-    body = an_item()
+    body = item()
 
     def handler(payload: dict[str, Any], context: Any) -> Any:
         def call(key: str) -> Any:
@@ -377,7 +374,7 @@ def test_two_copies_of_a_message_in_one_batch_do_not_wait_for_each_other(azurite
 
     config = DedupConfig(steps=StepPolicy(in_flight_wait=timedelta(0)), transient_wait=timedelta(0), cache_size=0)
     consumer = IdempotentConsumer("items", store, handler, schema=SCHEMA, config=config)
-    body = an_item()
+    body = item()
     delivery = servicebus_delivery(servicebus_message(body, body["id"]))
     results = consumer.process_batch([delivery, delivery])
     assert [r.outcome for r in results] == [Outcome.PROCESSED, Outcome.DUPLICATE]
