@@ -4,7 +4,6 @@ a real Azurite."""
 from __future__ import annotations
 
 import threading
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -26,10 +25,6 @@ from tests.functions import app_settings, fresh_app, servicebus_message, store_d
 
 items = user_function("items")
 HOUR = timedelta(hours=1)
-
-
-def an_item(item_id: str | None = None, amount: float = 12.5) -> dict[str, Any]:
-    return item(item_id or f"i-{uuid.uuid4().hex[:12]}", amount)
 
 
 @pytest.fixture
@@ -55,7 +50,7 @@ def posting_amounts(table: TableClient, item_id: str) -> list[float]:
 
 def test_a_new_item_writes_one_item_and_one_posting(tables: tuple[TableClient, TableClient]) -> None:
     table, _ = tables
-    body = an_item()
+    body = item(amount=12.5)
     items(servicebus_message(body, body["id"]))
     assert effects(table, body["id"]) == (1, 1)
     assert posting_amounts(table, body["id"]) == [12.5]
@@ -63,7 +58,7 @@ def test_a_new_item_writes_one_item_and_one_posting(tables: tuple[TableClient, T
 
 def test_redeliveries_and_reserialised_copies_apply_once(tables: tuple[TableClient, TableClient]) -> None:
     table, dead = tables
-    body = an_item()
+    body = item()
     items(servicebus_message(body, body["id"]))
     reordered = dict(reversed(list(body.items())))
     for count in range(2, 5):
@@ -74,7 +69,7 @@ def test_redeliveries_and_reserialised_copies_apply_once(tables: tuple[TableClie
 
 def test_eight_concurrent_deliveries_apply_once(tables: tuple[TableClient, TableClient]) -> None:
     table, _ = tables
-    body = an_item()
+    body = item()
     barrier = threading.Barrier(8)
     errors: list[BaseException] = []
 
@@ -96,7 +91,7 @@ def test_eight_concurrent_deliveries_apply_once(tables: tuple[TableClient, Table
 
 def test_same_key_different_payload_is_dead_lettered_not_written(tables: tuple[TableClient, TableClient]) -> None:
     table, dead = tables
-    body = an_item(amount=10)
+    body = item(amount=10)
     items(servicebus_message(body, body["id"]))
     items(servicebus_message({**body, "amount": 99}, body["id"], correlation_id="corr-7"))
     assert posting_amounts(table, body["id"]) == [10]
@@ -108,7 +103,7 @@ def test_same_key_different_payload_is_dead_lettered_not_written(tables: tuple[T
 def test_the_mismatch_alert_carries_key_and_both_fingerprints(
     tables: tuple[TableClient, TableClient], caplog: pytest.LogCaptureFixture
 ) -> None:
-    body = an_item(amount=10)
+    body = item(amount=10)
     items(servicebus_message(body, body["id"]))
     with caplog.at_level("INFO", logger="idempotency"):
         items(servicebus_message({**body, "amount": 11}, body["id"], correlation_id="corr-8"))
@@ -124,10 +119,10 @@ def test_the_mismatch_alert_carries_key_and_both_fingerprints(
 BAD_DELIVERIES: list[tuple[str, Callable[[], tuple[bytes | dict[str, Any], str | None]]]] = [
     ("invalid_json", lambda: (b'{"id": ', "bad-json")),
     ("invalid_json", lambda: (b"\xff\xfe not utf-8", "not-utf8")),
-    ("schema_violation", lambda: ({**an_item("neg"), "amount": -1}, "neg")),
-    ("schema_violation", lambda: ({k: v for k, v in an_item("noamount").items() if k != "amount"}, "noamount")),
-    ("missing_key", lambda: (an_item(), None)),
-    ("key_mismatch", lambda: (an_item("i-1"), "i-2")),
+    ("schema_violation", lambda: ({**item("neg"), "amount": -1}, "neg")),
+    ("schema_violation", lambda: ({k: v for k, v in item("noamount").items() if k != "amount"}, "noamount")),
+    ("missing_key", lambda: (item(), None)),
+    ("key_mismatch", lambda: (item("i-1"), "i-2")),
 ]
 
 
@@ -147,7 +142,7 @@ def test_invalid_messages_are_dead_lettered_with_reason_and_nothing_written(
 def test_a_store_down_at_start_abandons_the_message() -> None:
     down = Azurite()  # never started: nothing listens on its port
     with app_settings(DEDUP_STORAGE_CONNECTION=down.connection_string, DEDUP_TABLE="itemsdown"):
-        body = an_item()
+        body = item()
         with pytest.raises(StoreUnavailable):  # raised: the host abandons, nothing is lost
             items(servicebus_message(body, body["id"]))
 
@@ -155,7 +150,7 @@ def test_a_store_down_at_start_abandons_the_message() -> None:
 def test_markers_never_exist_without_their_effects(tables: tuple[TableClient, TableClient]) -> None:
     table, _ = tables
     for _ in range(20):
-        body = an_item()
+        body = item()
         items(servicebus_message(body, body["id"]))
     markers = [e for e in table.list_entities() if e.get("Kind") == MARKER_KIND]
     assert len(markers) == 20
@@ -164,7 +159,7 @@ def test_markers_never_exist_without_their_effects(tables: tuple[TableClient, Ta
 
 
 def test_store_errors_are_retried_by_the_broker(tables: tuple[TableClient, TableClient], azurite: Azurite) -> None:
-    body = an_item()
+    body = item()
     with store_down(queue_consumer()), pytest.raises(RetryLater) as info:
         items(servicebus_message(body, body["id"]))
     assert info.value.result.outcome.value == "transient"

@@ -39,10 +39,6 @@ def app(azurite: Azurite) -> Iterator[str]:
         yield table
 
 
-def an_item(item_id: str | None = None) -> dict[str, Any]:
-    return item(item_id or f"o-{uuid.uuid4().hex[:8]}", 9.5)
-
-
 def process(body: dict[str, Any]) -> None:
     user_function("items")(servicebus_message(body, body["id"]))
 
@@ -110,7 +106,7 @@ HOSTILE_IDS = {
 
 
 def test_ids_with_control_characters_print_escaped_one_line_each(app: str) -> None:
-    done = an_item()
+    done = item()
     process(done)
     code, out, err = run("--ids", done["id"], *HOSTILE_IDS)
     assert (code, err) == (0, "")
@@ -121,8 +117,8 @@ def test_ids_with_control_characters_print_escaped_one_line_each(app: str) -> No
 
 
 def test_bodies_with_control_characters_print_escaped_one_line_each(app: str, tmp_path: Path) -> None:
-    forged = an_item("o-y\n" + "o-z\tduplicate\tcompleted with this payload")
-    escape = an_item("o-\x1b[2J\x1b[H\u202e")
+    forged = item("o-y\n" + "o-z\tduplicate\tcompleted with this payload")
+    escape = item("o-\x1b[2J\x1b[H\u202e")
     bodies = [json.dumps(forged).encode(), json.dumps(escape).encode(),
               b"\x1b[2J\x1b]0;pwned\x07\x9b\x7f not json", b'{"id": "\\u0000\\u001b\\u2028"}']  # fmt: skip
     code, out, err = run("--bodies", bodies_file(tmp_path, *bodies), "--message-id-field", "id")
@@ -155,10 +151,10 @@ def test_bodies_that_are_not_utf8_or_hold_lone_surrogates_are_invalid_and_the_ru
     if parser == "lenient":
         for module in (consumer_module, resubmit):
             monkeypatch.setattr(module, "parse_json", lenient_json)
-    done = an_item()
+    done = item()
     process(done)
-    member = json.dumps({**an_item(), "\ud800": 1}).encode()  # a lone surrogate in a member name
-    value = json.dumps(an_item("o-\udc80")).encode()  # ... in the key itself
+    member = json.dumps({**item(), "\ud800": 1}).encode()  # a lone surrogate in a member name
+    value = json.dumps(item("o-\udc80")).encode()  # ... in the key itself
     bodies = [b"\xff\xfe\x80 latin-1 \xe9", member, value, b'{"id": "\xed\xa0\x80"}', json.dumps(done).encode()]
     argv = ("--bodies", bodies_file(tmp_path, *bodies), "--message-id-field", "id")
     code, out, err = run_here(capsys, *argv) if parser == "lenient" else run(*argv)
@@ -186,7 +182,7 @@ def test_a_missing_table_is_one_error_line_and_no_table_is_created(
 
 
 def test_reading_an_existing_store_creates_no_table(azurite: Azurite, app: str) -> None:
-    done = an_item()
+    done = item()
     process(done)
     before = tables(azurite)
     with app_settings(DEDUP_DEADLETTER_TABLE="t" + uuid.uuid4().hex[:16]):  # not read by the tool: never created
