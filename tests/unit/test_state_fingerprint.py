@@ -4,7 +4,6 @@ data never do, whatever values a store holds."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from shared.idempotency.messages import Entity
 from shared.idempotency.stores import MemoryStore, StateStatus
 from shared.idempotency.stores._codec import state_fingerprint
-from shared.idempotency.stores._memory import STATE_FINGERPRINT
+from shared.idempotency.testing import forget_state_fingerprint
 
 AT = datetime(2024, 5, 1, 12, 30, tzinfo=UTC)
 
@@ -84,10 +83,10 @@ def test_the_memory_store_compares_a_state_without_a_fingerprint_by_its_data() -
     store = MemoryStore()
     data = {"s": "paid", "meta": {"b": 1, "a": 0.5}}
     assert store.upsert_if_newer("p", Entity("status", data), 3) is StateStatus.APPLIED
-    place = next(place for place in store._items if place[0] == "p")
-    item = store._items[place]
-    store._items[place] = replace(item, data={k: v for k, v in (item.data or {}).items() if k != STATE_FINGERPRINT})
-    assert store.read_state("p", "status") == (3, item.etag, None)
+    written = store.read_state("p", "status")
+    assert written is not None
+    forget_state_fingerprint(store, "p", "status")
+    assert store.read_state("p", "status") == (3, written.etag, None)
     assert store.upsert_if_newer("p", Entity("status", {"meta": {"a": 0.5, "b": 1.0}, "s": "paid"}), 3) is (
         StateStatus.SAME)  # fmt: skip
     assert store.upsert_if_newer("p", Entity("status", {**data, "s": "cancelled"}), 3) is StateStatus.CONFLICT
