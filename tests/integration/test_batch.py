@@ -20,7 +20,7 @@ from tests.functions import fresh_app, servicebus_message, store_down, user_func
 item_batch = user_function("item_batch")
 
 
-@pytest.fixture
+@pytest.fixture  # its own: the batch consumer's store, with no cache (conftest's items_store keeps one)
 def store(azurite: Azurite) -> Iterator[DedupStore]:
     with fresh_app(azurite, DEDUP_CACHE_SIZE="0"):
         yield batch_consumer().store

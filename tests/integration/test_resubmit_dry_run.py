@@ -28,7 +28,7 @@ APP = "tests.integration.resubmit_app"
 CUBED = 2**22  # cubed: 2**66, beyond the Int64 every store holds
 
 
-@pytest.fixture
+@pytest.fixture  # its own: resubmit_app's store, which counts its step's calls (not the test app's items_store)
 def store(azurite: Azurite, tmp_path: Path) -> Iterator[DedupStore]:
     """The app on new tables (created as the app creates them); its step's calls counted in a file."""
     with fresh_app(azurite, **{CALLS: str(tmp_path / "calls")}):

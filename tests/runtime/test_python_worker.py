@@ -111,7 +111,7 @@ def worker(
         yield host.start_app()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module")  # its own: the tables the worker writes, on the worker's own Azurite, per module
 def store(store_server: Azurite, table: str) -> TableStore:
     """The test's own view of the tables the worker writes."""
     service = TableServiceClient.from_connection_string(store_server.connection_string)
@@ -119,6 +119,7 @@ def store(store_server: Azurite, table: str) -> TableStore:
 
 
 def an_item(item_id: str, amount: float = 12.5, **extra: Any) -> bytes:
+    """tests/app.py's item as the bytes the worker is sent (tests/runtime and the example's import it)."""
     return json.dumps(item(item_id, amount, **extra)).encode()
 
 
