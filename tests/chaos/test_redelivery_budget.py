@@ -20,8 +20,7 @@ from lab.faults import Crash
 from lab.harness import Report, RunConfig, Timing, run
 from shared.idempotency.downstream import IdempotentHttp
 from shared.idempotency.errors import StoreUnavailable
-from shared.idempotency.stores import TableStore
-from shared.idempotency.stores._records import Commit, CommitResult, Marker
+from shared.idempotency.stores import Commit, CommitResult, Marker, TableStore
 from tests.targets import ITEMS
 
 

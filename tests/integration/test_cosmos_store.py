@@ -111,7 +111,7 @@ def test_transport_errors_are_transient_and_client_errors_are_not() -> None:
 
 
 def test_a_stale_replace_is_a_version_conflict(cosmos: CosmosStore) -> None:
-    from shared.idempotency.testing._contract import in_progress
+    from shared.idempotency.testing import in_progress
 
     key = DedupKey("orders", f"o-{uuid.uuid4().hex[:8]}")
     first = cosmos.claim(in_progress(key, owner="a"), utcnow())
