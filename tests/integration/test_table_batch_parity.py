@@ -1,9 +1,10 @@
 """The lean transaction path and the Azure SDK's ``submit_transaction`` classify every answer
-to a ``$batch`` alike, as the store consumes them (TableStore._submit inside store_errors, the
-seam where both paths' results and errors meet): the same operations applied with the same
-ETags, the same refused operation (index, status, code) returned for the caller to decide on,
-or the same exception once the store has mapped it (StoreUnavailable, StoreRefused, or the
-same HttpResponseError class with the same status and code).
+to a ``$batch`` alike, as the store consumes them (its submit, ``testing.submit_transaction``,
+inside store_errors, the seam where both paths' results and errors meet): the same operations
+applied with the same ETags, the same refused operation (index, status, code) returned for
+the caller to decide on, or the same exception once the store has mapped it
+(StoreUnavailable, StoreRefused, or the same HttpResponseError class with the same status
+and code).
 
 Each answer is fed to both paths by one local server, for four kinds of transaction (inserts,
 replaces, deletes, and a commit's mix: inserts then a step's completion), since the operation
@@ -40,11 +41,11 @@ from azure.data.tables import TableTransactionError, UpdateMode
 
 from lab.azurite import Azurite
 from shared.idempotency.errors import DedupError, StoreRefused, StoreUnavailable
+from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._azure import error_code, store_errors
 from shared.idempotency.stores._settings import table_store
-from shared.idempotency.stores._table import TableStore
 from shared.idempotency.stores._table_batch import TransactionFailure
-from shared.idempotency.testing import commits_lean
+from shared.idempotency.testing import commits_lean, submit_transaction
 from tests.integration.canned import Canned, canned_server
 
 ACCOUNT = "devstoreaccount1", "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
@@ -203,7 +204,7 @@ def classified(store: TableStore, operations: list[Any]) -> tuple[Any, ...]:
     caller to decide on (index, status, code), or the exception the store raises."""
     try:
         with store_errors():
-            answer = store._submit(list(operations))
+            answer = submit_transaction(store, list(operations))
     except DedupError as exc:  # mapped by the store: the class is the outcome
         return ("raised", type(exc))
     except HttpResponseError as exc:  # passed through: its class, status and code
