@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from shared.idempotency.errors import ConfigurationError
-from shared.idempotency.stores import DedupStore, MemoryStore, _settings, app_store, register_store
+from shared.idempotency.stores import DedupStore, MemoryStore, app_store, register_store
+from shared.idempotency.testing import store_names_restored
 
 
 def test_a_users_own_store_is_chosen_by_module_and_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -34,10 +35,10 @@ def test_a_registered_name_chooses_its_factory(monkeypatch: pytest.MonkeyPatch) 
         opened.append(table)
         return MemoryStore()
 
-    monkeypatch.setattr(_settings, "_factories", dict(_settings._factories))  # registered for this test only
-    register_store("Memory-Test", factory)
-    monkeypatch.setenv("DEDUP_STORE", "memory-test")
-    assert isinstance(app_store(), MemoryStore) and opened == ["records"]
+    with store_names_restored():  # registered for this test only
+        register_store("Memory-Test", factory)
+        monkeypatch.setenv("DEDUP_STORE", "memory-test")
+        assert isinstance(app_store(), MemoryStore) and opened == ["records"]
 
 
 @pytest.mark.parametrize(
