@@ -229,9 +229,6 @@ class DryRun(DedupStore):
     def read_state(self, partition: str, name: str) -> StoredState | None:
         return self._store.read_state(partition, name)
 
-    def stored_state_data(self, partition: str, entity: Entity) -> dict[str, Any] | None:
-        return self._store.stored_state_data(partition, entity)
-
     def dead_letters(self, scope: str) -> list[DeadLetter]:
         return self._store.dead_letters(scope)
 

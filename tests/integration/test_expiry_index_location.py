@@ -1,27 +1,22 @@
 """Where the expiry index lives (stores/_expiry.py), on a real Azurite: in the records table
 (DEDUP_TABLE) beside the markers it notes, never in the dead-letter table, and invisible to
-what reads the data (scan, the full sweep); and the upgrade: rows an earlier version kept in
-the dead-letter table are drained by the purge, at one read per run while any is left and
-none once the purge found them gone."""
+what reads the data (scan, the full sweep); and every purge run deletes exactly its budget."""
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime, timedelta
-from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import pytest
-from azure.data.tables import TableClient, TableServiceClient
+from azure.data.tables import TableClient
 
 from lab.azurite import Azurite
 from shared.idempotency import Entity
 from shared.idempotency.keys import DedupKey, encode_key
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import DeadLetter, TableStore
-from shared.idempotency.stores._expiry import DRAINED, INDEX
+from shared.idempotency.stores._expiry import INDEX
 from shared.idempotency.stores._records import GUARD_KIND, MARKER_KIND
-from shared.idempotency.testing import dead_letter_table, earlier_expiry_index, expiry_index
+from shared.idempotency.testing import dead_letter_table, expiry_index
 from tests.conftest import new_table_store
 
 
@@ -33,24 +28,10 @@ def seed(store: TableStore, expired: int, live: int, prefix: str, now: datetime)
         store.commit(key, key.id, "fp", [Entity("order", {"orderId": key.id})], None, expires)
 
 
-def seed_the_earlier_way(store: TableStore, expired: int, live: int, prefix: str, now: datetime) -> None:
-    """As a version before this one did: the index over the dead-letter table, and its
-    cursor there."""
-    with earlier_expiry_index(store) as index:
-        seed(store, expired, live, prefix, now)
-        index.flush()
-    cursor = {"PartitionKey": f"{INDEX}{store.table.table_name}|cursor", "RowKey": "cursor"}
-    dead_letter_table(store).upsert_entity({**cursor, "Hour": f"{now - timedelta(days=2):%Y%m%d%H}"})
-
-
 def index_rows(table: TableClient) -> list[str]:
     """The expiry index's hour rows in a table (not its cursor): their partitions."""
     return sorted(e["PartitionKey"] for e in table.list_entities()
                   if e["PartitionKey"].startswith(INDEX) and "Notes" in e)  # fmt: skip
-
-
-def library_rows(table: TableClient) -> int:
-    return sum(e["PartitionKey"].startswith(INDEX) for e in table.list_entities())
 
 
 def kinds(store: TableStore) -> dict[str, int]:
@@ -58,23 +39,6 @@ def kinds(store: TableStore) -> dict[str, int]:
     for item in store.scan():
         found["marker" if item.kind == MARKER_KIND else "guard" if item.kind == GUARD_KIND else "business"] += 1
     return found
-
-
-class Reads:
-    """Counts the requests that read the earlier location (the dead-letter table's index range)."""
-
-    def __init__(self) -> None:
-        self.earlier = 0
-
-    def __call__(self, request: Any) -> None:
-        url = urlsplit(request.http_request.url)
-        if request.http_request.method == "GET" and url.path.endswith("dl()") and INDEX in unquote(url.query):
-            self.earlier += 1
-
-
-def counted_store(azurite: Azurite) -> tuple[TableStore, Reads]:
-    reads = Reads()
-    return new_table_store(azurite, lean=True, hook=reads), reads
 
 
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "sdk"])
@@ -129,81 +93,16 @@ def test_a_dead_letter_of_a_long_consumer_name_is_purged_too(azurite: Azurite) -
     assert list(dead_letter_table(store).list_entities()) == []
 
 
-# -- upgrade: rows an earlier version kept in the dead-letter table ---------------------------
-
-
-def test_the_purge_drains_the_rows_an_earlier_version_left_in_the_dead_letter_table(azurite: Azurite) -> None:
-    store, reads = counted_store(azurite)
-    fresh, fresh_reads = counted_store(azurite)  # a store no earlier version wrote to: the baseline
-    now = utcnow()
-    seed_the_earlier_way(store, expired=30, live=20, prefix="old", now=now)
-    dead = dead_letter_table(store)
-    assert len(index_rows(dead)) == 2 and library_rows(dead) == 3  # two hours' rows, the cursor
-    seed(store, expired=5, live=0, prefix="new", now=now)
-
-    at = utcnow()
-    first = store.purge_expired(at, 1000)
-    assert (first.scanned, first.deleted, reads.earlier) == (35, 70, 1)  # the earlier rows' 30 and the new 5
-    assert index_rows(dead) == [f"{INDEX}{store.table.table_name}|{now + timedelta(days=1):%Y%m%d%H}"]
-    assert kinds(store) == {"marker": 20, "guard": 20, "business": 55}
-    fresh.purge_expired(at, 1000)
-    assert fresh_reads.earlier == 1  # a first run reads the earlier location once, finds nothing, and says so
-
-    # While a row is left that has not fallen due: one read of it per run, nothing more.
-    at = utcnow()
-    waiting, baseline = store.purge_expired(at, 1000), fresh.purge_expired(at, 1000)
-    assert (waiting.deleted, reads.earlier, fresh_reads.earlier) == (0, 2, 1)
-    assert waiting.requests == baseline.requests + 1
-
-    # Its markers expire: deleted, then the row, then the earlier cursor (read last).
-    later = utcnow() + timedelta(days=2)
-    assert store.purge_expired(later, 1000).deleted == 2 * 20
-    assert (library_rows(dead), reads.earlier) == (0, 3)
-    assert cursor(store)[DRAINED] is False
-
-    # The next run finds the range empty and says so in its cursor row; after that, no read.
-    assert store.purge_expired(later, 1000).deleted == 0
-    assert (reads.earlier, cursor(store)[DRAINED]) == (4, True)
-    for _ in range(2):
-        store.purge_expired(later, 1000)
-    assert reads.earlier == 4
-    assert kinds(store) == {"marker": 0, "guard": 0, "business": 55}
-    assert list(dead.list_entities()) == []
-
-
-def cursor(store: TableStore) -> Any:
-    pk = f"{INDEX}{store.table.table_name}|cursor"
-    [row] = store.table.query_entities("PartitionKey eq @pk", parameters={"pk": pk})
-    return row
-
-
 @pytest.mark.parametrize(("budget", "expired"), [(1, 3), (7, 130), (250, 130), (499, 130)])
-def test_every_run_deletes_exactly_its_budget_across_the_earlier_and_the_new_rows(
-    azurite: Azurite, budget: int, expired: int
-) -> None:
-    """The earlier rows first (a row purged in part is rewritten where it is), then the new."""
+def test_every_run_deletes_exactly_its_budget(azurite: Azurite, budget: int, expired: int) -> None:
+    """A row purged in part is rewritten with the notes left, for the next run."""
     store = new_table_store(azurite)
     now = utcnow()
-    seed_the_earlier_way(store, expired=expired, live=0, prefix="old", now=now)
-    seed(store, expired=expired, live=0, prefix="new", now=now)
+    for prefix in ("first", "second"):
+        seed(store, expired=expired, live=0, prefix=prefix, now=now)
     records, runs = 2 * 2 * expired, list[int]()
     while not runs or runs[-1]:
         runs.append(store.purge_expired(utcnow(), budget).deleted)
     assert runs == [budget] * (records // budget) + ([records % budget] if records % budget else []) + [0]
     assert kinds(store) == {"marker": 0, "guard": 0, "business": 2 * expired}
     assert list(dead_letter_table(store).list_entities()) == []
-
-
-def test_two_apps_sharing_a_dead_letter_table_each_drain_only_their_own_earlier_rows(azurite: Azurite) -> None:
-    service = TableServiceClient.from_connection_string(azurite.connection_string)
-    shared = "d" + uuid.uuid4().hex[:12]
-    first, second = (TableStore(service, "t" + uuid.uuid4().hex[:12], shared) for _ in range(2))
-    now = utcnow()
-    for store in (first, second):
-        store.create_tables()
-        seed_the_earlier_way(store, expired=3, live=0, prefix="old", now=now)
-    assert first.purge_expired(utcnow(), 1000).deleted == 6
-    assert library_rows(dead_letter_table(second)) == 2  # the second app's row and cursor, untouched
-    assert kinds(second)["marker"] == 3
-    assert second.purge_expired(utcnow(), 1000).deleted == 6
-    assert library_rows(dead_letter_table(second)) == 0

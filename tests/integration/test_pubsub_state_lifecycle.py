@@ -157,11 +157,10 @@ def test_purge_deletes_exactly_the_expired_markers_and_no_business_entity(items_
     seed(items_store, expired=30, live=20)
     purge = items_store.purge_expired(utcnow(), budget=1000)
     assert (purge.scanned, purge.deleted) == (30, 60)  # 30 noted markers, deleted with their 30 guards
-    # the notes written (2 rows: expired, live), the cursor, where an earlier version kept the
-    # index (the dead-letter table: found empty, read no more), 48 empty hours before the first
+    # the notes written (2 rows: expired, live), the cursor, 48 empty hours before the first
     # run's and this hour's page, a transaction per item (marker and guard together), the index
     # row, the cursor; the dead letters' page
-    assert purge.requests == 2 + 1 + 1 + 49 + 30 + 1 + 1 + 1
+    assert purge.requests == 2 + 1 + 49 + 30 + 1 + 1 + 1
     assert kinds(items_store) == {"marker": 20, "guard": 20, "business": 50}
     expired_key = DedupKey("items", "seed-0")
     assert items_store.commit(expired_key, expired_key.id, "fp", [Entity(ITEM, {"id": "seed-0"})], None,
@@ -277,8 +276,8 @@ def test_the_purge_reads_only_what_fell_due_not_the_table(items_store: TableStor
     at = utcnow()
     large = items_store.purge_expired(at, 1000)
     assert (small.deleted, large.deleted) == (40, 40)
-    # no first run's empty hours, nor its look where an earlier version kept the index; the rest alike
-    assert large.requests == small.requests - 49 - 1 + unsettled(at)
+    # no first run's empty hours; the rest alike
+    assert large.requests == small.requests - 49 + unsettled(at)
 
 
 def test_the_timer_function_purges(items_store: TableStore) -> None:
@@ -333,8 +332,8 @@ def test_a_purge_past_its_deadline_stops_and_the_next_run_resumes(items_store: T
 
 
 def test_two_tables_sharing_the_library_table_keep_their_indexes_apart(azurite: Azurite) -> None:
-    """Two apps (DEDUP_TABLE) with one DEDUP_DEADLETTER_TABLE: each purge follows its own notes
-    (each in its own table; an earlier version kept both in the shared one, under each table's name)."""
+    """Two apps (DEDUP_TABLE) with one DEDUP_DEADLETTER_TABLE: each purge follows its own notes,
+    each in its own table."""
     service = TableServiceClient.from_connection_string(azurite.connection_string)
     shared_dead = "d" + uuid.uuid4().hex[:12]
     first, second = (TableStore(service, "t" + uuid.uuid4().hex[:12], shared_dead) for _ in range(2))

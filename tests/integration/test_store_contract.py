@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import pytest
 from azure.cosmos import PartitionKey
-from azure.data.tables import TableServiceClient, UpdateMode
+from azure.data.tables import TableServiceClient
 
 from lab.azurite import Azurite
 from lab.cosmos_emulator import CosmosEmulator, emulated
-from shared.idempotency.keys import encode_key
 from shared.idempotency.stores import CosmosStore, DedupStore, TableStore
-from shared.idempotency.stores._cosmos import STATE_FINGERPRINT as COSMOS_FINGERPRINT
-from shared.idempotency.stores._table import STATE_FINGERPRINT as TABLE_FINGERPRINT
 from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.testing import StoreContract
 from tests.conftest import EMULATED, NO_ATOMIC_BATCHES, new_cosmos_store, new_table_store
@@ -29,12 +26,6 @@ class TestTableStore(StoreContract):
         down = Azurite()  # never started: nothing listens on its port
         service = TableServiceClient.from_connection_string(down.connection_string, retry_total=0)
         return TableStore(service, table="unreachable")
-
-    def forget_state_fingerprint(self, store: DedupStore, partition: str, name: str) -> None:
-        assert isinstance(store, TableStore)  # as the store wrote states before: nested JSON text, Int64 version
-        entity = store.table.get_entity(encode_key(partition), encode_key(name))
-        del entity[TABLE_FINGERPRINT]
-        store.table.update_entity(entity, mode=UpdateMode.REPLACE)
 
 
 class TestTableStoreLean(TestTableStore):
@@ -63,12 +54,6 @@ class TestCosmosStore(StoreContract):
 
     def expires_natively(self, store: DedupStore) -> bool:
         return True
-
-    def forget_state_fingerprint(self, store: DedupStore, partition: str, name: str) -> None:
-        assert isinstance(store, CosmosStore)
-        item = store.container.read_item(encode_key(name), partition_key=partition)
-        del item[COSMOS_FINGERPRINT]
-        store.container.replace_item(item["id"], item)
 
     def unreachable_store(self) -> DedupStore:
         with CosmosEmulator() as emulator:  # a server of its own, stopped once the store is built

@@ -9,9 +9,8 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from shared.idempotency.messages import Entity
-from shared.idempotency.stores import MemoryStore, StateStatus
+from shared.idempotency.stores import MemoryStore
 from shared.idempotency.stores._codec import state_fingerprint
-from shared.idempotency.testing import forget_state_fingerprint
 
 AT = datetime(2024, 5, 1, 12, 30, tzinfo=UTC)
 
@@ -75,18 +74,3 @@ def test_a_value_no_store_holds_is_a_type_error() -> None:
     with pytest.raises(TypeError):
         store.upsert_if_newer("p", Entity("status", {"tags": {"a"}}), 1)
     assert store.read_state("p", "status") is None  # nothing written
-
-
-def test_the_memory_store_compares_a_state_without_a_fingerprint_by_its_data() -> None:
-    """The contract's test of states written before fingerprints, on the memory store (the
-    contract's hook needs the store's own layout; this is the memory store's)."""
-    store = MemoryStore()
-    data = {"s": "paid", "meta": {"b": 1, "a": 0.5}}
-    assert store.upsert_if_newer("p", Entity("status", data), 3) is StateStatus.APPLIED
-    written = store.read_state("p", "status")
-    assert written is not None
-    forget_state_fingerprint(store, "p", "status")
-    assert store.read_state("p", "status") == (3, written.etag, None)
-    assert store.upsert_if_newer("p", Entity("status", {"meta": {"a": 0.5, "b": 1.0}, "s": "paid"}), 3) is (
-        StateStatus.SAME)  # fmt: skip
-    assert store.upsert_if_newer("p", Entity("status", {**data, "s": "cancelled"}), 3) is StateStatus.CONFLICT

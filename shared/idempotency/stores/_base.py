@@ -7,7 +7,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
 from ..config import DEAD_LETTER_RETENTION
 from ..errors import AlreadyClaimed, StoreRefused, VersionConflict
@@ -168,24 +167,10 @@ class DedupStore(ABC):
 
     def same_state(self, partition: str, entity: Entity, stored: StoredState) -> bool:
         """Whether the state stored at ``entity``'s version holds ``entity``'s data: by the
-        fingerprint stored with it. A state written without one (before it was kept) is
-        compared by ``stored_state_data``.
+        fingerprint ``write_state`` stored with it.
 
-        :raises TypeError: a value no store holds.
-        :raises StoreUnavailable: as every primitive."""
-        if stored.fingerprint is not None:
-            return stored.fingerprint == state_fingerprint(entity.data)
-        data = self.stored_state_data(partition, entity)
-        return data is None or state_fingerprint(data) == state_fingerprint(entity.data)
-
-    def stored_state_data(self, partition: str, entity: Entity) -> dict[str, Any] | None:
-        """The data of a state stored without a fingerprint, as ``entity.data`` would hold it
-        (a store decodes what it encoded, guided by ``entity.data``'s shape), without the
-        store's own fields; None when it is gone, or the store cannot tell: this default,
-        where such a state counts as the same (what every equal version was before).
-
-        :raises StoreUnavailable: as every primitive."""
-        return None
+        :raises TypeError: a value no store holds."""
+        return stored.fingerprint == state_fingerprint(entity.data)
 
     # -- operators' records --------------------------------------------------------------
 

@@ -249,15 +249,6 @@ class CosmosStore(DedupStore):
             return False
         return True
 
-    def stored_state_data(self, partition: str, entity: Entity) -> dict[str, Any] | None:
-        try:
-            with store_errors():
-                stored = self._container.read_item(encode_key(entity.name), partition_key=partition)
-        except exceptions.CosmosResourceNotFoundError:
-            return None
-        own = {*_ITEM_FIELDS, STATE_VERSION, STATE_FINGERPRINT} | ({self._pk} - entity.data.keys())
-        return {name: value for name, value in stored.items() if name not in own}
-
     # -- the library's own records beside the data ------------------------------------------
 
     def read_entities(self, partition: str, prefix: str, limit: int) -> list[Entity]:

@@ -19,13 +19,8 @@ marker it writes in an *expiry index*, and the purge follows the index.
   emptied hour once no flush can still file a note there. Its budget is exact: the row it
   runs out in is purged in part and rewritten with the notes left. Its cost follows the
   expired markers, not the table.
-- **Upgrade**: a version before this one kept the rows in the dead-letter table, under the
-  same partitions. The purge drains them (``_drain``): one read of that range per run, in
-  order, each row purged as the index's own once it fell due; the first run that finds the
-  range empty says so in the cursor row (``EarlierDrained``), and no run reads it again.
-- What the index does not hold (notes of an instance that died before writing them, markers
-  written before the index existed, claims never final, deletes the service refused): the
-  rare full sweep, ``sweep_expired``.
+- What the index does not hold (notes of an instance that died before writing them, claims
+  never final, deletes the service refused): the rare full sweep, ``sweep_expired``.
 """
 
 from __future__ import annotations
@@ -65,7 +60,6 @@ SETTLE = timedelta(minutes=5)  # after an hour ends, how long a flush begun in i
 _HOUR = "%Y%m%d%H"
 _EPOCH, _ONE_HOUR = datetime(1970, 1, 1, tzinfo=UTC), timedelta(hours=1)
 _ROW_BYTES = 60_000  # an Edm.Binary property holds 64 KiB
-DRAINED = "EarlierDrained"  # in the cursor row: no row is left where an earlier version kept them
 
 
 class Note(NamedTuple):
@@ -80,15 +74,12 @@ class ExpiryIndex:
     store's own, and the purge over them."""
 
     def __init__(self, table: TableClient, scope: str, *, concurrency: int = CONCURRENCY,
-                 create: Callable[[dict[str, Any]], object] | None = None,
-                 earlier: TableClient | None = None) -> None:  # fmt: skip
-        """``create``: how a row is written (the store's lean insert, or ``table``'s own);
-        an existing row may raise ResourceExistsError or be ignored. ``earlier``: where an
-        earlier version kept the rows (the dead-letter table), drained by the purge."""
+                 create: Callable[[dict[str, Any]], object] | None = None) -> None:  # fmt: skip
+        """``create``: how a row is written (the store's transport's insert, or ``table``'s
+        own); an existing row may raise ResourceExistsError or be ignored."""
         self._table = table
         self._create = create or table.create_entity
-        self._earlier = earlier
-        self._prefix = f"{INDEX}{scope}|"  # the same partitions as when the rows were in a shared table
+        self._prefix = f"{INDEX}{scope}|"
         self._cursor = {"PartitionKey": self._prefix + "cursor", "RowKey": "cursor"}
         self._concurrency = concurrency
         self._pending: dict[str, list[tuple[Note, datetime]]] = {}  # by the hour the markers expire
@@ -155,25 +146,19 @@ class ExpiryIndex:
         one more: a row is purged in part, and keeps the rest of its notes for the next run)
         or ``deadline`` (time.monotonic()). The cursor moves past an hour once it is empty and
         settled. ``delete(partition, notes)`` deletes one partition's noted markers and guards:
-        (records deleted, requests). Rows an earlier version left in ``earlier`` go first."""
+        (records deleted, requests)."""
         requests = self.flush()
         with store_errors():
             cursor_row = {"pk": self._cursor["PartitionKey"], "rk": self._cursor["RowKey"]}
             stored = list(self._table.query_entities("PartitionKey eq @pk and RowKey eq @rk", parameters=cursor_row))
         requests += 1
         start = _hour(stored[0]["Hour"]) if stored else _floor(now - FIRST_PURGE)
-        was_drained = self._earlier is None or bool(stored and stored[0].get(DRAINED))
         settled = _floor(now - SETTLE) - timedelta(hours=1)  # no note is filed there any more
         hour, cursor = start, start
         scanned = deleted = 0
         moving = True
         with ThreadPoolExecutor(self._concurrency) as pool:
             purged = functools.partial(self._purge_row, pool=pool, delete=delete)
-            drained = was_drained
-            if not drained and budget > 0 and time.monotonic() < deadline:
-                earlier, drained = self._drain(now, budget, deadline, purged)
-                scanned, deleted = earlier.scanned, earlier.deleted
-                requests += earlier.requests
             while hour <= now and deleted < budget and time.monotonic() < deadline:
                 emptied = True
                 for row in self._rows(self._table, "PartitionKey eq @pk", {"pk": self._prefix + f"{hour:{_HOUR}}"}):
@@ -194,44 +179,11 @@ class ExpiryIndex:
                 if moving:
                     cursor = hour + timedelta(hours=1)
                 hour += timedelta(hours=1)
-        if cursor != start or not stored or drained != was_drained:
+        if cursor != start or not stored:
             with store_errors():
-                self._table.upsert_entity({**self._cursor, "Hour": f"{cursor:{_HOUR}}", DRAINED: drained},
-                                          mode=UpdateMode.REPLACE)  # fmt: skip
+                self._table.upsert_entity({**self._cursor, "Hour": f"{cursor:{_HOUR}}"}, mode=UpdateMode.REPLACE)
             requests += 1
         return Purge(scanned, deleted, requests)
-
-    def _drain(self, now: datetime, budget: int, deadline: float,
-               purged: Callable[[TableClient, dict[str, Any], int], _RowPurge]) -> tuple[Purge, bool]:  # fmt: skip
-        """The rows an earlier version kept in ``earlier`` (the dead-letter table), under the
-        same partitions: read in order, hours first and its cursor last, each purged as the
-        index's own once it fell due, until the first that has not (a row's notes expire in
-        the hour it is filed under or before: what follows was filed in that hour or later),
-        the budget or the deadline. Also whether the range is gone: its first read found no row."""
-        assert self._earlier is not None
-        scanned = deleted = requests = 0
-        found = False
-        rows = self._rows(self._earlier, "PartitionKey gt @low and PartitionKey lt @high",
-                          {"low": self._prefix, "high": self._prefix + "~"})  # fmt: skip
-        try:
-            for row in rows:
-                if isinstance(row, int):
-                    requests += row
-                    continue
-                found = True
-                if deleted >= budget or time.monotonic() >= deadline:
-                    break
-                if row.get("Notes") is None:  # the earlier cursor, read last: every row before it is gone
-                    requests += self._keep(self._earlier, row, [])
-                    continue
-                if row["Until"] >= now:
-                    break
-                done = purged(self._earlier, row, budget - deleted)
-                scanned, deleted = scanned + done.scanned, deleted + done.deleted
-                requests += done.requests
-        except ResourceNotFoundError:  # no such table: nothing was ever kept there
-            pass
-        return Purge(scanned, deleted, requests), not found
 
     def _purge_row(self, table: TableClient, row: dict[str, Any], room: int, *, pool: ThreadPoolExecutor,
                    delete: Callable[[str, list[Note]], tuple[int, int]]) -> _RowPurge:  # fmt: skip

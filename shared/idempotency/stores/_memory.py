@@ -157,13 +157,6 @@ class MemoryStore(DedupStore):
             self._items[place] = _Item(self._etag(), entity=entity.name, data=data)
             return True
 
-    def stored_state_data(self, partition: str, entity: Entity) -> dict[str, Any] | None:
-        self._check()
-        item = self._items.get((partition, encode_key(entity.name)))
-        if item is None:
-            return None
-        return {k: v for k, v in (item.data or {}).items() if k not in (STATE_VERSION, STATE_FINGERPRINT)}
-
     # -- the library's own records beside the data ------------------------------------------
 
     def read_entities(self, partition: str, prefix: str, limit: int) -> list[Entity]:

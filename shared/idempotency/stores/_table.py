@@ -10,8 +10,6 @@ marker exists).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -30,7 +28,6 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import (
     EdmType,
-    EntityProperty,
     TableClient,
     TableErrorCode,
     TableServiceClient,
@@ -99,7 +96,7 @@ class TableStore(DedupStore):
         self._transactions: Transactions = transactions or SdkTransactions(self._table)
         # Beside the markers it notes (the dead-letter table holds dead letters only), written
         # as the store writes.
-        self._expiry = ExpiryIndex(self._table, table, create=self._transactions.insert, earlier=self._dead)
+        self._expiry = ExpiryIndex(self._table, table, create=self._transactions.insert)
 
     @property
     def table(self) -> TableClient:
@@ -278,26 +275,6 @@ class TableStore(DedupStore):
         except (ResourceExistsError, ResourceModifiedError):
             return False
         return True
-
-    def stored_state_data(self, partition: str, entity: Entity) -> dict[str, Any] | None:
-        try:
-            with store_errors():
-                stored = self._table.get_entity(encode_key(partition), encode_key(entity.name))
-        except ResourceNotFoundError:
-            return None
-        given = entity.data
-        data: dict[str, Any] = {}
-        for name, value in stored.items():
-            if name in _STATE_FIELDS:
-                continue
-            if isinstance(value, EntityProperty):  # Edm.Int64, read back typed
-                value = value.value
-            if isinstance(given.get(name), dict | list) and isinstance(value, str):
-                with contextlib.suppress(ValueError):  # nested values are stored as JSON text
-                    value = json.loads(value)
-            data[name] = value
-        # the SDK writes no property for None
-        return {**{name: None for name, value in given.items() if value is None}, **data}
 
     # -- lifecycle -----------------------------------------------------------------------
 

@@ -8,10 +8,8 @@ expiry index), ``pending_expiry_notes`` (the notes it holds unwritten), ``expiry
 hour a note is filed under), ``commits_lean`` (whether it commits the lean way) — and the
 seams they step in by: ``submit_transaction`` (one transaction, as the store submits a
 commit's), ``transactions_intercepted`` (recorded, never sent), ``dead_letter_entities_edited``
-(a record's entities changed before they are sent), ``earlier_expiry_index`` (the index
-where an earlier version kept it), ``refused_expiry_rows`` (index rows refused),
+(a record's entities changed before they are sent), ``refused_expiry_rows`` (index rows refused),
 ``forget_expiry_notes`` and ``hold_expiry_notes`` (notes lost, or held again),
-``forget_state_fingerprint`` (a memory store's state as written before fingerprints),
 ``wrapped_handler`` (a consumer's handler wrapped) and ``store_names_restored`` (names given
 to ``register_store`` forgotten). The app's consumers, rebuilt or run on a store or sender of
 a test's choosing: ``reset``, ``using_store``, ``using_sender`` (with the ``functions`` extra).
@@ -31,9 +29,7 @@ from ._read_back import (
 )
 from ._seams import (
     dead_letter_entities_edited,
-    earlier_expiry_index,
     forget_expiry_notes,
-    forget_state_fingerprint,
     hold_expiry_notes,
     refused_expiry_rows,
     store_names_restored,
@@ -63,12 +59,10 @@ __all__ = [
     "commits_lean",
     "dead_letter_entities_edited",
     "dead_letter_table",
-    "earlier_expiry_index",
     "entities",
     "expiry_hour",
     "expiry_index",
     "forget_expiry_notes",
-    "forget_state_fingerprint",
     "hold_expiry_notes",
     "in_progress",
     "marker_keys",

@@ -79,11 +79,6 @@ class StoreContract:
         """The same store pointed at a server that does not answer."""
         pytest.skip(f"{type(self).__name__} does not provide unreachable_store()")
 
-    def forget_state_fingerprint(self, store: DedupStore, partition: str, name: str) -> None:
-        """Make a state written by ``upsert_if_newer`` look as one written before states kept
-        their fingerprint: remove the store's fingerprint field from it."""
-        pytest.skip(f"{type(self).__name__} does not provide forget_state_fingerprint()")
-
     def assert_dead_letters_expire(self, store: DedupStore, scope: str) -> None:
         """Written with a 10-minute retention just now: gone once expired."""
         assert store.purge_expired(utcnow() + timedelta(minutes=9), 100).deleted == 0
@@ -409,24 +404,6 @@ class StoreContract:
         assert store.upsert_if_newer(partition, Entity("status", other_sku), 7) is StateStatus.CONFLICT
         one_more = {**first, "lines": [{"sku": "a", "qty": 2.0}, {"sku": "a", "qty": 2.0}]}
         assert store.upsert_if_newer(partition, Entity("status", one_more), 7) is StateStatus.CONFLICT
-
-    def test_a_state_stored_without_a_fingerprint_is_compared_by_its_data(self, store: DedupStore) -> None:
-        """A state written before states kept their fingerprint: its stored data decides."""
-        partition = uuid.uuid4().hex
-        data = {"s": "paid", "n": 1, "lines": [{"sku": "a", "qty": 2}], "meta": {"b": 1, "a": 0.5}, "note": None}
-        assert store.upsert_if_newer(partition, Entity("status", data), 3) is StateStatus.APPLIED
-        self.forget_state_fingerprint(store, partition, "status")
-        stored = store.read_state(partition, "status")
-        assert stored is not None and (stored.version, stored.fingerprint) == (3, None)
-        same = {"note": None, "meta": {"a": 0.5, "b": 1.0}, "lines": [{"qty": 2, "sku": "a"}], "n": 1.0, "s": "paid"}
-        assert store.upsert_if_newer(partition, Entity("status", same), 3) is StateStatus.SAME
-        assert store.upsert_if_newer(partition, Entity("status", {**data, "s": "cancelled"}), 3) is (
-            StateStatus.CONFLICT)  # fmt: skip
-        assert store.upsert_if_newer(partition, Entity("status", {**data, "meta": {"b": 2, "a": 0.5}}), 3) is (
-            StateStatus.CONFLICT)  # fmt: skip
-        assert store.upsert_if_newer(partition, Entity("status", {**data, "s": "shipped"}), 4) is StateStatus.APPLIED
-        newer = store.read_state(partition, "status")
-        assert newer is not None and newer.version == 4 and newer.fingerprint is not None
 
     def test_concurrent_writers_of_one_version_apply_one_payload(self, store: DedupStore) -> None:
         """8 writers of version 5, half "paid" and half "cancelled": one applies, the rest

@@ -1,5 +1,5 @@
 """Where tests of the shipped stores and of the consumer step inside them: a fault injected,
-a transaction intercepted or submitted alone, a layout an earlier version wrote. Each is
+a transaction intercepted or submitted alone, index rows refused or notes lost. Each is
 undone when its block closes (the context managers) or changes only the object it is given.
 Never used on the message path."""
 
@@ -10,13 +10,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ..keys import encode_key
-from ..stores import MemoryStore, register_store
+from ..stores import register_store
 from ._read_back import PendingNotes
 
 if TYPE_CHECKING:  # the Table store needs its SDK (the ``table`` extra): imported by who passes one
     from ..consumer import Handler, IdempotentConsumer
-    from ..stores._expiry import ExpiryIndex
     from ..stores._table import TableStore
     from ..stores._table_batch import TransactionFailure
 
@@ -66,20 +64,6 @@ def dead_letter_entities_edited(store: TableStore, edit: Callable[[list[dict[str
 
 
 @contextmanager
-def earlier_expiry_index(store: TableStore) -> Iterator[ExpiryIndex]:
-    """While open, a Table store notes its markers' expiry where a version before this one
-    kept the index: in its dead-letter table (the index yielded; ``flush()`` writes its notes)."""
-    from ..stores._expiry import ExpiryIndex
-
-    own = store._expiry
-    store._expiry = ExpiryIndex(store._dead, store.table.table_name)
-    try:
-        yield store._expiry
-    finally:
-        store._expiry = own
-
-
-@contextmanager
 def refused_expiry_rows(store: TableStore, error: Exception) -> Iterator[list[dict[str, Any]]]:
     """While open, every expiry index row a Table store writes is refused with ``error`` (the
     service's answer, a 409 TableBeingDeleted say) instead of written; the rows refused are
@@ -112,19 +96,6 @@ def hold_expiry_notes(store: TableStore, notes: PendingNotes) -> None:
     with store._expiry._mutex:
         for hour, held in notes.items():
             store._expiry._pending.setdefault(hour, []).extend(held)
-
-
-def forget_state_fingerprint(store: MemoryStore, partition: str, name: str) -> None:
-    """Make a state the memory store wrote with ``upsert_if_newer`` look as one written before
-    states kept their fingerprint (``StoreContract.forget_state_fingerprint`` for this store)."""
-    from dataclasses import replace
-
-    from ..stores._memory import STATE_FINGERPRINT
-
-    place = (partition, encode_key(name))
-    item = store._items[place]
-    data = {k: v for k, v in (item.data or {}).items() if k != STATE_FINGERPRINT}
-    store._items[place] = replace(item, data=data)
 
 
 @contextmanager
