@@ -32,7 +32,7 @@ def test_the_example_publishes_order_accepted_and_each_subscriber_acts_once(azur
     billing_consumer, shipping_consumer = order_topic.billing_consumer, order_topic.shipping_consumer
     from consumers.orders import queue_consumer
     from shared.idempotency.testing import using_sender
-    from tests.functions import fresh_app
+    from tests.functions import fresh_app, ready_messages
 
     order = {"orderId": "e2e-1", "customerId": "c-1", "amount": 12.5, "currency": "EUR",
              "items": [{"sku": "A", "quantity": 1}]}  # fmt: skip
@@ -45,7 +45,7 @@ def test_the_example_publishes_order_accepted_and_each_subscriber_acts_once(azur
             assert queue_consumer().process(Delivery(body, message_id="e2e-1", delivery_count=count)).acknowledge
         assert (topic.sent, topic.dropped_by_detection) == (1, 1)
         for name, build in (("billing", billing_consumer), ("shipping", shipping_consumer)):
-            [copy] = topic.subscriptions[name]._ready
+            [copy] = ready_messages(topic.subscriptions[name])
             assert json.loads(copy.body) == order
             outcomes = [build().process(Delivery(copy.body, message_id=copy.message_id, delivery_count=n)).outcome
                         for n in (1, 2)]  # a duplicate delivery at this hop too  # fmt: skip
