@@ -71,7 +71,7 @@ param pythonVersion string = '3.13'
 param alertEmail string = ''
 
 @description('The recipes switched on: the names in infra/recipes.json (`make recipe NAME=<name>` adds one; infra/README.md, Recipes). Not an azd variable: the file is the switch. A name not allowed here fails the deployment.')
-@allowed(['topic', 'outbox', 'sessions', 'batch', 'eventhubs', 'http', 'cloudevents-http', 'schedule', 'payments'])
+@allowed(['topic', 'outbox', 'sessions', 'batch', 'eventhubs', 'http', 'cloudevents-http', 'schedule', 'payments', 'queue'])
 param recipes array = loadJsonContent('recipes.json')
 
 @description('payments recipe: the payment API the orders consumer charges through (PAYMENT_API_URL): `azd env set PAYMENT_API_URL <url>`.')
@@ -134,6 +134,7 @@ var withSessions = contains(recipes, 'sessions') // the session-enabled order-st
 var withBatch = contains(recipes, 'batch') // the ledger queue (batch trigger)
 var withEventHubs = contains(recipes, 'eventhubs') // the Event Hubs namespace and its shipments hub
 var withPayments = contains(recipes, 'payments') // the payment API's URL (two-phase steps)
+var withQueue = contains(recipes, 'queue') // the returns Storage queue and its poison queue
 
 // Plain Service Bus queues besides orders: your own consumers' queues (README, Start your own
 // app), then the batch recipe's. Each gets the orders queue's settings and a receive role.
@@ -187,6 +188,11 @@ module serviceBus 'modules/servicebus.bicep' = {
     orderTopic: withOrderTopic
     topicSubscriptions: topicSubscriptions
   }
+}
+
+module storageQueues 'modules/storage-queues.bicep' = if (withQueue) {
+  name: 'storage-queues'
+  params: { storageAccountName: storage.outputs.name, queues: ['returns'] }
 }
 
 module eventHubs 'modules/eventhubs.bicep' = if (withEventHubs) {
@@ -271,6 +277,14 @@ var eventHubsSettings = withEventHubs ? {
   EventHubConnection__clientId: identity.outputs.clientId
   SHIPMENT_HUB: eventHubs.outputs.hubName
 } : {}
+var queueSettings = withQueue ? {
+  // The queue trigger's identity connection (the app's identity holds Storage Queue Data
+  // Contributor on this account already, for the host's own queues).
+  RETURNS_QUEUE: 'returns'
+  ReturnsQueueConnection__queueServiceUri: storageQueues.outputs.queueServiceUri
+  ReturnsQueueConnection__credential: 'managedidentity'
+  ReturnsQueueConnection__clientId: identity.outputs.clientId
+} : {}
 var paymentsSettings = withPayments ? {
   PAYMENT_API_URL: paymentApiUrl
 } : {}
@@ -289,7 +303,7 @@ module functionApp 'modules/functionapp.bicep' = {
     easyAuthClientId: easyAuthClientId
     subnetId: vnetEnabled ? network.outputs.appSubnetId : ''
     pythonVersion: pythonVersion
-    appSettings: union(settings, topicSettings, outboxSettings, sessionsSettings, batchSettings, eventHubsSettings, paymentsSettings)
+    appSettings: union(settings, topicSettings, outboxSettings, sessionsSettings, batchSettings, eventHubsSettings, paymentsSettings, queueSettings)
   }
 }
 

@@ -1,4 +1,4 @@
-"""Start and stop the real Azurite Table service (from lab/node_modules) on a free port."""
+"""Start and stop a real Azurite service (Table by default; Queue, Blob) from lab/node_modules, on a free port."""
 
 from __future__ import annotations
 
@@ -48,28 +48,27 @@ def start_listening(tool: str, args: list[str], port: int, timeout: float) -> su
 
 
 class Azurite:
-    """One Azurite Table process. With ``location`` the data survives ``restart()``."""
+    """One Azurite process of ``service`` ("table", "queue" or "blob"). With ``location`` the
+    data survives ``restart()``."""
 
-    def __init__(self, location: Path | None = None, port: int | None = None) -> None:
+    def __init__(self, location: Path | None = None, port: int | None = None, service: str = "table") -> None:
         self.location = location
         self.port = port or free_port()
+        self.service = service
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def connection_string(self) -> str:
         return (
             f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
-            f"TableEndpoint=http://127.0.0.1:{self.port}/{ACCOUNT};"
+            f"{self.service.capitalize()}Endpoint=http://127.0.0.1:{self.port}/{ACCOUNT};"
         )
 
     def start(self, timeout: float = 30.0) -> Azurite:
         storage = ["--location", str(self.location)] if self.location else ["--inMemoryPersistence"]
-        self._process = start_listening(
-            "azurite-table",
-            ["--tableHost", "127.0.0.1", "--tablePort", str(self.port), *storage, "--disableTelemetry", "--silent"],
-            self.port,
-            timeout,
-        )
+        where = [f"--{self.service}Host", "127.0.0.1", f"--{self.service}Port", str(self.port)]
+        flags = ["--skipApiVersionCheck", "--disableTelemetry", "--silent"]  # the SDKs may speak a newer version
+        self._process = start_listening(f"azurite-{self.service}", [*where, *storage, *flags], self.port, timeout)
         return self
 
     def stop(self) -> None:

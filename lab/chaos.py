@@ -13,7 +13,9 @@ be injected inside it, delivery faults and the outage still are), CHAOS_TROUBLE_
 orders → order-events → billing + shipping with faults at every hop, lab/chain.py),
 CHAOS_STREAM_EVENTS (3000; 0 skips the Event Hubs run: checkpoints after every batch,
 crashes, rebalances, producer retries, parking and replay, lab/eventhub.py),
-CHAOS_SESSION_ORDERS (500; 0 skips the Service Bus sessions run, lab/sessions.py).
+CHAOS_SESSION_ORDERS (500; 0 skips the Service Bus sessions run, lab/sessions.py),
+CHAOS_QUEUE_RETURNS (2000; 0 skips the Storage queue run on the real Azurite queue service: 4
+instances, crashes, lost deletes, a 30 s store outage, lab/queue_chaos.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from lab.chain import ChainConfig, ChainReport, run_chain
 from lab.demo import ORDERS
 from lab.eventhub import StreamConfig, StreamReport, run_stream
 from lab.harness import Report, RunConfig, run
+from lab.queue_chaos import run as run_queue
 from lab.sessions import SessionConfig, SessionReport, run_sessions
 
 
@@ -112,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         orders = int(os.environ.get("CHAOS_SESSION_ORDERS", "500"))
         if orders > 0:
             ok = summarise_sessions(run_sessions(SessionConfig(orders=orders, seed=config.seed), azurite)) and ok
+    returns = int(os.environ.get("CHAOS_QUEUE_RETURNS", "2000"))
+    if returns > 0:
+        queue = run_queue(messages=returns, seed=config.seed)
+        print(f"\nStorage queue: {json.dumps(queue)}")
+        ok = not (queue["double"] or queue["lost"] or queue["poisoned"] or queue["dead_lettered"]) and ok
     return 0 if ok else 1
 
 

@@ -22,6 +22,7 @@ MODULES = {
     "batch": "ledger",
     "eventhubs": "shipments",
     "schedule": "reminders",
+    "queue": "returns",
 }
 FEATURES = ("outbox", "payments")
 

@@ -176,6 +176,31 @@ def _message_properties(message: ServiceBusMessage) -> dict[str, Any]:
     return {key: value for key, value in values.items() if value is not None}
 
 
+@dataclass(frozen=True)
+class StorageQueueMessage:
+    """A queue message as the Storage Queues extension has it once dequeued (its body decoded
+    from base64, host.json messageEncoding's default)."""
+
+    body: bytes
+    dequeue_count: int = 1
+    id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    pop_receipt: str = field(default_factory=lambda: uuid.uuid4().hex)
+    inserted: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+
+def storage_queue(binding: Mapping[str, Any], message: StorageQueueMessage) -> Invocation:
+    """One queue message (azure-sdk-for-net sdk/storage/Microsoft.Azure.WebJobs.Extensions.
+    Storage.Queues QueueTriggerBinding.CreateBindingDataContract): the body as a string (the
+    default type), and DequeueCount (long), Id, PopReceipt (strings), InsertionTime,
+    ExpirationTime and NextVisibleTime (DateTimeOffset), QueueTrigger (the text)."""
+    text = _utf8(message.body)
+    metadata = {"QueueTrigger": text, "DequeueCount": message.dequeue_count, "Id": message.id,
+                "PopReceipt": message.pop_receipt, "InsertionTime": DotNetDate(message.inserted, offset=True),
+                "ExpirationTime": DotNetDate(message.inserted + timedelta(days=7), offset=True),
+                "NextVisibleTime": DotNetDate(datetime.now(UTC) + timedelta(minutes=10), offset=True)}  # fmt: skip
+    return Invocation({binding["name"]: text}, metadata)
+
+
 def _actions() -> dict[str, Any]:
     """MessageActions and friends: objects without public properties, serialised as {}."""
     return {"MessageReceiver": {}, "MessageActions": {}, "SessionActions": {}, "ReceiveActions": {}}

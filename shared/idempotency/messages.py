@@ -87,10 +87,15 @@ class Delivery:
     # How long this delivery may wait inside its invocation for a transient failure to
     # clear; None: the consumer's DEDUP_TRANSIENT_WAIT (Service Bus, which redelivers at once).
     wait: timedelta | None = None
+    # How many times its source delivers it at most (a Storage queue's maxDequeueCount); None:
+    # the consumer's DEDUP_MAX_DELIVERY_COUNT (every Service Bus queue's maxDeliveryCount).
+    max_deliveries: int | None = None
 
     def is_last(self, max_deliveries: int) -> bool:
-        """The broker's last delivery: what still fails now is dead-lettered next."""
-        return self.delivery_count is not None and self.delivery_count >= max_deliveries
+        """The source's last delivery (``max_deliveries`` unless it says its own): what still
+        fails now is dead-lettered next."""
+        limit = self.max_deliveries or max_deliveries
+        return self.delivery_count is not None and self.delivery_count >= limit
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,12 @@ from lab.demo import ORDERS
 from lab.harness import RunConfig, run
 from lab.runtime import build
 from lab.runtime.host import WorkerHost
-from lab.runtime.triggers import Http, http, http_result, timer
+from lab.runtime.triggers import Http, StorageQueueMessage, http, http_result, storage_queue, timer
 from shared.idempotency.functions import housekeeping
 from shared.idempotency.keys import DedupKey
 from shared.idempotency.outbox import message_id
+from shared.idempotency.stores import TableStore
+from shared.idempotency.testing import entities
 from tests.runtime.test_python_worker import (  # with its fixtures: this module's own Azurite, table and app
     FUNCTION_KEY,
     app_settings,
@@ -38,6 +40,7 @@ from tests.runtime.test_python_worker import (  # with its fixtures: this module
     configured,
     default_runtime,  # noqa: F401
     settings_named,
+    store,  # noqa: F401
     store_server,  # noqa: F401
     table,  # noqa: F401
 )
@@ -85,6 +88,7 @@ EXPECTED: dict[str, tuple[str, dict[str, Any]]] = {  # function: (trigger type, 
     ),
     "ledger_batch": ("serviceBusTrigger", {"queueName": "%LEDGER_QUEUE%", "cardinality": "MANY", "dataType": "BINARY"}),
     "order_events": ("eventGridTrigger", {}),
+    "order_returns": ("queueTrigger", {"queueName": "%RETURNS_QUEUE%", "connection": "ReturnsQueueConnection"}),
     "orders_api": ("httpTrigger", {"route": "orders", "methods": ["POST"], "authLevel": "FUNCTION"}),
     "events_api": ("httpTrigger", {"route": "events", "methods": ["POST", "OPTIONS"], "authLevel": "FUNCTION"}),
     "reconcile_claims": ("timerTrigger", {"schedule": "0 */15 * * * *", "useMonitor": True}),
@@ -212,6 +216,30 @@ def test_an_order_whose_first_send_fails_is_accepted_and_its_message_swept_once(
         sweep(worker)
     sweep(worker)  # nothing left: never sent twice
     assert published(sent, order_id) == [message_id(DedupKey("orders-api", order_id), "accepted")]
+
+
+def test_a_queue_message_through_the_worker_is_recorded_once_and_refused_at_its_first_dequeue(
+    worker: WorkerHost, store: TableStore
+) -> None:
+    """The queue recipe with the trigger data the host sends: a message dequeued again (a lease
+    lapsed) and a producer's retry (a new message id) make one return; an invalid one is
+    dead-lettered with its reason at its first dequeue and acknowledged (deleted, not retried)."""
+    trigger, return_id = worker.trigger("order_returns"), "r-" + uuid.uuid4().hex[:12]
+    body = json.dumps({"returnId": return_id, "orderId": "o-1", "amount": 3.5}).encode()
+    for message in (
+        StorageQueueMessage(body, 1, "q-1"),
+        StorageQueueMessage(body, 2, "q-1"),
+        StorageQueueMessage(body),
+    ):
+        assert worker.failed(worker.invoke("order_returns", storage_queue(trigger, message))) is None
+    assert [e["returnId"] for e in entities(store, "return") if e["returnId"] == return_id] == [return_id]
+    bad = json.dumps({"returnId": return_id + "-bad", "amount": -1}).encode()
+    assert (
+        worker.failed(worker.invoke("order_returns", storage_queue(trigger, StorageQueueMessage(bad, 1, "q-3"))))
+        is None
+    )
+    [record] = [d for d in store.dead_letters("returns") if d.message_id == "q-3"]
+    assert (record.reason, record.delivery_count) == ("schema_violation", 1)
 
 
 def test_the_demo_delivers_through_the_worker(store_server: Azurite) -> None:

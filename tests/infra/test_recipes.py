@@ -31,7 +31,18 @@ from lab.infra_checks import (
 )
 from tests.infra.test_infra import infra_copy
 
-RECIPES = ["topic", "outbox", "sessions", "batch", "eventhubs", "http", "cloudevents-http", "schedule", "payments"]
+RECIPES = [
+    "topic",
+    "outbox",
+    "sessions",
+    "batch",
+    "eventhubs",
+    "http",
+    "cloudevents-http",
+    "schedule",
+    "payments",
+    "queue",
+]
 # Fixed so that the private endpoints are counted; every other parameter takes any value.
 NETWORK = {"vnetEnabled": True, "dedupStore": "table"}
 
@@ -56,6 +67,10 @@ ADDS: dict[str, tuple[dict[str, int], set[str], set[str]]] = {
     "cloudevents-http": ({}, set(), set()),
     "schedule": ({}, set(), set()),
     "payments": ({"alerts.bicep:rules": 1}, {"PAYMENT_API_URL"}, {"dedup-escalations"}),
+    "queue": ({"storage-queues.bicep:queueService[default]": 1, "storage-queues.bicep:consumed[returns]": 1,
+               "storage-queues.bicep:poison": 1},
+              {"RETURNS_QUEUE", "ReturnsQueueConnection__queueServiceUri", "ReturnsQueueConnection__credential",
+               "ReturnsQueueConnection__clientId"}, set()),
 }  # fmt: skip
 
 

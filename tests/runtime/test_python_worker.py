@@ -228,9 +228,10 @@ def assert_documented_and_deployed(named: set[str], connections: set[str]) -> No
     for name in named:
         assert name in DOCUMENTED, name
         assert re.search(rf"^\s*{name}:", bicep, re.MULTILINE), f"{name} is not an app setting in infra"
-    for connection in connections:
+    for connection in connections:  # the service's address, as its extension reads it with an identity
         assert connection in DOCUMENTED, connection
-        assert f"{connection}__fullyQualifiedNamespace:" in bicep, connection
+        assert re.search(rf"^\s*{connection}__(fullyQualifiedNamespace|queueServiceUri|blobServiceUri):", bicep,
+                         re.MULTILINE), connection  # fmt: skip
 
 
 def test_every_setting_the_apps_bindings_name_is_documented_and_deployed(worker: WorkerHost) -> None:

@@ -11,7 +11,7 @@ each function's body one call:
     def on_invoice(msg: func.ServiceBusMessage) -> None:
         on_servicebus(invoices, msg)
 
-- one call per trigger: ``on_servicebus``, ``on_servicebus_batch``, ``on_eventgrid``,
+- one call per trigger: ``on_servicebus``, ``on_servicebus_batch``, ``on_storage_queue``, ``on_eventgrid``,
   ``on_http`` (``Idempotency-Key``), ``on_cloudevents_http``, ``on_eventhub_batch`` (park
   on the last try), ``on_schedule`` (a timer's occurrence, each item once); ``BODY_AS_BYTES``
   for the Service Bus triggers, ``stored_response`` for what an HTTP handler answers; a
@@ -23,7 +23,7 @@ each function's body one call:
   once (purge expired markers; with ``"steps"`` reconcile stale claims; with ``"outbox"``
   sweep the outbox).
 
-One module per source (``_servicebus``, ``_eventgrid``, ``_eventhubs``, ``_http``,
+One module per source (``_servicebus``, ``_storage_queue``, ``_eventgrid``, ``_eventhubs``, ``_http``,
 ``_cloudevents_http``, ``_schedule``), each opening with its ``on_*`` call. Building blocks for
 a trigger of your own are in ``.adapters``; the app's declared consumers, for operators' tools,
 in ``.registry``.
@@ -39,6 +39,7 @@ from ._schedule import on_schedule
 from ._senders import ServiceBusSender
 from ._servicebus import BODY_AS_BYTES, on_servicebus, on_servicebus_batch
 from ._settle import RetryLater
+from ._storage_queue import on_storage_queue
 
 __all__ = [
     "BODY_AS_BYTES",
@@ -54,6 +55,7 @@ __all__ = [
     "on_schedule",
     "on_servicebus",
     "on_servicebus_batch",
+    "on_storage_queue",
     "shared_sender",
     "shared_store",
     "stored_response",

@@ -2,7 +2,7 @@
 them): turn what the trigger receives into a ``Delivery``, give it to the consumer, settle
 its ``Result``.
 
-- deliveries: ``servicebus_delivery``, ``eventgrid_delivery``, ``eventhub_deliveries`` (an
+- deliveries: ``servicebus_delivery``, ``storage_queue_delivery``, ``eventgrid_delivery``, ``eventhub_deliveries`` (an
   event's place in its hub: ``event_position``), ``cloudevent_delivery``, ``http_delivery`` (``Idempotency-Key``),
   ``http_cloudevent_delivery``;
 - settlements: ``acknowledge_or_retry`` (return, or raise ``RetryLater`` for the host to
@@ -18,6 +18,7 @@ from ._eventhubs import event_position, eventhub_deliveries
 from ._http import HTTP_WAIT, REPLAYED, http_delivery, http_response, problem
 from ._servicebus import servicebus_delivery
 from ._settle import acknowledge_or_retry
+from ._storage_queue import storage_queue_delivery
 
 __all__ = [
     "EVENT_GRID_WAIT",
@@ -34,4 +35,5 @@ __all__ = [
     "http_response",
     "problem",
     "servicebus_delivery",
+    "storage_queue_delivery",
 ]

@@ -1,0 +1,28 @@
+// The queue recipe (main.bicep deploys it only then): the Storage queues the app consumes, in
+// its own storage account, each with the `<queue>-poison` queue the Functions host moves a
+// message to after host.json's maxDequeueCount dequeues (created here: the host would need
+// the right to create queues otherwise).
+param storageAccountName string
+@description('The queues the app consumes (queue triggers).')
+param queues array
+
+resource account 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
+  name: storageAccountName
+}
+
+resource queueService 'Microsoft.Storage/storageAccounts/queueServices@2023-05-01' = {
+  parent: account
+  name: 'default'
+}
+
+resource consumed 'Microsoft.Storage/storageAccounts/queueServices/queues@2023-05-01' = [for queue in queues: {
+  parent: queueService
+  name: queue
+}]
+
+resource poison 'Microsoft.Storage/storageAccounts/queueServices/queues@2023-05-01' = [for queue in queues: {
+  parent: queueService
+  name: '${queue}-poison'
+}]
+
+output queueServiceUri string = account.properties.primaryEndpoints.queue

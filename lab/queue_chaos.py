@@ -1,0 +1,140 @@
+"""``python -m lab.queue_chaos``: the ``queue`` recipe (recipes/returns.py) under faults, on the
+real Azurite queue and table services. Returns are enqueued, a share twice (a producer's
+retry: a new queue message, the same returnId); ``--instances`` listeners (lab/queue_host.py)
+compete for them; an instance crashes while the function runs, or after it before its delete
+is acknowledged (a lost delete); the store is down for ``--outage`` seconds mid-run. One JSON
+line; exit 1 on a double effect, a lost return, a poisoned message or a dead letter.
+
+Knobs: --messages 2000 --instances 4 --dup-rate 0.3 --crash-rate 0.03 --lost-delete-rate 0.03
+--outage 30 --seed 1."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from azure.storage.queue import QueueMessage as StoredMessage
+
+from lab.azurite import Azurite
+from lab.host import user_function
+from lab.queue_host import Crash, QueueHost, Tally, queue_client
+from shared.idempotency.functions import shared_store
+from shared.idempotency.stores import TableStore
+from shared.idempotency.testing import entities, reset
+
+LEASE_SECONDS = 2  # scaled down from the host's 10 minutes: a crashed instance's message comes back soon
+
+
+def run(messages: int = 2000, instances: int = 4, dup_rate: float = 0.3, crash_rate: float = 0.03,
+        lost_delete_rate: float = 0.03, outage: float = 30.0, seed: int = 1) -> dict[str, Any]:  # fmt: skip
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory() as folder, Azurite(Path(folder)) as table, Azurite(service="queue") as queues:
+        name = "returns-" + uuid.uuid4().hex[:8]
+        saved = dict(os.environ)
+        os.environ.update(DEDUP_STORAGE_CONNECTION=table.connection_string, DEDUP_TABLE="t" + uuid.uuid4().hex[:12],
+                          DEDUP_DEADLETTER_TABLE="d" + uuid.uuid4().hex[:12], RETURNS_QUEUE=name,
+                          ReturnsQueueConnection=queues.connection_string,
+                          DEDUP_TRANSIENT_WAIT=f"PT{int(outage) + 60}S")  # fmt: skip
+        reset()
+        try:
+            return _run(table, queues.connection_string, name, messages, instances, dup_rate, crash_rate,
+                        lost_delete_rate, outage, rng)  # fmt: skip
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+            reset()
+
+
+def _run(table: Azurite, connection: str, name: str, messages: int, instances: int, dup_rate: float,
+         crash_rate: float, lost_delete_rate: float, outage: float, rng: random.Random) -> dict[str, Any]:  # fmt: skip
+    function = user_function("order_returns")
+    store = shared_store()
+    assert isinstance(store, TableStore)
+    store.create_tables()
+    lock = threading.Lock()
+
+    def faults(stage: str, message: StoredMessage) -> None:
+        with lock:
+            roll = rng.random()
+        if (stage == "invoke" and roll < crash_rate) or (stage == "delete" and roll < lost_delete_rate):
+            raise Crash(stage)
+
+    tally = Tally()
+    hosts = [QueueHost(connection, name, function, faults=faults, tally=tally, batch_size=8,
+                       lease=timedelta(seconds=LEASE_SECONDS)) for _ in range(instances)]  # fmt: skip
+    hosts[0].create_queues()
+    bodies = [{"returnId": f"r-{i}", "orderId": f"o-{i // 3}", "amount": round(5 + i % 97 * 0.5, 2)}
+              for i in range(messages)]  # fmt: skip
+    sends = [*bodies, *(b for b in bodies if rng.random() < dup_rate)]
+    rng.shuffle(sends)
+    sender = queue_client(connection, name)
+    for body in sends:
+        sender.send_message(json.dumps(body).encode())
+    started = time.monotonic()
+    done = threading.Event()
+
+    def listen(host: QueueHost) -> None:
+        while not done.is_set():
+            if host.poll() == 0:
+                time.sleep(0.2)
+
+    def break_the_store() -> None:
+        while not done.is_set() and tally.deleted < len(sends) // 3:
+            time.sleep(0.05)
+        if not done.is_set():
+            table.stop()
+            time.sleep(outage)
+            table.start()
+
+    threads = [threading.Thread(target=listen, args=(host,)) for host in hosts]
+    threads.append(threading.Thread(target=break_the_store))
+    for thread in threads:
+        thread.start()
+    try:
+        while sender.get_queue_properties().approximate_message_count:  # visible or leased
+            time.sleep(0.5)
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join()
+    seconds = time.monotonic() - started
+    applied = Counter(e["returnId"] for e in entities(shared_store(), "return"))
+    poisoned = queue_client(connection, f"{name}-poison").get_queue_properties().approximate_message_count or 0
+    dead = shared_store().dead_letters("returns")
+    return {"returns": messages, "enqueued": len(sends), "instances": len(hosts), "seconds": round(seconds, 1),
+            "invocations": tally.invocations, "crashes": tally.crashes - tally.lost_deletes,
+            "lost_deletes": tally.lost_deletes, "released": tally.released, "outage_s": outage,
+            "applied": sum(applied.values()), "double": sum(n - 1 for n in applied.values() if n > 1),
+            "lost": sum(1 for b in bodies if applied[b["returnId"]] == 0), "poisoned": poisoned,
+            "dead_lettered": len(dead)}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab.queue_chaos", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=2000)
+    parser.add_argument("--instances", type=int, default=4)
+    parser.add_argument("--dup-rate", type=float, default=0.3)
+    parser.add_argument("--crash-rate", type=float, default=0.03)
+    parser.add_argument("--lost-delete-rate", type=float, default=0.03)
+    parser.add_argument("--outage", type=float, default=30.0)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    report = run(args.messages, args.instances, args.dup_rate, args.crash_rate, args.lost_delete_rate, args.outage,
+                 args.seed)  # fmt: skip
+    print(json.dumps(report))
+    bad = report["double"] or report["lost"] or report["poisoned"] or report["dead_lettered"]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,175 @@
+"""A Storage queue listener run as the Functions host runs one (the Storage Queues extension's
+QueueListener and QueueProcessor), over the real Azurite queue service. A test tool.
+
+What it does, as the host does it:
+- Get Messages, up to ``batch_size``, each leased for ``lease`` (the host: 10 minutes, renewed
+  at half of it while the function runs; a renewal is Update Message, which hands a new pop
+  receipt); the service counts the dequeues;
+- a message dequeued more than ``max_dequeue_count`` times is moved to the poison queue without
+  running the function (a host died while it ran);
+- success: Delete Message with the last pop receipt. Failure: on the ``max_dequeue_count``-th
+  dequeue, the poison queue (``<queue>-poison``) gets a new message with the same body and the
+  original is deleted; before it, Update Message makes it visible again after
+  ``visibility_timeout``;
+- a crash (the process dies while the function runs or before it deletes) settles nothing:
+  the lease lapses and the message is dequeued again, by this instance or another.
+
+The body goes to the function base64-decoded (host.json ``messageEncoding``: base64, the
+default), as ``azure.functions.QueueMessage`` with the metadata the host sends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import azure.functions as func
+from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+from azure.functions.queue import QueueMessage as WorkerMessage
+from azure.storage.queue import BinaryBase64DecodePolicy, BinaryBase64EncodePolicy, QueueClient
+from azure.storage.queue import QueueMessage as StoredMessage
+
+Function = Callable[[func.QueueMessage], None]
+
+
+class Crash(Exception):
+    """The process dies here: nothing after it runs (raised by a fault plan, never by the app)."""
+
+
+def queue_client(connection: str, name: str) -> QueueClient:
+    """A client that encodes and decodes bodies as base64, as the host's default encoding."""
+    return QueueClient.from_connection_string(connection, name, message_encode_policy=BinaryBase64EncodePolicy(),
+                                              message_decode_policy=BinaryBase64DecodePolicy())  # fmt: skip
+
+
+def delivered(message: StoredMessage) -> func.QueueMessage:
+    """The message as the worker hands it to the function (azure.functions.queue's converter)."""
+    return WorkerMessage(  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
+        id=message.id, body=bytes(message.content), dequeue_count=message.dequeue_count,
+        expiration_time=message.expires_on, insertion_time=message.inserted_on,
+        time_next_visible=message.next_visible_on, pop_receipt=message.pop_receipt)  # fmt: skip
+
+
+@dataclass
+class Tally:
+    invocations: int = 0
+    deleted: int = 0
+    released: int = 0  # made visible again after a failure
+    poisoned: int = 0
+    crashes: int = 0
+    lost_deletes: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **counts: int) -> None:
+        with self.lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
+
+
+class QueueHost:
+    """One instance's listener on ``queue`` for ``function``. ``faults(stage, message)`` may
+    raise Crash at "invoke" (the process dies while the function runs) or "delete" (after it
+    succeeded, before the delete is acknowledged: the delete is lost)."""
+
+    def __init__(self, connection: str, queue: str, function: Function, *, max_dequeue_count: int = 5,
+                 visibility_timeout: timedelta = timedelta(0), lease: timedelta = timedelta(minutes=10),
+                 batch_size: int = 16, faults: Callable[[str, StoredMessage], None] | None = None,
+                 tally: Tally | None = None) -> None:  # fmt: skip
+        self.queue = queue_client(connection, queue)
+        self.poison = queue_client(connection, f"{queue}-poison")
+        self.function = function
+        self.max_dequeue_count = max_dequeue_count
+        self.visibility_timeout = visibility_timeout
+        self.lease = lease
+        self.batch_size = batch_size
+        self.faults = faults or (lambda stage, message: None)
+        self.tally = tally or Tally()
+
+    def create_queues(self) -> None:
+        for client in (self.queue, self.poison):
+            try:
+                client.create_queue()
+            except HttpResponseError as exc:
+                if exc.status_code != 409:  # it exists
+                    raise
+
+    def poll(self) -> int:
+        """One Get Messages and every message it returned processed, one after the other; how many."""
+        messages = list(self.queue.receive_messages(max_messages=self.batch_size,
+                                                    visibility_timeout=int(self.lease.total_seconds())))  # fmt: skip
+        for message in messages:
+            try:
+                self.process(message)
+            except Crash:
+                self.tally.add(crashes=1)  # this instance died: the lease lapses, another one gets it
+        return len(messages)
+
+    def process(self, message: StoredMessage) -> None:
+        if (message.dequeue_count or 0) > self.max_dequeue_count:
+            self._to_poison(message)
+            return
+        renewing = _Renewal(self.queue, message, self.lease)
+        try:
+            self.tally.add(invocations=1)
+            self.faults("invoke", message)
+            self.function(delivered(message))
+        except Crash:
+            renewing.stop()
+            raise
+        except Exception:  # noqa: BLE001 - the function failed: the host retries or poisons
+            current = renewing.stop()
+            if (message.dequeue_count or 0) >= self.max_dequeue_count:
+                self._to_poison(current)
+            else:
+                self.queue.update_message(current, pop_receipt=current.pop_receipt,
+                                          visibility_timeout=int(self.visibility_timeout.total_seconds()))  # fmt: skip
+                self.tally.add(released=1)
+            return
+        current = renewing.stop()
+        try:
+            self.faults("delete", current)
+        except Crash:
+            self.tally.add(lost_deletes=1)
+            raise
+        self._delete(current)
+        self.tally.add(deleted=1)
+
+    def _to_poison(self, message: StoredMessage) -> None:
+        self.poison.send_message(bytes(message.content))
+        self._delete(message)
+        self.tally.add(poisoned=1)
+
+    def _delete(self, message: StoredMessage) -> None:
+        with contextlib.suppress(ResourceNotFoundError):  # another instance's lease took it and deleted it
+            self.queue.delete_message(message, pop_receipt=message.pop_receipt)
+
+
+class _Renewal:
+    """Renews a message's lease at half of it while the function runs (Update Message, a new
+    pop receipt each time); ``stop`` returns the message with its last pop receipt."""
+
+    def __init__(self, queue: QueueClient, message: StoredMessage, lease: timedelta) -> None:
+        self._queue, self._message, self._lease = queue, message, lease
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._lease.total_seconds() / 2):
+            with self._lock:
+                if self._stopped.is_set():
+                    return
+                renewed = self._queue.update_message(self._message, pop_receipt=self._message.pop_receipt,
+                                                     visibility_timeout=int(self._lease.total_seconds()))  # fmt: skip
+                self._message.pop_receipt = renewed.pop_receipt
+                self._message.next_visible_on = renewed.next_visible_on
+
+    def stop(self) -> StoredMessage:
+        with self._lock:
+            self._stopped.set()
+        self._thread.join()
+        return self._message
