@@ -119,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     if returns > 0:
         queue = run_queue(messages=returns, seed=config.seed)
         print(f"\nStorage queue: {json.dumps(queue)}")
-        ok = not (queue["double"] or queue["lost"] or queue["poisoned"] or queue["dead_lettered"]) and ok
+        ok = (
+            not (queue["double"] or queue["lost"] or queue["left"] or queue["poisoned"] or queue["dead_lettered"])
+            and ok
+        )
     return 0 if ok else 1
 
 

@@ -19,16 +19,20 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from azure.storage.queue import QueueMessage as StoredMessage
 
+import recipes
 from lab.azurite import Azurite
 from lab.host import user_function
 from lab.queue_host import Crash, QueueHost, Tally, queue_client
+from shared.idempotency import Delivery, IdempotentConsumer, Outcome, Result
 from shared.idempotency.functions import shared_store
+from shared.idempotency.functions._storage_queue import HOST_JSON, max_dequeue_count
 from shared.idempotency.stores import TableStore
 from shared.idempotency.testing import entities, reset
 
@@ -57,11 +61,22 @@ def run(messages: int = 2000, instances: int = 4, dup_rate: float = 0.3, crash_r
 
 def _run(table: Azurite, connection: str, name: str, messages: int, instances: int, dup_rate: float,
          crash_rate: float, lost_delete_rate: float, outage: float, rng: random.Random) -> dict[str, Any]:  # fmt: skip
+    lock = threading.Lock()
     function = user_function("order_returns")
+    consumer: IdempotentConsumer = recipes.module("returns").returns_consumer()
+    processed: Counter[str] = Counter()  # the returns each delivery applied: a double effect is a second one
+    process_batch = consumer.process_batch
+
+    def counted(deliveries: Sequence[Delivery]) -> list[Result]:
+        results = process_batch(deliveries)
+        with lock:
+            processed.update(r.key.id for r in results if r.outcome is Outcome.PROCESSED and r.key is not None)
+        return results
+
+    consumer.process_batch = counted  # type: ignore[method-assign]  # counted as the function calls it
     store = shared_store()
     assert isinstance(store, TableStore)
     store.create_tables()
-    lock = threading.Lock()
 
     def faults(stage: str, message: StoredMessage) -> None:
         with lock:
@@ -70,11 +85,15 @@ def _run(table: Azurite, connection: str, name: str, messages: int, instances: i
             raise Crash(stage)
 
     tally = Tally()
-    hosts = [QueueHost(connection, name, function, faults=faults, tally=tally, batch_size=8,
-                       lease=timedelta(seconds=LEASE_SECONDS)) for _ in range(instances)]  # fmt: skip
+    queues = json.loads(HOST_JSON.read_text()).get("extensions", {}).get("queues", {})
+    hidden = timedelta(seconds=_seconds(queues.get("visibilityTimeout", "00:00:00")))
+    hosts = [QueueHost(connection, name, function, faults=faults, tally=tally, batch_size=8, visibility_timeout=hidden,
+                       max_dequeue_count=max_dequeue_count(), lease=timedelta(seconds=LEASE_SECONDS))
+             for _ in range(instances)]  # fmt: skip
     hosts[0].create_queues()
-    bodies = [{"returnId": f"r-{i}", "orderId": f"o-{i // 3}", "amount": round(5 + i % 97 * 0.5, 2)}
-              for i in range(messages)]  # fmt: skip
+    bodies: list[dict[str, Any]] = [
+        {"returnId": f"r-{i}", "orderId": f"o-{i // 3}", "amount": round(5 + i % 97 * 0.5, 2)} for i in range(messages)
+    ]
     sends = [*bodies, *(b for b in bodies if rng.random() < dup_rate)]
     rng.shuffle(sends)
     sender = queue_client(connection, name)
@@ -83,9 +102,15 @@ def _run(table: Azurite, connection: str, name: str, messages: int, instances: i
     started = time.monotonic()
     done = threading.Event()
 
+    errors: list[str] = []
+
     def listen(host: QueueHost) -> None:
         while not done.is_set():
-            if host.poll() == 0:
+            try:
+                if host.poll() == 0:
+                    time.sleep(0.2)
+            except Exception as exc:  # noqa: BLE001 - reported, and the listener goes on as the host's does
+                errors.append(repr(exc)[:200])
                 time.sleep(0.2)
 
     def break_the_store() -> None:
@@ -100,23 +125,31 @@ def _run(table: Azurite, connection: str, name: str, messages: int, instances: i
     threads.append(threading.Thread(target=break_the_store))
     for thread in threads:
         thread.start()
+    deadline = time.monotonic() + outage + 600
     try:
-        while sender.get_queue_properties().approximate_message_count:  # visible or leased
-            time.sleep(0.5)
+        while sender.get_queue_properties().approximate_message_count and time.monotonic() < deadline:
+            time.sleep(0.5)  # visible or leased
     finally:
         done.set()
         for thread in threads:
             thread.join()
     seconds = time.monotonic() - started
-    applied = Counter(e["returnId"] for e in entities(shared_store(), "return"))
+    stored = Counter(e["returnId"] for e in entities(shared_store(), "return"))
     poisoned = queue_client(connection, f"{name}-poison").get_queue_properties().approximate_message_count or 0
     dead = shared_store().dead_letters("returns")
     return {"returns": messages, "enqueued": len(sends), "instances": len(hosts), "seconds": round(seconds, 1),
             "invocations": tally.invocations, "crashes": tally.crashes - tally.lost_deletes,
             "lost_deletes": tally.lost_deletes, "released": tally.released, "outage_s": outage,
-            "applied": sum(applied.values()), "double": sum(n - 1 for n in applied.values() if n > 1),
-            "lost": sum(1 for b in bodies if applied[b["returnId"]] == 0), "poisoned": poisoned,
-            "dead_lettered": len(dead)}  # fmt: skip
+            "applied": sum(processed.values()), "double": sum(n - 1 for n in processed.values() if n > 1),
+            "lost": sum(1 for b in bodies if not processed[b["returnId"]] or not stored[b["returnId"]]),
+            "left": sender.get_queue_properties().approximate_message_count or 0, "poisoned": poisoned,
+            "dead_lettered": len(dead), "listener_errors": len(errors)}  # fmt: skip
+
+
+def _seconds(span: str) -> float:
+    """A host.json TimeSpan (``hh:mm:ss``) in seconds."""
+    hours, minutes, seconds = (float(part) for part in span.split(":"))
+    return hours * 3600 + minutes * 60 + seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run(args.messages, args.instances, args.dup_rate, args.crash_rate, args.lost_delete_rate, args.outage,
                  args.seed)  # fmt: skip
     print(json.dumps(report))
-    bad = report["double"] or report["lost"] or report["poisoned"] or report["dead_lettered"]
+    bad = report["double"] or report["lost"] or report["left"] or report["poisoned"] or report["dead_lettered"]
     return 1 if bad else 0
 
 

@@ -20,7 +20,6 @@ default), as ``azure.functions.QueueMessage`` with the metadata the host sends.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -97,14 +96,17 @@ class QueueHost:
                     raise
 
     def poll(self) -> int:
-        """One Get Messages and every message it returned processed, one after the other; how many."""
+        """One Get Messages and every message it returned processed, one after the other; how
+        many. A crash ends the batch: the instance died, every message it still held waits for
+        its lease to lapse."""
         messages = list(self.queue.receive_messages(max_messages=self.batch_size,
                                                     visibility_timeout=int(self.lease.total_seconds())))  # fmt: skip
         for message in messages:
             try:
                 self.process(message)
             except Crash:
-                self.tally.add(crashes=1)  # this instance died: the lease lapses, another one gets it
+                self.tally.add(crashes=1)
+                break
         return len(messages)
 
     def process(self, message: StoredMessage) -> None:
@@ -124,9 +126,11 @@ class QueueHost:
             if (message.dequeue_count or 0) >= self.max_dequeue_count:
                 self._to_poison(current)
             else:
-                self.queue.update_message(current, pop_receipt=current.pop_receipt,
-                                          visibility_timeout=int(self.visibility_timeout.total_seconds()))  # fmt: skip
-                self.tally.add(released=1)
+                hidden = self._seconds(self.visibility_timeout)
+                release = lambda: self.queue.update_message(current.id, pop_receipt=current.pop_receipt,  # noqa: E731
+                                                           visibility_timeout=hidden)  # fmt: skip
+                if _lease_held(release):
+                    self.tally.add(released=1)
             return
         current = renewing.stop()
         try:
@@ -134,17 +138,35 @@ class QueueHost:
         except Crash:
             self.tally.add(lost_deletes=1)
             raise
-        self._delete(current)
-        self.tally.add(deleted=1)
+        if self._delete(current):
+            self.tally.add(deleted=1)
 
     def _to_poison(self, message: StoredMessage) -> None:
         self.poison.send_message(bytes(message.content))
         self._delete(message)
         self.tally.add(poisoned=1)
 
-    def _delete(self, message: StoredMessage) -> None:
-        with contextlib.suppress(ResourceNotFoundError):  # another instance's lease took it and deleted it
-            self.queue.delete_message(message, pop_receipt=message.pop_receipt)
+    def _delete(self, message: StoredMessage) -> bool:
+        return _lease_held(lambda: self.queue.delete_message(message.id, pop_receipt=message.pop_receipt))
+
+    @staticmethod
+    def _seconds(span: timedelta) -> int:
+        return int(span.total_seconds())
+
+
+def _lease_held(call: Callable[[], object]) -> bool:
+    """Run a call that needs the message's lease; False when the lease was lost meanwhile (its
+    pop receipt is stale: 400 PopReceiptMismatch, or 404 once another instance deleted it),
+    as the host tolerates it."""
+    try:
+        call()
+    except ResourceNotFoundError:
+        return False
+    except HttpResponseError as exc:
+        if exc.status_code == 400 and getattr(exc, "error_code", None) == "PopReceiptMismatch":
+            return False
+        raise
+    return True
 
 
 class _Renewal:
@@ -163,8 +185,12 @@ class _Renewal:
             with self._lock:
                 if self._stopped.is_set():
                     return
-                renewed = self._queue.update_message(self._message, pop_receipt=self._message.pop_receipt,
-                                                     visibility_timeout=int(self._lease.total_seconds()))  # fmt: skip
+                try:
+                    message, lease = self._message, int(self._lease.total_seconds())
+                    renewed = self._queue.update_message(message.id, pop_receipt=message.pop_receipt,
+                                                         visibility_timeout=lease)  # fmt: skip
+                except (ResourceNotFoundError, HttpResponseError):  # the lease was lost: the delete will say so
+                    return
                 self._message.pop_receipt = renewed.pop_receipt
                 self._message.next_visible_on = renewed.next_visible_on
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from pathlib import Path
 
 import azure.functions as func
@@ -33,12 +34,16 @@ def storage_queue_delivery(msg: func.QueueMessage) -> Delivery:
 
 
 HOST_JSON = Path(__file__).resolve().parents[3] / "host.json"  # the app's root: where shared/ is
+OVERRIDE = "AzureFunctionsJobHost__extensions__queues__maxDequeueCount"  # an app setting over host.json
 
 
 @functools.cache
 def max_dequeue_count() -> int:
-    """host.json's ``extensions.queues.maxDequeueCount``, or the host's default when it sets none."""
+    """The host's ``extensions.queues.maxDequeueCount``: the app setting that overrides host.json,
+    else host.json's, else the host's default."""
     try:
+        if os.environ.get(OVERRIDE):
+            return int(os.environ[OVERRIDE])
         return int(json.loads(HOST_JSON.read_text())["extensions"]["queues"]["maxDequeueCount"])
     except (OSError, KeyError, TypeError, ValueError):
         return MAX_DEQUEUE_COUNT
