@@ -96,33 +96,37 @@ class QueueHost:
                     raise
 
     def poll(self) -> int:
-        """One Get Messages and every message it returned processed, one after the other; how
-        many. A crash ends the batch: the instance died, every message it still held waits for
-        its lease to lapse."""
+        """One Get Messages and every message it returned processed; how many. The host hands a
+        batch's messages to invocations at once, each lease renewed from then on: here they are
+        processed one after the other, each under its renewed lease from the start. A crash
+        ends the batch: the instance died, every message it still held waits for its lease to
+        lapse."""
         messages = list(self.queue.receive_messages(max_messages=self.batch_size,
                                                     visibility_timeout=int(self.lease.total_seconds())))  # fmt: skip
-        for message in messages:
-            try:
-                self.process(message)
-            except Crash:
-                self.tally.add(crashes=1)
-                break
+        leases = [_Renewal(self.queue, message, self.lease) for message in messages]
+        try:
+            for lease in leases:
+                self.process(lease)
+        except Crash:
+            self.tally.add(crashes=1)
+        finally:
+            for lease in leases:
+                lease.stop()
         return len(messages)
 
-    def process(self, message: StoredMessage) -> None:
+    def process(self, lease: _Renewal) -> None:
+        message = lease.message
         if (message.dequeue_count or 0) > self.max_dequeue_count:
-            self._to_poison(message)
+            self._to_poison(lease.stop())
             return
-        renewing = _Renewal(self.queue, message, self.lease)
         try:
             self.tally.add(invocations=1)
             self.faults("invoke", message)
             self.function(delivered(message))
         except Crash:
-            renewing.stop()
             raise
         except Exception:  # noqa: BLE001 - the function failed: the host retries or poisons
-            current = renewing.stop()
+            current = lease.stop()
             if (message.dequeue_count or 0) >= self.max_dequeue_count:
                 self._to_poison(current)
             else:
@@ -132,7 +136,7 @@ class QueueHost:
                 if _lease_held(release):
                     self.tally.add(released=1)
             return
-        current = renewing.stop()
+        current = lease.stop()
         try:
             self.faults("delete", current)
         except Crash:
@@ -175,6 +179,7 @@ class _Renewal:
 
     def __init__(self, queue: QueueClient, message: StoredMessage, lease: timedelta) -> None:
         self._queue, self._message, self._lease = queue, message, lease
+        self.message = message  # its pop receipt follows the renewals
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True)
