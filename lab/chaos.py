@@ -35,6 +35,7 @@ from lab.demo import ORDERS
 from lab.eventhub import StreamConfig, StreamReport, run_stream
 from lab.harness import Report, RunConfig, run
 from lab.queue_chaos import run as run_queue
+from lab.queue_chaos import violations
 from lab.sessions import SessionConfig, SessionReport, run_sessions
 
 
@@ -119,10 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     if returns > 0:
         queue = run_queue(messages=returns, seed=config.seed)
         print(f"\nStorage queue: {json.dumps(queue)}")
-        ok = (
-            not (queue["double"] or queue["lost"] or queue["left"] or queue["poisoned"] or queue["dead_lettered"])
-            and ok
-        )
+        ok = not violations(queue) and ok
     return 0 if ok else 1
 
 

@@ -29,6 +29,7 @@ from azure.storage.queue import QueueMessage as StoredMessage
 import recipes
 from lab.azurite import Azurite
 from lab.host import user_function
+from lab.infra_checks import timespan
 from lab.queue_host import Crash, QueueHost, Tally, queue_client
 from shared.idempotency import Delivery, IdempotentConsumer, Outcome, Result
 from shared.idempotency.functions import shared_store
@@ -36,6 +37,7 @@ from shared.idempotency.functions._storage_queue import HOST_JSON, max_dequeue_c
 from shared.idempotency.stores import TableStore
 from shared.idempotency.testing import entities, reset
 
+VIOLATIONS = ("double", "lost", "left", "poisoned", "dead_lettered", "listener_errors")
 LEASE_SECONDS = 2  # scaled down from the host's 10 minutes: a crashed instance's message comes back soon
 
 
@@ -86,7 +88,7 @@ def _run(table: Azurite, connection: str, name: str, messages: int, instances: i
 
     tally = Tally()
     queues = json.loads(HOST_JSON.read_text()).get("extensions", {}).get("queues", {})
-    hidden = timedelta(seconds=_seconds(queues.get("visibilityTimeout", "00:00:00")))
+    hidden = timespan(queues.get("visibilityTimeout", "00:00:00"))
     hosts = [QueueHost(connection, name, function, faults=faults, tally=tally, batch_size=8, visibility_timeout=hidden,
                        max_dequeue_count=max_dequeue_count(), lease=timedelta(seconds=LEASE_SECONDS))
              for _ in range(instances)]  # fmt: skip
@@ -146,10 +148,9 @@ def _run(table: Azurite, connection: str, name: str, messages: int, instances: i
             "dead_lettered": len(dead), "listener_errors": len(errors)}  # fmt: skip
 
 
-def _seconds(span: str) -> float:
-    """A host.json TimeSpan (``hh:mm:ss``) in seconds."""
-    hours, minutes, seconds = (float(part) for part in span.split(":"))
-    return hours * 3600 + minutes * 60 + seconds
+def violations(report: dict[str, Any]) -> dict[str, int]:
+    """What must be 0 for the run to pass, and what it was."""
+    return {name: report[name] for name in VIOLATIONS if report[name]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run(args.messages, args.instances, args.dup_rate, args.crash_rate, args.lost_delete_rate, args.outage,
                  args.seed)  # fmt: skip
     print(json.dumps(report))
-    bad = report["double"] or report["lost"] or report["left"] or report["poisoned"] or report["dead_lettered"]
-    return 1 if bad else 0
+    return 1 if violations(report) else 0
 
 
 if __name__ == "__main__":
