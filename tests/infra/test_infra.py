@@ -447,3 +447,11 @@ def test_the_telemetry_setup_agrees_across_host_json_app_settings_and_code() -> 
     assert re.search(r"^azure-monitor-opentelemetry==", (root / "requirements.txt").read_text(), re.MULTILINE)
     code = (root / "function_app.py").read_text()
     assert code.count("configure_azure_monitor(") == 1 and "ProxyTracerProvider" in code
+
+
+def test_every_azd_hook_runs_a_script_of_the_repository() -> None:
+    """azure.yaml names its hooks' scripts by path: a moved script fails only after `azd deploy`."""
+    runs = re.findall(r"^\s*run:\s*(\S+)\s*$", (ROOT / "azure.yaml").read_text(), re.MULTILINE)
+    assert runs
+    for run in runs:
+        assert (ROOT / run).is_file(), f"azure.yaml runs {run}, which is not in the repository"
