@@ -71,7 +71,7 @@ param pythonVersion string = '3.13'
 param alertEmail string = ''
 
 @description('The recipes switched on: the names in infra/recipes.json (`make recipe NAME=<name>` adds one; infra/README.md, Recipes). Not an azd variable: the file is the switch. A name not allowed here fails the deployment.')
-@allowed(['topic', 'outbox', 'sessions', 'batch', 'eventhubs', 'http', 'cloudevents-http', 'schedule', 'payments', 'queue'])
+@allowed(['topic', 'outbox', 'sessions', 'batch', 'eventhubs', 'http', 'cloudevents-http', 'schedule', 'payments', 'queue', 'blob-import'])
 param recipes array = loadJsonContent('recipes.json')
 
 @description('payments recipe: the payment API the orders consumer charges through (PAYMENT_API_URL): `azd env set PAYMENT_API_URL <url>`.')
@@ -135,6 +135,7 @@ var withBatch = contains(recipes, 'batch') // the ledger queue (batch trigger)
 var withEventHubs = contains(recipes, 'eventhubs') // the Event Hubs namespace and its shipments hub
 var withPayments = contains(recipes, 'payments') // the payment API's URL (two-phase steps)
 var withQueue = contains(recipes, 'queue') // the returns Storage queue and its poison queue
+var withBlobImport = contains(recipes, 'blob-import') // the imports container and the storage account's system topic
 
 // Plain Service Bus queues besides orders: your own consumers' queues (README, Start your own
 // app), then the batch recipe's. Each gets the orders queue's settings and a receive role.
@@ -193,6 +194,17 @@ module serviceBus 'modules/servicebus.bicep' = {
 module storageQueues 'modules/storage-queues.bicep' = if (withQueue) {
   name: 'storage-queues'
   params: { storageAccountName: storage.outputs.name, queues: ['returns'] }
+}
+
+module blobImports 'modules/blob-imports.bicep' = if (withBlobImport) {
+  name: 'blob-imports'
+  params: {
+    storageAccountName: storage.outputs.name
+    location: location
+    tags: tags
+    container: 'imports'
+    deadLetterContainer: storage.outputs.eventDeadLetterContainer
+  }
 }
 
 module eventHubs 'modules/eventhubs.bicep' = if (withEventHubs) {
@@ -285,6 +297,15 @@ var queueSettings = withQueue ? {
   ReturnsQueueConnection__credential: 'managedidentity'
   ReturnsQueueConnection__clientId: identity.outputs.clientId
 } : {}
+var blobImportSettings = withBlobImport ? {
+  // The blob trigger's identity connection: the blobs, and the queues the extension keeps
+  // (the poison queue webjobs-blobtrigger-poison) in this account.
+  IMPORTS_CONTAINER: blobImports.outputs.container
+  ImportsConnection__blobServiceUri: blobImports.outputs.blobServiceUri
+  ImportsConnection__queueServiceUri: blobImports.outputs.queueServiceUri
+  ImportsConnection__credential: 'managedidentity'
+  ImportsConnection__clientId: identity.outputs.clientId
+} : {}
 var paymentsSettings = withPayments ? {
   PAYMENT_API_URL: paymentApiUrl
 } : {}
@@ -303,7 +324,7 @@ module functionApp 'modules/functionapp.bicep' = {
     easyAuthClientId: easyAuthClientId
     subnetId: vnetEnabled ? network.outputs.appSubnetId : ''
     pythonVersion: pythonVersion
-    appSettings: union(settings, topicSettings, outboxSettings, sessionsSettings, batchSettings, eventHubsSettings, paymentsSettings, queueSettings)
+    appSettings: union(settings, topicSettings, outboxSettings, sessionsSettings, batchSettings, eventHubsSettings, paymentsSettings, queueSettings, blobImportSettings)
   }
 }
 
@@ -355,3 +376,7 @@ output EVENTGRID_TOPIC_ENDPOINT string = eventGrid.outputs.endpoint
 output DEDUP_STORAGE_ENDPOINT string = storage.outputs.tableEndpoint
 output COSMOS_ENDPOINT string = (dedupStore == 'cosmos') ? cosmos.outputs.endpoint : ''
 output DEDUP_RETENTION string = 'P${dedupRetentionDays}D'
+// The blob-import recipe's subscription, created by azd's postdeploy hook (empty: recipe off).
+output IMPORTS_SYSTEM_TOPIC string = withBlobImport ? blobImports.outputs.systemTopicName : ''
+output IMPORTS_CONTAINER string = withBlobImport ? blobImports.outputs.container : ''
+output EVENT_DEAD_LETTER_CONTAINER string = storage.outputs.eventDeadLetterContainer

@@ -28,9 +28,10 @@ from azure.storage.queue import QueueMessage as StoredMessage
 
 import recipes
 from lab.azurite import Azurite
+from lab.faults import Crash
 from lab.host import user_function
 from lab.infra_checks import timespan
-from lab.queue_host import Crash, QueueHost, Tally, queue_client
+from lab.queue_host import QueueHost, Tally, queue_client
 from shared.idempotency import Delivery, IdempotentConsumer, Outcome, Result
 from shared.idempotency.functions import shared_store
 from shared.idempotency.functions._storage_queue import HOST_JSON, max_dequeue_count

@@ -20,22 +20,21 @@ default), as ``azure.functions.QueueMessage`` with the metadata the host sends.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 import azure.functions as func
-from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
 from azure.functions.queue import QueueMessage as WorkerMessage
 from azure.storage.queue import BinaryBase64DecodePolicy, BinaryBase64EncodePolicy, QueueClient
 from azure.storage.queue import QueueMessage as StoredMessage
 
+from lab.faults import Crash
+
 Function = Callable[[func.QueueMessage], None]
-
-
-class Crash(Exception):
-    """The process dies here: nothing after it runs (raised by a fault plan, never by the app)."""
 
 
 def queue_client(connection: str, name: str) -> QueueClient:
@@ -76,9 +75,9 @@ class QueueHost:
     def __init__(self, connection: str, queue: str, function: Function, *, max_dequeue_count: int = 5,
                  visibility_timeout: timedelta = timedelta(0), lease: timedelta = timedelta(minutes=10),
                  batch_size: int = 16, faults: Callable[[str, StoredMessage], None] | None = None,
-                 tally: Tally | None = None) -> None:  # fmt: skip
+                 tally: Tally | None = None, poison: str | None = None) -> None:  # fmt: skip
         self.queue = queue_client(connection, queue)
-        self.poison = queue_client(connection, f"{queue}-poison")
+        self.poison = queue_client(connection, poison or f"{queue}-poison")
         self.function = function
         self.max_dequeue_count = max_dequeue_count
         self.visibility_timeout = visibility_timeout
@@ -89,11 +88,8 @@ class QueueHost:
 
     def create_queues(self) -> None:
         for client in (self.queue, self.poison):
-            try:
+            with contextlib.suppress(ResourceExistsError):  # created before (409, or 204: the same metadata)
                 client.create_queue()
-            except HttpResponseError as exc:
-                if exc.status_code != 409:  # it exists
-                    raise
 
     def poll(self) -> int:
         """One Get Messages and every message it returned processed; how many. The host hands a

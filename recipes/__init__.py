@@ -23,6 +23,7 @@ MODULES = {
     "eventhubs": "shipments",
     "schedule": "reminders",
     "queue": "returns",
+    "blob-import": "prices",
 }
 FEATURES = ("outbox", "payments")
 

@@ -201,6 +201,32 @@ def storage_queue(binding: Mapping[str, Any], message: StorageQueueMessage) -> I
     return Invocation({binding["name"]: text}, metadata)
 
 
+@dataclass
+class Blob:
+    """A blob as the Storage Blobs extension reads it for its trigger."""
+
+    container: str
+    name: str
+    content: bytes
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+def blob(binding: Mapping[str, Any], found: Blob) -> Invocation:
+    """A blob trigger's run (azure-sdk-for-net sdk/storage/Microsoft.Azure.WebJobs.Extensions.
+    Storage.Blobs Triggers/BlobTriggerBinding.CreateBindingData): the content as bytes, and
+    BlobTrigger (``<container>/<blob>``), Uri, Properties (the SDK's BlobProperties, serialised
+    by ToRpcDefault: PascalCase names, enums as numbers, an ETag without public properties as
+    ``{}``), Metadata, and the path's tokens (``{name}``)."""
+    now = DotNetDate(datetime.now(UTC), offset=True)
+    properties = {"ContentLength": len(found.content), "ContentType": "application/x-ndjson", "ETag": {},
+                  "LastModified": now, "CreatedOn": now, "BlobType": 0, "ContentHash": None,
+                  "Metadata": found.metadata}  # fmt: skip
+    metadata = {"BlobTrigger": f"{found.container}/{found.name}", "name": found.name,
+                "Uri": f"https://account.blob.core.windows.net/{found.container}/{found.name}",
+                "Properties": properties, "Metadata": found.metadata}  # fmt: skip
+    return Invocation({binding["name"]: found.content}, metadata)
+
+
 def _actions() -> dict[str, Any]:
     """MessageActions and friends: objects without public properties, serialised as {}."""
     return {"MessageReceiver": {}, "MessageActions": {}, "SessionActions": {}, "ReceiveActions": {}}

@@ -45,6 +45,8 @@ class Reason(StrEnum):
     STORE_REFUSED = "store_refused"
     DOWNSTREAM_REJECTED = "downstream_rejected"
     ITEMS_FAILED = "items_failed"
+    FILE_TOO_LARGE = "file_too_large"  # an import's file, refused whole
+    FILE_MALFORMED = "file_malformed"
 
 
 # What clears by itself, so a delivery waits for it (``wait.py``). A handler's own exception

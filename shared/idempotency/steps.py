@@ -67,6 +67,11 @@ class Context:
         self._done: dict[str, tuple[Marker, JSON]] = {}  # by name: steps called (claim, result), not completed yet
         self._siblings = {} if siblings is None else siblings
 
+    @property
+    def fingerprint(self) -> str:
+        """The payload's fingerprint (``payload.fingerprint``), as the marker keeps it."""
+        return self._fingerprint
+
     def step(self, name: str, call: Callable[[str], JSON]) -> JSON:
         """Run ``call(idempotency_key)`` at most once to completion for (consumer,
         message, step), and return its (JSON) result; a redelivery that finds the step

@@ -18,9 +18,10 @@ import pytest
 
 import recipes
 from lab.azurite import Azurite
+from lab.faults import Crash
 from lab.queue_chaos import run as queue_chaos
 from lab.queue_chaos import violations
-from lab.queue_host import Crash, QueueHost, queue_client
+from lab.queue_host import QueueHost, queue_client
 from shared.idempotency import Delivery, Outcome, Result
 from shared.idempotency.functions import shared_store
 from shared.idempotency.testing import entities, wrapped_handler

@@ -23,13 +23,14 @@ import pytest
 import consumers
 import recipes
 from lab.azurite import Azurite
+from lab.blob_import_run import applied_prices, current_prices, price_lines
 from lab.demo import ORDERS
 from lab.harness import RunConfig, run
 from lab.runtime import build
 from lab.runtime.host import WorkerHost
-from lab.runtime.triggers import Http, StorageQueueMessage, http, http_result, storage_queue, timer
+from lab.runtime.triggers import Blob, Http, StorageQueueMessage, blob, http, http_result, storage_queue, timer
 from shared.idempotency.functions import housekeeping
-from shared.idempotency.keys import DedupKey
+from shared.idempotency.keys import DedupKey, consumer_partition
 from shared.idempotency.outbox import message_id
 from shared.idempotency.stores import TableStore
 from shared.idempotency.testing import entities
@@ -89,6 +90,10 @@ EXPECTED: dict[str, tuple[str, dict[str, Any]]] = {  # function: (trigger type, 
     "ledger_batch": ("serviceBusTrigger", {"queueName": "%LEDGER_QUEUE%", "cardinality": "MANY", "dataType": "BINARY"}),
     "order_events": ("eventGridTrigger", {}),
     "order_returns": ("queueTrigger", {"queueName": "%RETURNS_QUEUE%", "connection": "ReturnsQueueConnection"}),
+    "price_import": (
+        "blobTrigger",
+        {"path": "%IMPORTS_CONTAINER%/{name}", "connection": "ImportsConnection", "source": "EventGrid"},
+    ),
     "orders_api": ("httpTrigger", {"route": "orders", "methods": ["POST"], "authLevel": "FUNCTION"}),
     "events_api": ("httpTrigger", {"route": "events", "methods": ["POST", "OPTIONS"], "authLevel": "FUNCTION"}),
     "reconcile_claims": ("timerTrigger", {"schedule": "0 */15 * * * *", "useMonitor": True}),
@@ -240,6 +245,24 @@ def test_a_queue_message_through_the_worker_is_recorded_once_and_refused_at_its_
     )
     [record] = [d for d in store.dead_letters("returns") if d.message_id == "q-3"]
     assert (record.reason, record.delivery_count) == ("schema_violation", 1)
+
+
+def test_a_blob_through_the_worker_applies_each_record_once_and_a_malformed_one_is_refused_whole(
+    worker: WorkerHost, store: TableStore
+) -> None:
+    """The blob-import recipe with the trigger data the host sends (the content as bytes, its
+    path, Properties and Metadata): its records applied once, the same content run again (a
+    duplicate event) applies nothing, a corrected file only what it changed; a malformed file is
+    dead-lettered whole with its line, and acknowledged."""
+    trigger, name = worker.trigger("price_import"), f"prices-{uuid.uuid4().hex[:8]}.jsonl"
+    partition = consumer_partition("prices", f"imports/{name}")
+    for content in (price_lines(60), price_lines(60), price_lines(60, changed={7: 0.07})):
+        assert worker.failed(worker.invoke("price_import", blob(trigger, Blob("imports", name, content)))) is None
+    assert sum(applied_prices(store, partition).values()) == 61 and current_prices(store, partition)["s-7"] == 0.07
+    bad = Blob("imports", "bad-" + name, price_lines(5)[:-10])
+    assert worker.failed(worker.invoke("price_import", blob(trigger, bad))) is None
+    [record] = [d for d in store.dead_letters("prices") if d.key_id == f"imports/bad-{name}"]
+    assert record.reason == "file_malformed" and record.detail.startswith("line 5:")
 
 
 def test_the_demo_delivers_through_the_worker(store_server: Azurite) -> None:

@@ -455,3 +455,21 @@ def test_every_azd_hook_runs_a_script_of_the_repository() -> None:
     assert runs
     for run in runs:
         assert (ROOT / run).is_file(), f"azure.yaml runs {run}, which is not in the repository"
+
+
+def test_the_hooks_read_only_what_main_bicep_outputs_and_subscribe_a_blob_trigger_of_the_app() -> None:
+    """The postdeploy hooks read main.bicep's outputs (and their own switch); the webhook they
+    subscribe is the one of a blob trigger with the Event Grid source, in consumers/ or recipes/
+    (without recipes/, after make remove-example, the recipe that needs it cannot be on)."""
+    outputs = set(re.findall(r"^output (\w+) ", (INFRA / "main.bicep").read_text(), re.MULTILINE))
+    for hook in sorted((INFRA / "hooks").iterdir()):
+        text = hook.read_text()
+        assert set(re.findall(r"azd env get-value (\w+)", text)) - {"DEPLOY_EVENT_SUBSCRIPTION"} <= outputs, hook.name
+        functions = set(re.findall(r"functionName=Host\.Functions\.(\w+)", text))
+        for name in functions if (ROOT / "recipes").is_dir() else ():
+            sources = [*ROOT.glob("consumers/*.py"), *ROOT.glob("recipes/*.py")]
+            trigger = (
+                rf"@bp\.function_name\(\"{name}\"\)\s*\n@bp\.blob_trigger\([^@]*source=func\.BlobSource\.EVENT_GRID"
+            )
+            declared = [p for p in sources if re.search(trigger, p.read_text())]
+            assert declared, f"{hook.name} subscribes {name}, which is no blob trigger with the Event Grid source"

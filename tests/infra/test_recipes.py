@@ -42,6 +42,7 @@ RECIPES = [
     "schedule",
     "payments",
     "queue",
+    "blob-import",
 ]
 # Fixed so that the private endpoints are counted; every other parameter takes any value.
 NETWORK = {"vnetEnabled": True, "dedupStore": "table"}
@@ -71,6 +72,10 @@ ADDS: dict[str, tuple[dict[str, int], set[str], set[str]]] = {
                "storage-queues.bicep:poison": 1},
               {"RETURNS_QUEUE", "ReturnsQueueConnection__queueServiceUri", "ReturnsQueueConnection__credential",
                "ReturnsQueueConnection__clientId"}, set()),
+    "blob-import": ({"blob-imports.bicep:imports": 1, "blob-imports.bicep:systemTopic": 1,
+                     "blob-imports.bicep:deadLetterWriter": 1},
+                    {"IMPORTS_CONTAINER", "ImportsConnection__blobServiceUri", "ImportsConnection__queueServiceUri",
+                     "ImportsConnection__credential", "ImportsConnection__clientId"}, set()),
 }  # fmt: skip
 
 

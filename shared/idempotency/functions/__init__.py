@@ -13,7 +13,8 @@ each function's body one call:
 
 - one call per trigger: ``on_servicebus``, ``on_servicebus_batch``, ``on_storage_queue``, ``on_eventgrid``,
   ``on_http`` (``Idempotency-Key``), ``on_cloudevents_http``, ``on_eventhub_batch`` (park
-  on the last try), ``on_schedule`` (a timer's occurrence, each item once); ``BODY_AS_BYTES``
+  on the last try), ``on_schedule`` (a timer's occurrence, each item once), ``on_blob_import``
+  (a file's records, each once); ``BODY_AS_BYTES``
   for the Service Bus triggers, ``stored_response`` for what an HTTP handler answers; a
   refused settlement raises ``RetryLater`` (the host abandons or retries);
 - the app's consumers, their store and their outbox sender: ``consumer``, ``shared_store``,
@@ -24,12 +25,13 @@ each function's body one call:
   sweep the outbox).
 
 One module per source (``_servicebus``, ``_storage_queue``, ``_eventgrid``, ``_eventhubs``, ``_http``,
-``_cloudevents_http``, ``_schedule``), each opening with its ``on_*`` call. Building blocks for
+``_cloudevents_http``, ``_schedule``, ``_blob``), each opening with its ``on_*`` call. Building blocks for
 a trigger of your own are in ``.adapters``; the app's declared consumers, for operators' tools,
 in ``.registry``.
 """
 
 from ._app import check_app_settings, consumer, shared_sender, shared_store
+from ._blob import on_blob_import
 from ._cloudevents_http import on_cloudevents_http
 from ._eventgrid import on_eventgrid
 from ._eventhubs import on_eventhub_batch
@@ -48,6 +50,7 @@ __all__ = [
     "check_app_settings",
     "consumer",
     "housekeeping",
+    "on_blob_import",
     "on_cloudevents_http",
     "on_eventgrid",
     "on_eventhub_batch",

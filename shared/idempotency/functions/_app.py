@@ -30,12 +30,14 @@ from ..config import (
 )
 from ..consumer import IdempotentConsumer
 from ..errors import ConfigurationError
+from ..imports import max_bytes_setting
 from ..outbox import Sender
 from ..stores._base import DedupStore
 from ..stores._settings import app_store, check_store_settings
 from ._senders import app_sender, check_sender_settings
 
 T = TypeVar("T")
+C = TypeVar("C", bound=IdempotentConsumer)
 
 
 class Once(Generic[T]):
@@ -67,11 +69,11 @@ _sender_substitute: list[Sender] = []  # set by using_sender()
 _app_sender = Once(app_sender)
 
 
-def consumer(build: Callable[[], IdempotentConsumer]) -> Callable[[], IdempotentConsumer]:
+def consumer(build: Callable[[], C]) -> Callable[[], C]:
     """Declare one of the app's consumers: built once, on first use (a cold instance
     whose store is unreachable fails that call, not the app's import)."""
     once = Once(build)
-    _declared.append(once)
+    _declared.append(once)  # type: ignore[arg-type]  # Once is invariant; it is read as built
     return once
 
 
@@ -136,7 +138,7 @@ def check_app_settings() -> None:
     found = problems()
     timers = (lambda: duration("DEDUP_STALE_AFTER", "PT1H"), lambda: whole("DEDUP_PURGE_BUDGET", DEFAULT_PURGE_BUDGET),
               lambda: duration("DEDUP_PURGE_TIME", DEFAULT_PURGE_TIME),
-              lambda: whole("DEDUP_OUTBOX_SWEEP_BUDGET", DEFAULT_OUTBOX_SWEEP_BUDGET))  # fmt: skip
+              lambda: whole("DEDUP_OUTBOX_SWEEP_BUDGET", DEFAULT_OUTBOX_SWEEP_BUDGET), max_bytes_setting)  # fmt: skip
     for check in (dead_letter_retention, check_store_settings, check_sender_settings, *timers):
         try:
             check()
