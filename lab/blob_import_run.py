@@ -34,6 +34,7 @@ from lab.faults import Crash
 from lab.host import user_function
 from shared.idempotency import Delivery, Result
 from shared.idempotency.functions import shared_store
+from shared.idempotency.imports import FileImport
 from shared.idempotency.keys import consumer_partition
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._base import DedupStore
@@ -94,7 +95,7 @@ def run(records: int = 10_000, crash_after: int = 10, changed: int = 100) -> dic
 def _run(table: Azurite, blobs: Azurite, queues: Azurite, records: int, crash_after: int,
          changed: int) -> dict[str, Any]:  # fmt: skip
     shared_store().create_tables()  # type: ignore[attr-defined]
-    consumer = recipes.module("prices").prices_import()
+    consumer: FileImport = recipes.module("prices").prices_import()
     sent: list[str] = []
     service = TableServiceClient.from_connection_string(
         table.connection_string, raw_request_hook=lambda r: sent.append(r.http_request.method))  # fmt: skip

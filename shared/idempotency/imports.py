@@ -24,13 +24,13 @@ or be cut off mid-way by a crash.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from . import dead_letters
 from .config import DedupConfig, whole
-from .consumer import IdempotentConsumer
+from .consumer import Handler, IdempotentConsumer
 from .errors import InvalidMessage
 from .keys import DedupKey, consumer_partition, joined_identity
 from .messages import Delivery, Effects, Entity, Outcome, Result, utcnow
@@ -44,8 +44,6 @@ CHUNK = 500  # records decided and committed together
 _APPLIED = "~import|"  # the rows of what was applied: "~import|<key hash>|<revision>"
 _FILE = "~file"  # the file's row: the SHA-256 of the content last imported whole
 _UNREAD = frozenset({Outcome.CONFLICT})  # a revision another run took: the file must be read again
-
-RecordHandler = Callable[[Any, Context], Effects]
 
 
 @dataclass(frozen=True)
@@ -81,11 +79,11 @@ class ImportRun:
 
 class FileImport(IdempotentConsumer):
     """A consumer of files: ``run(file, content)`` applies each record once with ``handler``
-    (the record, its ``Context``) → ``Effects``. Its entities are stored under names made
+    (the record, its ``Context``) → ``Effects`` (a ``LatestState`` is refused). Its entities are stored under names made
     unique per record and revision (``<key hash>|<revision>|<name>``). ``max_bytes``: by
     default DEDUP_IMPORT_MAX_BYTES."""
 
-    def __init__(self, name: str, store: DedupStore, handler: RecordHandler, *, key_field: str,
+    def __init__(self, name: str, store: DedupStore, handler: Handler, *, key_field: str,
                  schema: Mapping[str, Any] | None = None, config: DedupConfig | None = None,
                  max_bytes: int | None = None) -> None:  # fmt: skip
         # Refusals are recorded here: a conflict is not one (the file is read again).
