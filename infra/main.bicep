@@ -160,6 +160,7 @@ module alerts 'modules/alerts.bicep' = {
     eventHubs: withEventHubs
     outbox: withOutbox
     steps: withPayments
+    storagePoison: withQueue || withBlobImport
   }
 }
 

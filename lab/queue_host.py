@@ -21,6 +21,7 @@ default), as ``azure.functions.QueueMessage`` with the metadata the host sends.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +36,11 @@ from azure.storage.queue import QueueMessage as StoredMessage
 from lab.faults import Crash
 
 Function = Callable[[func.QueueMessage], None]
+# What the host logs (a warning) as it moves a message to the poison queue: azure-sdk-for-net
+# sdk/storage/Microsoft.Azure.WebJobs.Extensions.Storage.Common Shared/Queues/QueueProcessor.cs.
+# infra's storage-poison-queue alert searches the app's logs for it.
+POISON_LOG = "Message has reached MaxDequeueCount of {}. Moving message to queue '{}'."
+log = logging.getLogger("Host.Triggers.Queue")
 
 
 def queue_client(connection: str, name: str) -> QueueClient:
@@ -142,6 +148,7 @@ class QueueHost:
             self.tally.add(deleted=1)
 
     def _to_poison(self, message: StoredMessage) -> None:
+        log.warning(POISON_LOG.format(self.max_dequeue_count, self.poison.queue_name))
         self.poison.send_message(bytes(message.content))
         self._delete(message)
         self.tally.add(poisoned=1)

@@ -15,6 +15,8 @@ param eventHubs bool = false
 param outbox bool = false
 @description('payments recipe (two-phase steps): claims stuck in progress.')
 param steps bool = false
+@description('queue and blob-import recipes: what the host moved to a Storage poison queue.')
+param storagePoison bool = false
 
 resource appInsights 'Microsoft.Insights/components@2020-02-02' existing = {
   name: appInsightsName
@@ -120,7 +122,19 @@ var outboxAlerts = [
     query: 'customMetrics | where name == "dedup.outbox.sweep.runs" and tostring(customDimensions.budget_spent) == "true" | summarize value = sum(valueSum)'
   }
 ]
-var logAlerts = concat(coreAlerts, eventHubs ? eventHubsAlerts : [], steps ? stepsAlerts : [], outbox ? outboxAlerts : [])
+var storagePoisonAlerts = [
+  {
+    // The host's own warning as it moves a message (queue recipe) or a blob's run (blob-import
+    // recipe) to <queue>-poison or webjobs-blobtrigger-poison: no metric counts one queue's messages.
+    name: 'storage-poison-queue'
+    description: 'The host moved a message to a Storage poison queue: <queue>-poison (a dead-letter record says why, but when the instance died on its last dequeue), or webjobs-blobtrigger-poison (a blob whose import kept failing: upload it again once fixed).'
+    severity: 1
+    window: 'PT15M'
+    threshold: 0
+    query: 'traces | where message has "Moving message to queue" | summarize value = count()'
+  }
+]
+var logAlerts = concat(coreAlerts, eventHubs ? eventHubsAlerts : [], steps ? stepsAlerts : [], outbox ? outboxAlerts : [], storagePoison ? storagePoisonAlerts : [])
 
 resource rules 'Microsoft.Insights/scheduledQueryRules@2023-03-15-preview' = [for rule in logAlerts: {
   name: rule.name

@@ -21,7 +21,7 @@ from lab.azurite import Azurite
 from lab.faults import Crash
 from lab.queue_chaos import run as queue_chaos
 from lab.queue_chaos import violations
-from lab.queue_host import QueueHost, queue_client
+from lab.queue_host import POISON_LOG, QueueHost, queue_client
 from shared.idempotency import Delivery, Outcome, Result
 from shared.idempotency.functions import shared_store
 from shared.idempotency.testing import entities, wrapped_handler
@@ -133,7 +133,9 @@ def test_an_invalid_message_is_dead_lettered_at_its_first_dequeue_and_never_pois
     assert (listener.tally.invocations, listener.tally.deleted, poisoned(listener), applied()) == (2, 2, [], Counter())
 
 
-def test_a_handler_that_keeps_failing_is_recorded_on_its_last_dequeue_then_poisoned(queues: Azurite, app: str) -> None:
+def test_a_handler_that_keeps_failing_is_recorded_on_its_last_dequeue_then_poisoned(
+    queues: Azurite, app: str, caplog: pytest.LogCaptureFixture
+) -> None:
     def failing(handler: Any) -> Any:
         def handle(body: Any, context: Any) -> Any:
             raise RuntimeError("a bug")
@@ -151,6 +153,7 @@ def test_a_handler_that_keeps_failing_is_recorded_on_its_last_dequeue_then_poiso
     assert listener.tally.invocations == 5 and listener.tally.released == 4
     assert [json.loads(body) for body in poisoned(listener)] == [a_return("r-1")]
     assert applied() == Counter()
+    assert POISON_LOG.format(5, f"{app}-poison") in caplog.messages  # what the poison-queue alert finds
 
 
 def test_a_store_outage_is_waited_out_inside_the_dequeue(queues: Azurite, azurite: Azurite) -> None:

@@ -69,13 +69,13 @@ ADDS: dict[str, tuple[dict[str, int], set[str], set[str]]] = {
     "schedule": ({}, set(), set()),
     "payments": ({"alerts.bicep:rules": 1}, {"PAYMENT_API_URL"}, {"dedup-escalations"}),
     "queue": ({"storage-queues.bicep:queueService[default]": 1, "storage-queues.bicep:consumed[returns]": 1,
-               "storage-queues.bicep:poison": 1},
+               "storage-queues.bicep:poison": 1, "alerts.bicep:rules": 1},
               {"RETURNS_QUEUE", "ReturnsQueueConnection__queueServiceUri", "ReturnsQueueConnection__credential",
-               "ReturnsQueueConnection__clientId"}, set()),
+               "ReturnsQueueConnection__clientId"}, {"storage-poison-queue"}),
     "blob-import": ({"blob-imports.bicep:imports": 1, "blob-imports.bicep:systemTopic": 1,
-                     "blob-imports.bicep:deadLetterWriter": 1},
+                     "blob-imports.bicep:deadLetterWriter": 1, "alerts.bicep:rules": 1},
                     {"IMPORTS_CONTAINER", "ImportsConnection__blobServiceUri", "ImportsConnection__queueServiceUri",
-                     "ImportsConnection__credential", "ImportsConnection__clientId"}, set()),
+                     "ImportsConnection__credential", "ImportsConnection__clientId"}, {"storage-poison-queue"}),
 }  # fmt: skip
 
 
@@ -131,17 +131,20 @@ def test_each_recipe_adds_the_same_beside_every_other(recipe: str) -> None:
     (topic and outbox share the one topic)."""
     others = [name for name in RECIPES if name != recipe]
     shared = {"topic": {"servicebus.bicep:orderEvents[order-events]"},
-              "outbox": {"servicebus.bicep:orderEvents[order-events]"}}.get(recipe, set())  # fmt: skip
+              "outbox": {"servicebus.bicep:orderEvents[order-events]"},
+              "queue": {"alerts.bicep:rules"}, "blob-import": {"alerts.bicep:rules"}}.get(recipe, set())  # fmt: skip
     assert added([recipe], to=others) == {key: n for key, n in ADDS[recipe][0].items() if key not in shared}
     assert settings(RECIPES) - settings(others) == ADDS[recipe][1]
 
 
 def test_every_recipe_on_adds_them_all_once() -> None:
-    """topic and outbox share the one topic; sessions and batch each add a queue and its role."""
+    """topic and outbox share the one topic, queue and blob-import the poison-queue alert; sessions
+    and batch each add a queue and its role."""
     expected: Counter[str] = Counter()
     for resources, _, _ in ADDS.values():
         expected.update(resources)
     expected["servicebus.bicep:orderEvents[order-events]"] = 1
+    expected["alerts.bicep:rules"] -= 1
     assert added(RECIPES) == dict(expected)
     assert settings(RECIPES) == settings([]).union(*(names for _, names, _ in ADDS.values()))
 

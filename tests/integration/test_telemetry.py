@@ -159,7 +159,7 @@ def test_every_alert_and_chart_reads_telemetry_the_code_emits(azurite: Azurite) 
     emitted = points()
     names = {name for name, _ in emitted}
     pairs = {(name, key, str(value)) for name, attributes in emitted for key, value in attributes}
-    found = queries()
+    found = [query for query in queries() if not query.startswith("traces ")]  # the host's logs: below
     assert len(found) == 7 + 5
     for query in found:
         wanted = {n.strip('"') for group in NAMES.findall(query) for n in group.split(", ")}
@@ -217,3 +217,16 @@ def emit_every_alerted_situation(azurite: Azurite) -> None:
         patch.setenv("ITEMS_TOPIC", "item-events")
         patch.setenv("DEDUP_OUTBOX_SWEEP_BUDGET", "1")
         user_function("dispatch_outbox")(SimpleNamespace(past_due=False))  # stops at its budget: behind
+
+
+def test_the_poison_queue_alert_reads_the_line_the_host_logs_as_it_moves_a_message() -> None:
+    """The alerts on the host's own logs (``traces``) search for what it writes: the line the
+    host's queue processor logs, as lab/queue_host.py logs it too."""
+    from lab.queue_host import POISON_LOG
+
+    logged = POISON_LOG.format(5, "returns-poison")
+    host_queries = [query for query in queries() if query.startswith("traces ")]
+    assert host_queries
+    for query in host_queries:
+        terms = re.findall(r'message has "([^"]+)"', query)
+        assert terms and all(term in logged for term in terms), query
