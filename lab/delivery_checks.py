@@ -30,6 +30,7 @@ from lab.infra_checks import (
     ROOT,
     Deployment,
     RecipeError,
+    Resource,
     body,
     parameter_values,
     parse,
@@ -50,6 +51,10 @@ from shared.idempotency.stores._azure import TRANSPORT
 
 QUEUE, SUBSCRIPTION = "Microsoft.ServiceBus/namespaces/queues", "Microsoft.ServiceBus/namespaces/topics/subscriptions"
 EVENT_HUB = "Microsoft.EventHub/namespaces/eventhubs"
+STORAGE_QUEUE = "Microsoft.Storage/storageAccounts/queueServices/queues"
+STORAGE_QUEUE_TTL = timedelta(days=7)  # a queue message's default time to live (its producer may set another)
+# What starts the blob trigger with the Event Grid source: the storage account's system topic.
+SYSTEM_TOPIC = "Microsoft.EventGrid/systemTopics"
 EVENT_SUBSCRIPTIONS = (
     "Microsoft.EventGrid/topics/eventSubscriptions",
     "Microsoft.EventGrid/systemTopics/eventSubscriptions",
@@ -79,10 +84,12 @@ class Redelivery:
     count: int = 1  # entities it stands for (a loop over names known at deployment only: one at least)
 
 
-def redeliveries(infra: Path = INFRA, recipes: Sequence[str] | None = None) -> list[Redelivery]:
+def redeliveries(infra: Path = INFRA, recipes: Sequence[str] | None = None,
+                 host: dict[str, Any] | None = None) -> list[Redelivery]:  # fmt: skip
     """Where the platform may redeliver from, in what infra/ deploys with ``recipes``
-    (default: infra/recipes.json)."""
+    (default: infra/recipes.json); a Storage queue's deliveries are host.json's (``host``)."""
     deployment = Deployment(infra, recipes)
+    queues = host_settings(host or _host()).queues
     values = parameter_values(infra)
     scopes: dict[str, dict[str, Any]] = {"": values}  # main.bicep's own resources read its parameters
     for call, (path, _) in deployment.calls.items():
@@ -108,12 +115,25 @@ def redeliveries(infra: Path = INFRA, recipes: Sequence[str] | None = None) -> l
             elif resource.type == EVENT_HUB:  # a replay from a checkpoint, up to the hub's retention
                 days = _resolve(properties.get("messageRetentionInDays", 1), scope)
                 found.append(Redelivery(name, "event hubs", 1, timedelta(days=int(days))))
+            elif resource.type == STORAGE_QUEUE and not _poison(resource):  # its poison queue: none
+                found.append(Redelivery(name, "storage queue", queues.max_dequeue_count, STORAGE_QUEUE_TTL,
+                                        queues.visibility_timeout, count))  # fmt: skip
             elif resource.type in EVENT_SUBSCRIPTIONS:
                 retry = properties.get("retryPolicy", {})
                 value = {k: _resolve(retry.get(k, d), scope) for k, d in EVENT_GRID_DEFAULTS.items()}
                 found.append(Redelivery(name, "event grid", int(value["maxDeliveryAttempts"]),
                                         timedelta(minutes=int(value["eventTimeToLiveInMinutes"]))))  # fmt: skip
     return found
+
+
+def _poison(resource: Resource) -> bool:
+    """A poison queue (``<queue>-poison``): the host moves messages there, nobody consumes them."""
+    return any(str(name).endswith("-poison") for name in (*resource.names, resource.config.get("name", "")))
+
+
+def blob_triggered(infra: Path = INFRA, recipes: Sequence[str] | None = None) -> bool:
+    """Whether infra/ deploys a storage account's system topic: the blob trigger's events."""
+    return any(r.type == SYSTEM_TOPIC and not r.existing for r in Deployment(infra, recipes).resources)
 
 
 def _resolve(value: Any, scope: dict[str, Any]) -> Any:
@@ -134,17 +154,36 @@ def _duration(value: Any, where: str) -> timedelta:
 
 
 @dataclass(frozen=True)
+class StorageQueues:
+    """host.json ``extensions.queues`` (the Storage Queues extension's defaults where unset)."""
+
+    max_dequeue_count: int = 5
+    visibility_timeout: timedelta = timedelta(0)  # before a failed message is visible again
+    batch_size: int = 16
+    new_batch_threshold: int = 8  # the next batch is fetched when this few are left: batch + it run at once
+
+
+@dataclass(frozen=True)
 class Host:
     function_timeout: timedelta
     lock_renewal: timedelta  # serviceBus.maxAutoLockRenewalDuration
     max_concurrent_calls: int  # serviceBus.maxConcurrentCalls, per function
+    queues: StorageQueues = StorageQueues()
+    poison_blob_threshold: int = 5  # blobs.poisonBlobThreshold: a blob trigger's runs
+    blob_parallelism: int = 8  # blobs.maxDegreeOfParallelism: blob trigger runs at once (8 x cores by default)
 
 
 def host_settings(host: dict[str, Any]) -> Host:
-    service_bus = host.get("extensions", {}).get("serviceBus", {})
+    extensions = host.get("extensions", {})
+    service_bus, queues, blobs = (extensions.get(name, {}) for name in ("serviceBus", "queues", "blobs"))
     renewal = service_bus.get("maxAutoLockRenewalDuration", "00:05:00")
+    batch = int(queues.get("batchSize", 16))
+    visible = timespan(queues.get("visibilityTimeout", "00:00:00"))
+    storage = StorageQueues(int(queues.get("maxDequeueCount", 5)), visible, batch,
+                            int(queues.get("newBatchThreshold", batch // 2)))  # fmt: skip
     return Host(timespan(host.get("functionTimeout", "00:05:00")), timespan(renewal),
-                int(service_bus.get("maxConcurrentCalls", 16)))  # fmt: skip
+                int(service_bus.get("maxConcurrentCalls", 16)), storage, int(blobs.get("poisonBlobThreshold", 5)),
+                int(blobs.get("maxDegreeOfParallelism", 8)))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -219,23 +258,29 @@ def retention_check(infra: Path = INFRA, host: dict[str, Any] | None = None,
     - Service Bus: a message can wait up to its TTL, and each of maxDeliveryCount deliveries
       can hold it for the lock duration or, with the host's renewal, maxAutoLockRenewalDuration;
     - Event Grid: retries stop after eventTimeToLiveInMinutes;
+    - a Storage queue: a message lives 7 days (the default its producer may change), and each of
+      maxDequeueCount dequeues can hold it for functionTimeout, then visibilityTimeout;
     - Event Hubs: a replay from a checkpoint (a restart, a rebalance) brings events back up to
       the hub's messageRetentionInDays.
 
     What is read is what infra/ deploys with ``recipes`` (default: infra/recipes.json).
     """
-    renewal = host_settings(host or _host()).lock_renewal
+    timing = host_settings(host or _host())
+    renewal = timing.lock_renewal
     values = parameter_values(infra)
     retention = timedelta(days=int(values["dedupRetentionDays"]))
     margin = timedelta(days=int(values["deadLetterResubmitDays"]))
     lines = [f"recipes {_recipes(infra, recipes)}",
              f"dedup retention {_days(retention)}; dead-letter resubmission margin {_days(margin)}"]  # fmt: skip
     failures: list[str] = []
-    for place in redeliveries(infra, recipes):
-        held = place.max_deliveries * max(place.lock, renewal) if place.broker == "service bus" else timedelta(0)
-        window = place.time_to_live + held
+    for place in redeliveries(infra, recipes, host or _host()):
+        # Each delivery holds the message: for its lock (or the host's renewal), or a Storage queue
+        # message's whole run (the host renews its lease) and its visibility timeout after.
+        each = {"service bus": max(place.lock, renewal),
+                "storage queue": timing.function_timeout + place.lock}.get(place.broker, timedelta(0))  # fmt: skip
+        window = place.time_to_live + place.max_deliveries * each
         explained = (f"{place.name} ({place.broker}): TTL {_days(place.time_to_live)}"
-                     + (f" + {place.max_deliveries} deliveries x {max(place.lock, renewal)}" if place.lock else "")
+                     + (f" + {place.max_deliveries} deliveries x {each}" if each else "")
                      + f" + margin = {_days(window + margin)}")  # fmt: skip
         (lines if window + margin <= retention else failures).append(explained)
     records = dedup_settings(infra, recipes).dead_letter_retention
@@ -285,12 +330,19 @@ def lease_check(infra: Path = INFRA, host: dict[str, Any] | None = None,
     sweep_delay = _duration(settings("DEDUP_OUTBOX_SWEEP_DELAY", DEFAULT_OUTBOX_SWEEP_DELAY), "sweep")
     require(sweep_delay > timing.function_timeout,
             f"DEDUP_OUTBOX_SWEEP_DELAY {sweep_delay} > functionTimeout: the sweep never races a call")  # fmt: skip
-    places = redeliveries(infra, recipes)
+    places = redeliveries(infra, recipes, host or _host())
     queues = sum(place.count for place in places if place.broker == "service bus")
+    storage = sum(place.count for place in places if place.broker == "storage queue")
+    blobs = timing.blob_parallelism if blob_triggered(infra, recipes) else 0
+    per_storage_queue = timing.queues.batch_size + timing.queues.new_batch_threshold
     threads = int(settings("PYTHON_THREADPOOL_THREAD_COUNT", "0"))
-    require(threads >= queues * timing.max_concurrent_calls + HTTP_THREADS,
+    needed_threads = queues * timing.max_concurrent_calls + storage * per_storage_queue + blobs + HTTP_THREADS
+    require(threads >= needed_threads,
             f"PYTHON_THREADPOOL_THREAD_COUNT {threads} >= {queues} Service Bus entities x maxConcurrentCalls "
-            f"{timing.max_concurrent_calls} + {HTTP_THREADS} (HTTP, Event Grid): waiting holds a thread")  # fmt: skip
+            f"{timing.max_concurrent_calls}"
+            + (f" + {storage} Storage queues x (batchSize + newBatchThreshold) {per_storage_queue}" if storage else "")
+            + (f" + blob trigger runs {blobs} (maxDegreeOfParallelism)" if blobs else "")
+            + f" + {HTTP_THREADS} (HTTP, Event Grid): waiting holds a thread")  # fmt: skip
     survived: list[timedelta] = []
     for place in places:
         if place.broker == "event hubs":  # no lock, no delivery count: the retry policy and parking
@@ -304,6 +356,13 @@ def lease_check(infra: Path = INFRA, host: dict[str, Any] | None = None,
                     f"{dedup.max_deliveries}")  # fmt: skip
             survived.append(place.max_deliveries * dedup.transient_wait)
             covered = later * max(dedup.in_flight_wait, dedup.transient_wait)
+        elif place.broker == "storage queue":  # the host renews its lease: no lock to keep; a failure waits visibility
+            outage = place.max_deliveries * (dedup.transient_wait + place.lock)
+            require(outage < place.time_to_live,
+                    f"{place.name}: a store outage of up to {outage} is survived before its poison queue "
+                    f"(maxDequeueCount {place.max_deliveries} x (DEDUP_TRANSIENT_WAIT + visibilityTimeout "
+                    f"{place.lock})), within a message's time to live {place.time_to_live.days} d")  # fmt: skip
+            covered = later * (max(dedup.in_flight_wait, dedup.transient_wait) + place.lock)
         else:
             # waiting only: a store that hangs can hold a delivery past it; Event Grid then retries
             answer, waited = EVENT_GRID_RESPONSE_TIMEOUT, EVENT_GRID_WAIT + dedup.in_flight_wait + dedup.call_timeout
@@ -312,6 +371,11 @@ def lease_check(infra: Path = INFRA, host: dict[str, Any] | None = None,
             retries = sum(_event_grid_delays(later), timedelta(0)) + later * dedup.in_flight_wait
             covered = min(retries, place.time_to_live)  # no retry after the event's time to live
         require(covered >= needed, f"{place.name}: {later} later deliveries cover {covered} >= lease + skew {needed}")
+    if blobs:
+        outage = timing.poison_blob_threshold * dedup.transient_wait
+        lines.append(f"blob trigger: a store outage of up to {outage} per chunk of a file is survived before "
+                     f"webjobs-blobtrigger-poison (poisonBlobThreshold {timing.poison_blob_threshold} x "
+                     "DEDUP_TRANSIENT_WAIT; each run resumes where the last one stopped)")  # fmt: skip
     if survived:
         lines.append(f"a store outage of up to {min(survived)} is survived without a Service Bus dead-letter "
                      "(maxDeliveryCount x DEDUP_TRANSIENT_WAIT; no progress meanwhile, then it recovers)")  # fmt: skip

@@ -196,15 +196,18 @@ def test_the_repository_passes_the_retention_and_lease_checks(recipes: list[str]
 REDELIVERING = {"Microsoft.ServiceBus/namespaces/queues": "service bus",
                 "Microsoft.ServiceBus/namespaces/topics/subscriptions": "service bus",
                 "Microsoft.EventHub/namespaces/eventhubs": "event hubs",
-                "Microsoft.EventGrid/topics/eventSubscriptions": "event grid"}  # fmt: skip
+                "Microsoft.EventGrid/topics/eventSubscriptions": "event grid",
+                "Microsoft.Storage/storageAccounts/queueServices/queues": "storage queue"}  # fmt: skip
 
 
 @DEPLOYMENTS
 def test_every_entity_that_redelivers_is_read_by_its_name(recipes: list[str] | None) -> None:
     """Each queue, subscription, hub and event subscription infra/ deploys is one place the
-    checks read, named as deployed: ``file:symbol[name]`` (an app's own queue by its own name)."""
+    checks read, named as deployed: ``file:symbol[name]`` (an app's own queue by its own name);
+    a Storage poison queue (``<queue>-poison``) is none: nobody consumes it."""
     expected = sorted((f"{r.path}:{entity}", REDELIVERING[r.type]) for r in Deployment(INFRA, recipes).resources
-                      if r.type in REDELIVERING and not r.existing and r.names for entity in r.entities)  # fmt: skip
+                      if r.type in REDELIVERING and not r.existing and r.names for entity in r.entities
+                      if not entity.endswith("-poison]"))  # fmt: skip
     assert expected, "no entity deployed redelivers"
     assert sorted((place.name, place.broker) for place in redeliveries(INFRA, recipes)) == expected
     assert all(place.count == 1 for place in redeliveries(INFRA, recipes))  # every name known: one place each
@@ -239,16 +242,19 @@ def service_bus_entities(infra: Path, recipes: list[str]) -> int:
 
 def test_the_thread_pool_counts_the_entities_the_recipes_deploy(tmp_path: Path) -> None:
     """Threads enough for the entities deployed with no recipe (16 calls each, and HTTP's 16)
-    are too few once every recipe adds its entities."""
+    are too few once every recipe adds its entities: Service Bus entities (16 calls each), Storage
+    queues (a batch and the next one), the blob trigger's parallel runs."""
     fewest, most = service_bus_entities(INFRA, []), service_bus_entities(INFRA, ALL)
     assert most > fewest
     [shipped] = re.findall(r"PYTHON_THREADPOOL_THREAD_COUNT: '\d+'", (INFRA / "main.bicep").read_text())
     edits = (("main.bicep", shipped, f"PYTHON_THREADPOOL_THREAD_COUNT: '{fewest * 16 + 16}'"),)
     assert lease_check(infra_copy(tmp_path / "default", edits=edits, recipes=[]), HOST).ok
     report = lease_check(infra_copy(tmp_path / "all", edits=edits, recipes=ALL), HOST)
+    queues, blobs = HOST["extensions"]["queues"], HOST["extensions"]["blobs"]
     assert [failure.split(":")[0] for failure in report.failures] == [
         f"PYTHON_THREADPOOL_THREAD_COUNT {fewest * 16 + 16} >= {most} Service Bus entities x maxConcurrentCalls 16"
-        " + 16 (HTTP, Event Grid)"
+        f" + 1 Storage queues x (batchSize + newBatchThreshold) {queues['batchSize'] + queues['newBatchThreshold']}"
+        f" + blob trigger runs {blobs['maxDegreeOfParallelism']} (maxDegreeOfParallelism) + 16 (HTTP, Event Grid)"
     ]
 
 
@@ -473,3 +479,22 @@ def test_the_hooks_read_only_what_main_bicep_outputs_and_subscribe_a_blob_trigge
             )
             declared = [p for p in sources if re.search(trigger, p.read_text())]
             assert declared, f"{hook.name} subscribes {name}, which is no blob trigger with the Event Grid source"
+
+
+def test_a_storage_queue_gets_its_outage_budget_and_its_dequeues_must_outlast_a_lease(tmp_path: Path) -> None:
+    """host.json's extensions.queues, read for every Storage queue infra deploys: the outage a
+    message survives before its poison queue is stated; too few dequeues for a crashed owner's
+    claim to lapse fail, by the queue's name; its poison queue is no place of its own."""
+    copy = infra_copy(tmp_path, recipes=["queue"])
+    queues = HOST["extensions"]["queues"]
+    wait = isodate.parse_duration(app_settings(copy)("DEDUP_TRANSIENT_WAIT", "PT2M"))
+    outage = queues["maxDequeueCount"] * (wait + timespan(queues["visibilityTimeout"]))
+    name = "modules/storage-queues.bicep:consumed[returns]"
+    assert [p.name for p in redeliveries(copy, host=HOST) if p.broker == "storage queue"] == [name]
+    report = lease_check(copy, HOST)
+    assert report.ok and f"{name}: a store outage of up to {outage} is survived before its poison queue" in (
+        report.explain()
+    )
+    once = {**HOST, "extensions": {**HOST["extensions"], "queues": {**queues, "maxDequeueCount": 1}}}
+    failed = lease_check(copy, once)
+    assert [f.split(" ")[0] for f in failed.failures] == [f"{name}:"], failed.explain()
