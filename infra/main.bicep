@@ -142,6 +142,10 @@ var withBlobImport = contains(recipes, 'blob-import') // the imports container a
 var appQueues = []
 var queues = concat(appQueues, withBatch ? ['ledger'] : [])
 var topicSubscriptions = withTopic ? ['billing', 'shipping'] : []
+// Storage queues the app consumes (queue triggers): yours, then the queue recipe's. Each gets its
+// <queue>-poison and the app's roles on both; the checks read host.json's extensions.queues for it.
+var appStorageQueues = []
+var storageQueueNames = concat(appStorageQueues, withQueue ? ['returns'] : [])
 
 module monitoring 'modules/monitoring.bicep' = {
   name: 'monitoring'
@@ -192,9 +196,9 @@ module serviceBus 'modules/servicebus.bicep' = {
   }
 }
 
-module storageQueues 'modules/storage-queues.bicep' = if (withQueue) {
+module storageQueues 'modules/storage-queues.bicep' = if (!empty(storageQueueNames)) {
   name: 'storage-queues'
-  params: { storageAccountName: storage.outputs.name, queues: ['returns'] }
+  params: { storageAccountName: storage.outputs.name, queues: storageQueueNames }
 }
 
 module blobImports 'modules/blob-imports.bicep' = if (withBlobImport) {
@@ -291,8 +295,7 @@ var eventHubsSettings = withEventHubs ? {
   SHIPMENT_HUB: eventHubs.outputs.hubName
 } : {}
 var queueSettings = withQueue ? {
-  // The queue trigger's identity connection (the app's identity holds Storage Queue Data
-  // Contributor on this account already, for the host's own queues).
+  // The queue trigger's identity connection (its roles: on each queue, roles.bicep).
   RETURNS_QUEUE: 'returns'
   ReturnsQueueConnection__queueServiceUri: storageQueues.outputs.queueServiceUri
   ReturnsQueueConnection__credential: 'managedidentity'
@@ -349,7 +352,10 @@ module roles 'modules/roles.bicep' = {
     eventHubsName: withEventHubs ? eventHubs.outputs.name : ''
     shipmentHubName: withEventHubs ? eventHubs.outputs.hubName : ''
     recordsName: 'records'
+    storageQueues: storageQueueNames
+    blobTrigger: withBlobImport
   }
+  dependsOn: [storageQueues]
 }
 
 // The example's: the order_events function's subscription (make remove-example deletes this block).

@@ -364,6 +364,8 @@ SECRET_PATTERNS = re.compile(r"listKeys|listConnectionStrings|AccountKey=|Shared
 SENDER_SCOPES = frozenset({"Microsoft.ServiceBus/namespaces/topics", "Microsoft.ServiceBus/namespaces/queues"})
 SUBSCRIPTION_TYPE = "Microsoft.ServiceBus/namespaces/topics/subscriptions"
 RECEIVER_SCOPES = frozenset({"Microsoft.ServiceBus/namespaces/queues", SUBSCRIPTION_TYPE})
+STORAGE_QUEUE_TYPE = "Microsoft.Storage/storageAccounts/queueServices/queues"
+STORAGE_QUEUE_ROLES = ("storageQueueDataReader", "storageQueueDataMessageProcessor", "storageQueueDataMessageSender")
 OPERATOR_SCOPES = frozenset({
     "Microsoft.ServiceBus/namespaces/queues",
     "Microsoft.EventGrid/topics",
@@ -462,6 +464,13 @@ def policy_violations(infra: Path = INFRA, recipes: Sequence[str] | None = None)
         if "serviceBusDataReceiver" in _text(assignment.properties.get("roleDefinitionId")):  # each queue consumed
             target = types.get((assignment.file, str(scope)))
             require(target in RECEIVER_SCOPES, f"{assignment.symbol}: receives beyond one queue or subscription")
+        role = _text(assignment.properties.get("roleDefinitionId"))
+        if any(name in role for name in STORAGE_QUEUE_ROLES):  # a queue trigger's: on its queue
+            target = types.get((assignment.file, str(scope)))
+            require(target == STORAGE_QUEUE_TYPE, f"{assignment.symbol}: a Storage queue role beyond one queue")
+        if "storageQueueDataContributor" in role:  # the host's blob-trigger queues: with a blob trigger only
+            blob_trigger = any(r.type == "Microsoft.EventGrid/systemTopics" for r in deployment.resources)
+            require(blob_trigger, f"{assignment.symbol}: Storage Queue Data Contributor without a blob trigger")
         if "operatorPrincipalId" in _text(assignment.properties.get("principalId")):  # the smoke test's entities
             target = types.get((assignment.file, str(scope)))
             require(target in OPERATOR_SCOPES, f"{assignment.symbol}: the operator's role reaches beyond one entity")
@@ -480,6 +489,14 @@ def policy_violations(infra: Path = INFRA, recipes: Sequence[str] | None = None)
         found.append(f"{kind.rsplit('/', 1)[1][:-1]} {name!r}: the app has no receive role on it (roles.bicep)")
     for kind, name in sorted(received - entities):
         found.append(f"{kind.rsplit('/', 1)[1][:-1]} {name!r}: a receive role, but infra does not deploy it")
+    # Each Storage queue consumed (not a <queue>-poison) is processed through a role on that queue.
+    processed = {name for assignment in by_type("Microsoft.Authorization/roleAssignments")
+                 if "storageQueueDataMessageProcessor" in _text(assignment.properties.get("roleDefinitionId"))
+                 and (scoped := scopes.get((assignment.file, str(_scope_symbol(assignment.config.get("scope"))))))
+                 for name in scoped.names}  # fmt: skip
+    consumed = {name for r in by_type(STORAGE_QUEUE_TYPE) for name in r.names if not name.endswith("-poison")}
+    for name in sorted(consumed - processed):
+        found.append(f"Storage queue {name!r}: the app has no processor role on it (roles.bicep)")
     for assignment in by_type("Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments"):
         require("/dbs/" in _text(assignment.properties.get("scope")),
                 f"{assignment.symbol}: Cosmos role scoped beyond a database")  # fmt: skip

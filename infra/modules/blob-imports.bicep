@@ -3,8 +3,8 @@
 // to the blob trigger (source EventGrid: what Flex Consumption supports). The subscription's
 // endpoint is the Storage Blobs extension's webhook, whose URL carries the extension's system
 // key: azd's postdeploy hook (infra/hooks/) creates it once the function exists, so that no
-// template ever holds a key. The app's identity reads the blobs and uses the host's queues with
-// the roles the host already holds on this account (roles.bicep).
+// template ever holds a key. The app's identity reads the blobs with the host's role on this
+// account, and uses the host's blob-trigger queues with Storage Queue Data Contributor (roles.bicep).
 param storageAccountName string
 param location string
 param tags object

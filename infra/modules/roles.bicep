@@ -27,6 +27,10 @@ param eventHubsName string = ''
 param shipmentHubName string = ''
 @description('The table (or Cosmos container) holding business records and markers.')
 param recordsName string
+@description('queue recipe: the Storage queues the app consumes (each with its <queue>-poison).')
+param storageQueues array = []
+@description('blob-import recipe: a blob trigger, whose queues the host keeps in the account.')
+param blobTrigger bool = false
 
 var roleIds = {
   serviceBusDataReceiver: '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
@@ -36,6 +40,9 @@ var roleIds = {
   storageBlobDataContributor: 'ba92f5b4-2d11-453d-a403-e96b0029c9fe'
   storageTableDataContributor: '0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3'
   storageQueueDataContributor: '974c5e8b-45b9-4653-ba55-5f855dd0fb88'
+  storageQueueDataReader: '19e7f393-937e-4f77-808e-94535e297925'
+  storageQueueDataMessageProcessor: '8a0f0c08-91a1-4084-bc3d-661d67233fed'
+  storageQueueDataMessageSender: 'c6a89b2d-59bc-44d0-9896-0f6e12d7b80a'
   monitoringMetricsPublisher: '3913510d-42f4-4e42-8a64-420c390055eb'
   eventGridDataSender: 'd5a91429-5739-47e2-a06b-3470a27159e7'
   storageTableDataReader: '76199698-9eea-4c19-bc75-cec21354c6b6'
@@ -88,6 +95,21 @@ resource shipmentHub 'Microsoft.EventHub/namespaces/eventhubs@2024-01-01' existi
   parent: eventHubs
   name: shipmentHubName
 }
+
+resource queueService 'Microsoft.Storage/storageAccounts/queueServices@2023-05-01' existing = {
+  parent: storage
+  name: 'default'
+}
+
+resource consumedQueues 'Microsoft.Storage/storageAccounts/queueServices/queues@2023-05-01' existing = [for name in storageQueues: {
+  parent: queueService
+  name: name
+}]
+
+resource poisonQueues 'Microsoft.Storage/storageAccounts/queueServices/queues@2023-05-01' existing = [for name in storageQueues: {
+  parent: queueService
+  name: '${name}-poison'
+}]
 
 resource recordsTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' existing = {
   name: '${storageAccountName}/default/${recordsName}'
@@ -146,8 +168,7 @@ resource hubReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (
   }
 }
 
-// The Functions host (AzureWebJobsStorage) and the deployment package live in blobs; its
-// timers use queues.
+// The Functions host (AzureWebJobsStorage) and the deployment package live in blobs.
 resource blobOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   name: guid(storage.id, principalId, roleIds.storageBlobDataOwner)
   scope: storage
@@ -158,7 +179,9 @@ resource blobOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   }
 }
 
-resource queueContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+// A blob trigger's queues (the host's blob-trigger queue and webjobs-blobtrigger-poison) live
+// in the account: the one queue role on the whole account, and only with a blob trigger.
+resource queueContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (blobTrigger) {
   name: guid(storage.id, principalId, roleIds.storageQueueDataContributor)
   scope: storage
   properties: {
@@ -167,6 +190,38 @@ resource queueContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' =
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.storageQueueDataContributor)
   }
 }
+
+// A queue trigger reads and processes (gets, updates, deletes) the messages of its queue, and
+// adds the ones it gives up on to its poison queue: each role on the one queue.
+resource storageQueueReaders 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (name, i) in storageQueues: {
+  name: guid(consumedQueues[i].id, principalId, roleIds.storageQueueDataReader)
+  scope: consumedQueues[i]
+  properties: {
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.storageQueueDataReader)
+  }
+}]
+
+resource storageQueueProcessors 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (name, i) in storageQueues: {
+  name: guid(consumedQueues[i].id, principalId, roleIds.storageQueueDataMessageProcessor)
+  scope: consumedQueues[i]
+  properties: {
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.storageQueueDataMessageProcessor)
+  }
+}]
+
+resource poisonSenders 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (name, i) in storageQueues: {
+  name: guid(poisonQueues[i].id, principalId, roleIds.storageQueueDataMessageSender)
+  scope: poisonQueues[i]
+  properties: {
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.storageQueueDataMessageSender)
+  }
+}]
 
 resource tableContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   name: guid(storage.id, principalId, roleIds.storageTableDataContributor)

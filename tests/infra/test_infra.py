@@ -111,6 +111,12 @@ BREAKAGES = [
     ("modules/eventhubs.bicep", "disableLocalAuth: true", "disableLocalAuth: false", "Event Hubs local (SAS) auth"),
     ("modules/roles.bicep", "scope: '${cosmos.id}/dbs/${cosmosDatabase}'", "scope: cosmos.id",
      "Cosmos role scoped beyond a database"),
+    ("modules/roles.bicep", "roleIds.storageQueueDataMessageProcessor)\n  scope: consumedQueues[i]\n",
+     "roleIds.storageQueueDataMessageProcessor)\n  scope: storage\n", "a Storage queue role beyond one queue"),
+    ("modules/roles.bicep", "  scope: poisonQueues[i]\n", "  scope: queueService\n",
+     "poisonSenders: a Storage queue role beyond one queue"),
+    ("modules/roles.bicep", "roleDefinitions', roleIds.storageQueueDataMessageProcessor)",
+     "roleDefinitions', roleIds.storageQueueDataReader)", "Storage queue 'returns': the app has no processor role"),
 ]  # fmt: skip
 
 
@@ -498,3 +504,32 @@ def test_a_storage_queue_gets_its_outage_budget_and_its_dequeues_must_outlast_a_
     once = {**HOST, "extensions": {**HOST["extensions"], "queues": {**queues, "maxDequeueCount": 1}}}
     failed = lease_check(copy, once)
     assert [f.split(" ")[0] for f in failed.failures] == [f"{name}:"], failed.explain()
+
+
+def test_the_account_wide_queue_role_comes_with_a_blob_trigger_only(tmp_path: Path) -> None:
+    """Storage Queue Data Contributor on the whole account is the host's, for a blob trigger's
+    queues: with the blob-import recipe; given without it, the policies refuse it."""
+    symbols = {r.symbol for r in Deployment(INFRA, []).resources} | {r.symbol for r in Deployment(INFRA, ALL).resources}
+    assert "queueContributor" in symbols and "queueContributor" not in {
+        r.symbol for r in Deployment(INFRA, []).resources
+    }
+    assert policy_violations(INFRA, []) == []
+    copy = infra_copy(tmp_path, edits=(("main.bicep", "blobTrigger: withBlobImport", "blobTrigger: true"),),
+                      recipes=[])  # fmt: skip
+    assert policy_violations(copy, []) == ["queueContributor: Storage Queue Data Contributor without a blob trigger"]
+
+
+@pytest.mark.parametrize("recipes", [[], ALL], ids=["no-recipe", "all-recipes"])
+def test_an_apps_own_storage_queue_gets_its_poison_queue_its_roles_and_the_checks(
+    tmp_path: Path, recipes: list[str]
+) -> None:
+    """docs/triggers.md: a Storage queue of the app's own is one name in appStorageQueues; it is
+    deployed with its poison queue and the roles on both, and the checks read it by its name."""
+    copy = infra_copy(tmp_path, edits=(("main.bicep", "var appStorageQueues = []", "var appStorageQueues = ['jobs']"),),
+                      recipes=recipes)  # fmt: skip
+    _, roles = Deployment(copy).calls["roles"]
+    assert roles("storageQueues")[0] == "jobs" and policy_violations(copy) == []
+    own = "modules/storage-queues.bicep:consumed[jobs]"
+    assert [p.broker for p in redeliveries(copy, host=HOST) if p.name == own] == ["storage queue"]
+    for report in (retention_check(copy, HOST), lease_check(copy, HOST)):
+        assert report.ok and own in report.explain(), report.explain()
