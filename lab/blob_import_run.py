@@ -1,8 +1,8 @@
 """``python -m lab.blob_import_run``: the ``blob-import`` recipe (recipes/prices.py) on one large
 file, on the real Azurite blob, queue and table services, delivered as the Functions host's
 blob trigger with the Event Grid source delivers it (lab/blob_host.py). The file (``--records``,
-10,000) is uploaded; its import dies mid-file (after ``--crash-after`` chunks) and the host runs
-it again once the lease lapses; Event Grid delivers the event twice; the same file is uploaded
+10,000) is uploaded; its import dies mid-file (after ``--crash-after`` chunks, half by default)
+and the host runs it again once the lease lapses; Event Grid delivers the event twice; the same file is uploaded
 again; a corrected file (``--changed`` prices) replaces it. One JSON line: what was applied per
 record and the store's requests per record, each step's and in all; exit 1 unless each record
 was applied exactly once per content.
@@ -34,7 +34,7 @@ from lab.faults import Crash
 from lab.host import user_function
 from shared.idempotency import Delivery, Result
 from shared.idempotency.functions import shared_store
-from shared.idempotency.imports import FileImport
+from shared.idempotency.imports import CHUNK, FileImport
 from shared.idempotency.keys import consumer_partition
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._base import DedupStore
@@ -76,7 +76,10 @@ def current_prices(store: DedupStore, partition: str) -> dict[str, float]:
     return {sku: price for sku, (_, price) in latest.items()}
 
 
-def run(records: int = 10_000, crash_after: int = 10, changed: int = 100) -> dict[str, Any]:
+def run(records: int = 10_000, crash_after: int | None = None, changed: int = 100) -> dict[str, Any]:
+    """``crash_after``: the chunks committed before the crash (default: half the file's)."""
+    chunks = -(-records // CHUNK)
+    crash_after = crash_after or max(1, chunks // 2)
     with (tempfile.TemporaryDirectory() as folder, Azurite(Path(folder)) as table, Azurite(service="blob") as blobs,
           Azurite(service="queue") as queues):  # fmt: skip
         saved = dict(os.environ)
@@ -159,7 +162,8 @@ def violations(report: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lab.blob_import_run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=10_000)
-    parser.add_argument("--crash-after", type=int, default=10, help="chunks (500 records each) before the crash")
+    parser.add_argument("--crash-after", type=int, default=None,
+                        help=f"chunks ({CHUNK} records each) committed before the crash (default: half)")  # fmt: skip
     parser.add_argument("--changed", type=int, default=100)
     args = parser.parse_args(argv)
     report = run(args.records, args.crash_after, args.changed)

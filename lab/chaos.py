@@ -15,7 +15,9 @@ CHAOS_STREAM_EVENTS (3000; 0 skips the Event Hubs run: checkpoints after every b
 crashes, rebalances, producer retries, parking and replay, lab/eventhub.py),
 CHAOS_SESSION_ORDERS (500; 0 skips the Service Bus sessions run, lab/sessions.py),
 CHAOS_QUEUE_RETURNS (2000; 0 skips the Storage queue run on the real Azurite queue service: 4
-instances, crashes, lost deletes, a 30 s store outage, lab/queue_chaos.py).
+instances, crashes, lost deletes, a 30 s store outage, lab/queue_chaos.py), CHAOS_IMPORT_RECORDS
+(10000; 0 skips the blob import of one file on the real Azurite blob and queue services: a crash
+mid-file, a duplicate event, a re-upload, a corrected file, lab/blob_import_run.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from lab import blob_import_run as blob_import
 from lab.azurite import Azurite
 from lab.chain import ChainConfig, ChainReport, run_chain
 from lab.demo import ORDERS
@@ -121,6 +124,11 @@ def main(argv: list[str] | None = None) -> int:
         queue = run_queue(messages=returns, seed=config.seed)
         print(f"\nStorage queue: {json.dumps(queue)}")
         ok = not violations(queue) and ok
+    records = int(os.environ.get("CHAOS_IMPORT_RECORDS", "10000"))
+    if records > 0:
+        imported = blob_import.run(records=records)
+        print(f"\nBlob import: {json.dumps(imported)}")
+        ok = not blob_import.violations(imported) and ok
     return 0 if ok else 1
 
 

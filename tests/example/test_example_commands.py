@@ -17,7 +17,7 @@ from tests.unit.test_entry_points import ROOT, describes_itself
 
 
 @pytest.mark.parametrize("module", ["lab.demo", "lab.chaos", "lab.bench", "lab.client.smoke", "lab.outbox_cost",
-                                    "lab.soak"])  # fmt: skip
+                                    "lab.soak", "lab.queue_chaos", "lab.blob_import_run"])  # fmt: skip
 def test_help_describes_the_command_and_starts_nothing(module: str) -> None:
     describes_itself(module)
 
@@ -49,3 +49,17 @@ def test_make_demo_as_a_user_runs_it_reports_figures_that_add_up() -> None:
     assert f"{last['dead_lettered']} messages dead-lettered with a reason (the {refused} invalid" in done.stdout
     api_line = next(line for line in done.stdout.splitlines() if line.startswith("POST /api/orders:"))
     assert ("off" in api_line) == ("orders_api" not in switched_on()), api_line
+
+
+def test_the_blob_import_run_as_docs_triggers_md_gives_it_applies_each_record_once() -> None:
+    """`python -m lab.blob_import_run` in a new process from the repository's root, on a smaller
+    file: exit 0, one JSON line, each record applied once per content through a crash mid-file,
+    a duplicate event, a re-upload and a corrected file, well under 0.1 store request a record."""
+    done = subprocess.run([sys.executable, "-m", "lab.blob_import_run", "--records", "1200", "--changed", "12"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (report["applied"], report["crashes"], report["invocations"]) == (1200 + 12, 1, 5), report
+    assert report["steps"]["the event again"]["requests"] == report["steps"]["the same content uploaded again"][
+        "requests"] == 1  # fmt: skip
+    assert report["requests_per_record"] < 0.1, report
