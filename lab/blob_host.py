@@ -59,12 +59,18 @@ class BlobHost:
         with contextlib.suppress(ResourceExistsError):
             self.blobs.create_container(container)
         self.reads = 0  # blob downloads (each one or more range requests)
+        self._modified: dict[str, int] = {}  # per blob, its last upload's Last-Modified (seconds)
 
     def upload(self, name: str, content: bytes, **metadata: str) -> dict[str, Any]:
-        """Upload (overwrite) a blob; the BlobCreated event the storage account publishes for it."""
+        """Upload (overwrite) a blob; the BlobCreated event the storage account publishes for it.
+        Last-Modified, the import's version, has whole seconds: an upload waits for the second
+        after its blob's last one, as uploads a person or a pipeline makes are apart."""
+        while int(time.time()) <= self._modified.get(name, -1):
+            time.sleep(0.05)  # until the clock passes the blob's last Last-Modified
         blob = self.blobs.get_blob_client(self.container, name)
         answer = blob.upload_blob(content, overwrite=True, metadata=metadata or None,
                                   content_settings=ContentSettings(content_type="application/x-ndjson"))  # fmt: skip
+        self._modified[name] = int(answer["last_modified"].timestamp())
         return blob_created(blob.url, str(answer["etag"]), len(content))
 
     def notify(self, events: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> int:

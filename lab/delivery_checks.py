@@ -30,8 +30,9 @@ from lab.infra_checks import (
     ROOT,
     Deployment,
     RecipeError,
-    Resource,
+    blob_triggered,
     body,
+    is_poison,
     parameter_values,
     parse,
     read_recipes,
@@ -53,8 +54,6 @@ QUEUE, SUBSCRIPTION = "Microsoft.ServiceBus/namespaces/queues", "Microsoft.Servi
 EVENT_HUB = "Microsoft.EventHub/namespaces/eventhubs"
 STORAGE_QUEUE = "Microsoft.Storage/storageAccounts/queueServices/queues"
 STORAGE_QUEUE_TTL = timedelta(days=7)  # a queue message's default time to live (its producer may set another)
-# What starts the blob trigger with the Event Grid source: the storage account's system topic.
-SYSTEM_TOPIC = "Microsoft.EventGrid/systemTopics"
 EVENT_SUBSCRIPTIONS = (
     "Microsoft.EventGrid/topics/eventSubscriptions",
     "Microsoft.EventGrid/systemTopics/eventSubscriptions",
@@ -115,7 +114,7 @@ def redeliveries(infra: Path = INFRA, recipes: Sequence[str] | None = None,
             elif resource.type == EVENT_HUB:  # a replay from a checkpoint, up to the hub's retention
                 days = _resolve(properties.get("messageRetentionInDays", 1), scope)
                 found.append(Redelivery(name, "event hubs", 1, timedelta(days=int(days))))
-            elif resource.type == STORAGE_QUEUE and not _poison(resource):  # its poison queue: none
+            elif resource.type == STORAGE_QUEUE and not is_poison(resource):  # its poison queue: none
                 found.append(Redelivery(name, "storage queue", queues.max_dequeue_count, STORAGE_QUEUE_TTL,
                                         queues.visibility_timeout, count))  # fmt: skip
             elif resource.type in EVENT_SUBSCRIPTIONS:
@@ -124,16 +123,6 @@ def redeliveries(infra: Path = INFRA, recipes: Sequence[str] | None = None,
                 found.append(Redelivery(name, "event grid", int(value["maxDeliveryAttempts"]),
                                         timedelta(minutes=int(value["eventTimeToLiveInMinutes"]))))  # fmt: skip
     return found
-
-
-def _poison(resource: Resource) -> bool:
-    """A poison queue (``<queue>-poison``): the host moves messages there, nobody consumes them."""
-    return any(str(name).endswith("-poison") for name in (*resource.names, resource.config.get("name", "")))
-
-
-def blob_triggered(infra: Path = INFRA, recipes: Sequence[str] | None = None) -> bool:
-    """Whether infra/ deploys a storage account's system topic: the blob trigger's events."""
-    return any(r.type == SYSTEM_TOPIC and not r.existing for r in Deployment(infra, recipes).resources)
 
 
 def _resolve(value: Any, scope: dict[str, Any]) -> Any:
@@ -373,9 +362,9 @@ def lease_check(infra: Path = INFRA, host: dict[str, Any] | None = None,
         require(covered >= needed, f"{place.name}: {later} later deliveries cover {covered} >= lease + skew {needed}")
     if blobs:
         outage = timing.poison_blob_threshold * dedup.transient_wait
-        lines.append(f"blob trigger: a store outage of up to {outage} per chunk of a file is survived before "
-                     f"webjobs-blobtrigger-poison (poisonBlobThreshold {timing.poison_blob_threshold} x "
-                     "DEDUP_TRANSIENT_WAIT; each run resumes where the last one stopped)")  # fmt: skip
+        lines.append(f"blob trigger: a store outage of up to {outage} is survived before webjobs-blobtrigger-poison "
+                     f"(poisonBlobThreshold {timing.poison_blob_threshold} runs, each stopping once a chunk waited "
+                     "DEDUP_TRANSIENT_WAIT; the next run resumes where it stopped)")  # fmt: skip
     if survived:
         lines.append(f"a store outage of up to {min(survived)} is survived without a Service Bus dead-letter "
                      "(maxDeliveryCount x DEDUP_TRANSIENT_WAIT; no progress meanwhile, then it recovers)")  # fmt: skip

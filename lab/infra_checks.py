@@ -246,6 +246,16 @@ class Resource:
         return [self.symbol if n == self.symbol else f"{self.symbol}[{n}]" for n in self.names] or [self.symbol]
 
 
+def is_poison(resource: Resource) -> bool:
+    """A Storage poison queue (``<queue>-poison``): the host moves messages there, nobody consumes them."""
+    return any(str(name).endswith("-poison") for name in (*resource.names, resource.config.get("name", "")))
+
+
+def blob_triggered(infra: Path = INFRA, recipes: Sequence[str] | None = None) -> bool:
+    """Whether infra/ deploys a storage account's system topic: the blob trigger's events."""
+    return any(r.type == SYSTEM_TOPIC_TYPE and not r.existing for r in Deployment(infra, recipes).resources)
+
+
 def body(spec: dict[str, Any]) -> dict[str, Any]:
     """A declaration's body, inside its ``if (...)`` and ``[for ...]`` wrappers."""
     config: dict[str, Any] = spec.get("config") or {}
@@ -365,6 +375,7 @@ SENDER_SCOPES = frozenset({"Microsoft.ServiceBus/namespaces/topics", "Microsoft.
 SUBSCRIPTION_TYPE = "Microsoft.ServiceBus/namespaces/topics/subscriptions"
 RECEIVER_SCOPES = frozenset({"Microsoft.ServiceBus/namespaces/queues", SUBSCRIPTION_TYPE})
 STORAGE_QUEUE_TYPE = "Microsoft.Storage/storageAccounts/queueServices/queues"
+SYSTEM_TOPIC_TYPE = "Microsoft.EventGrid/systemTopics"  # a storage account's: the blob trigger's events
 STORAGE_QUEUE_ROLES = ("storageQueueDataReader", "storageQueueDataMessageProcessor", "storageQueueDataMessageSender")
 OPERATOR_SCOPES = frozenset({
     "Microsoft.ServiceBus/namespaces/queues",
@@ -469,8 +480,8 @@ def policy_violations(infra: Path = INFRA, recipes: Sequence[str] | None = None)
             target = types.get((assignment.file, str(scope)))
             require(target == STORAGE_QUEUE_TYPE, f"{assignment.symbol}: a Storage queue role beyond one queue")
         if "storageQueueDataContributor" in role:  # the host's blob-trigger queues: with a blob trigger only
-            blob_trigger = any(r.type == "Microsoft.EventGrid/systemTopics" for r in deployment.resources)
-            require(blob_trigger, f"{assignment.symbol}: Storage Queue Data Contributor without a blob trigger")
+            require(any(r.type == SYSTEM_TOPIC_TYPE for r in all_resources),
+                    f"{assignment.symbol}: Storage Queue Data Contributor without a blob trigger")  # fmt: skip
         if "operatorPrincipalId" in _text(assignment.properties.get("principalId")):  # the smoke test's entities
             target = types.get((assignment.file, str(scope)))
             require(target in OPERATOR_SCOPES, f"{assignment.symbol}: the operator's role reaches beyond one entity")
@@ -494,7 +505,7 @@ def policy_violations(infra: Path = INFRA, recipes: Sequence[str] | None = None)
                  if "storageQueueDataMessageProcessor" in _text(assignment.properties.get("roleDefinitionId"))
                  and (scoped := scopes.get((assignment.file, str(_scope_symbol(assignment.config.get("scope"))))))
                  for name in scoped.names}  # fmt: skip
-    consumed = {name for r in by_type(STORAGE_QUEUE_TYPE) for name in r.names if not name.endswith("-poison")}
+    consumed = {name for r in by_type(STORAGE_QUEUE_TYPE) if not is_poison(r) for name in r.names}
     for name in sorted(consumed - processed):
         found.append(f"Storage queue {name!r}: the app has no processor role on it (roles.bicep)")
     for assignment in by_type("Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments"):

@@ -34,7 +34,8 @@ from lab.infra_checks import timespan
 from lab.queue_host import QueueHost, Tally, queue_client
 from shared.idempotency import Delivery, IdempotentConsumer, Outcome, Result
 from shared.idempotency.functions import shared_store
-from shared.idempotency.functions._storage_queue import HOST_JSON, max_dequeue_count
+from shared.idempotency.functions._host import HOST_JSON
+from shared.idempotency.functions._storage_queue import max_dequeue_count
 from shared.idempotency.stores import TableStore
 from shared.idempotency.testing import entities, reset
 

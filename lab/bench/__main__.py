@@ -461,7 +461,7 @@ def source(kind: str, outbox: bool = False) -> Callable[[Bench], Measure]:
                                   key_field="orderId", schema=SCHEMA, config=DedupConfig(cache_size=0),
                                   max_bytes=2**30)  # fmt: skip
             content = b"".join(json.dumps(b).encode() + b"\n" for b in bodies)
-            calls, sizes = [lambda: importer.run(f"imports/{run}.jsonl", content)], [len(bodies)]
+            calls, sizes = [lambda: importer.run(f"imports/{run}.jsonl", content, 1)], [len(bodies)]
             stored = "order"
         else:  # Service Bus queue: MessageId = orderId
             flow = consumer(store, handler=publishing(order_handler(), topic.name) if outbox else order_handler(),

@@ -209,6 +209,7 @@ class Blob:
     name: str
     content: bytes
     metadata: dict[str, str] = field(default_factory=dict)
+    modified: datetime = field(default_factory=lambda: datetime.now(UTC))  # Last-Modified
 
 
 def blob(binding: Mapping[str, Any], found: Blob) -> Invocation:
@@ -217,9 +218,9 @@ def blob(binding: Mapping[str, Any], found: Blob) -> Invocation:
     BlobTrigger (``<container>/<blob>``), Uri, Properties (the SDK's BlobProperties, serialised
     by ToRpcDefault: PascalCase names, enums as numbers, an ETag without public properties as
     ``{}``), Metadata, and the path's tokens (``{name}``)."""
-    now = DotNetDate(datetime.now(UTC), offset=True)
+    modified = DotNetDate(found.modified, offset=True)
     properties = {"ContentLength": len(found.content), "ContentType": "application/x-ndjson", "ETag": {},
-                  "LastModified": now, "CreatedOn": now, "BlobType": 0, "ContentHash": None,
+                  "LastModified": modified, "CreatedOn": modified, "BlobType": 0, "ContentHash": None,
                   "Metadata": found.metadata}  # fmt: skip
     metadata = {"BlobTrigger": f"{found.container}/{found.name}", "name": found.name,
                 "Uri": f"https://account.blob.core.windows.net/{found.container}/{found.name}",

@@ -13,6 +13,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,7 +24,7 @@ import pytest
 import consumers
 import recipes
 from lab.azurite import Azurite
-from lab.blob_import_run import applied_prices, current_prices, price_lines
+from lab.blob_import_run import applied_prices, price_lines
 from lab.demo import ORDERS
 from lab.harness import RunConfig, run
 from lab.runtime import build
@@ -256,9 +257,14 @@ def test_a_blob_through_the_worker_applies_each_record_once_and_a_malformed_one_
     dead-lettered whole with its line, and acknowledged."""
     trigger, name = worker.trigger("price_import"), f"prices-{uuid.uuid4().hex[:8]}.jsonl"
     partition = consumer_partition("prices", f"imports/{name}")
-    for content in (price_lines(60), price_lines(60), price_lines(60, changed={7: 0.07})):
-        assert worker.failed(worker.invoke("price_import", blob(trigger, Blob("imports", name, content)))) is None
-    assert sum(applied_prices(store, partition).values()) == 61 and current_prices(store, partition)["s-7"] == 0.07
+    uploaded = datetime.now(UTC)
+    for content, modified in ((price_lines(60), uploaded), (price_lines(60), uploaded),  # an event twice
+                              (price_lines(60, changed={7: 0.07}), uploaded + timedelta(seconds=1))):  # fmt: skip
+        invocation = blob(trigger, Blob("imports", name, content, modified=modified))
+        assert worker.failed(worker.invoke("price_import", invocation)) is None
+    versions = sorted(version for sku, version in applied_prices(store, partition) if sku == "s-7")
+    assert sum(applied_prices(store, partition).values()) == 61
+    assert versions == [int(uploaded.timestamp()), int(uploaded.timestamp()) + 1]  # Last-Modified: the version
     bad = Blob("imports", "bad-" + name, price_lines(5)[:-10])
     assert worker.failed(worker.invoke("price_import", blob(trigger, bad))) is None
     [record] = [d for d in store.dead_letters("prices") if d.key_id == f"imports/bad-{name}"]

@@ -11,19 +11,21 @@ from pathlib import Path
 import pytest
 from azure.functions.queue import QueueMessage
 
-from shared.idempotency.functions import _storage_queue
+from shared.idempotency.functions import _host, _storage_queue
 from shared.idempotency.functions.adapters import storage_queue_delivery
+
+OVERRIDE = "AzureFunctionsJobHost__extensions__queues__maxDequeueCount"  # an app setting over host.json
 
 
 @pytest.fixture
 def host_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A host.json of the test's own, read afresh."""
     path = tmp_path / "host.json"
-    monkeypatch.setattr(_storage_queue, "HOST_JSON", path)
-    monkeypatch.delenv(_storage_queue.OVERRIDE, raising=False)
-    _storage_queue.max_dequeue_count.cache_clear()
+    monkeypatch.setattr(_host, "HOST_JSON", path)
+    monkeypatch.delenv(OVERRIDE, raising=False)
+    _host.host_setting.cache_clear()
     yield path
-    _storage_queue.max_dequeue_count.cache_clear()
+    _host.host_setting.cache_clear()
 
 
 def message(dequeue_count: int) -> QueueMessage:
@@ -35,10 +37,10 @@ def test_the_limit_is_host_jsons_then_the_app_settings_override(
 ) -> None:
     assert _storage_queue.max_dequeue_count() == 5  # no host.json: the host's default
     host_json.write_text(json.dumps({"version": "2.0", "extensions": {"queues": {"maxDequeueCount": 3}}}))
-    _storage_queue.max_dequeue_count.cache_clear()
+    _host.host_setting.cache_clear()
     assert _storage_queue.max_dequeue_count() == 3
-    monkeypatch.setenv(_storage_queue.OVERRIDE, "7")
-    _storage_queue.max_dequeue_count.cache_clear()
+    monkeypatch.setenv(OVERRIDE, "7")
+    _host.host_setting.cache_clear()
     assert _storage_queue.max_dequeue_count() == 7
 
 

@@ -9,27 +9,50 @@ upload, or the poison message put back) resumes where the last one stopped."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 
 import azure.functions as func
 
+from ..config import DedupConfig
 from ..imports import FileImport
 from ..messages import Outcome, Result
 from ..reasons import Reason
+from ._host import host_setting, timespan
 from ._settle import RetryLater
 
 log = logging.getLogger("idempotency")
+MARGIN = timedelta(seconds=30)  # a run's last chunk and its answer, within functionTimeout
 
 
 def on_blob_import(importer: Callable[[], FileImport], blob: func.InputStream) -> None:
-    """Import the blob (``<container>/<blob>``) record by record (``shared.idempotency.imports``);
-    raise while a record still fails, so that the host runs it again."""
-    built = importer()
-    run = built.run(str(blob.name), blob.read())
-    log.info("dedup import %s: %s, %d records: %d applied, %d unchanged, %d refused%s", built.name, run.file,
-             run.records, run.count(Outcome.PROCESSED), run.unchanged, run.count(Outcome.INVALID),
-             " (the same content, imported before)" if run.recognised else "")  # fmt: skip
+    """Import the blob (``<container>/<blob>``) record by record (``shared.idempotency.imports``),
+    at its Last-Modified; stop in time for functionTimeout, and raise while records are left or
+    still failing, so that the host runs it again."""
+    started, built = time.monotonic(), importer()
+    run = built.run(str(blob.name), blob.read(), blob_version(blob), deadline=started + budget().total_seconds())
+    log.info("dedup import %s: %s (version %d), %d records: %d applied, %d unchanged, %d stale, %d refused, "
+             "%d left%s", built.name, run.file, run.version, run.records, run.count(Outcome.PROCESSED), run.unchanged,
+             run.stale, run.count(Outcome.INVALID) + run.count(Outcome.CONFLICT), run.pending,
+             " (recognised: imported whole before)" if run.recognised else "")  # fmt: skip
     if not run.done:
-        failing = [r for r in run.results if not r.acknowledge or r.outcome is Outcome.CONFLICT]
+        failing = [r for r in run.results if not r.acknowledge]
+        why = f"first: {failing[0].reason}" if failing else "the run's time is up"
         raise RetryLater(Result(Outcome.TRANSIENT, None, Reason.ITEMS_FAILED,
-                                f"{len(failing)} record(s) of {run.file}, first: {failing[0].reason}"))  # fmt: skip
+                                f"{len(failing) + run.pending} record(s) of {run.file} left, {why}"))  # fmt: skip
+
+
+def blob_version(blob: func.InputStream) -> int:
+    """The blob's Last-Modified (whole seconds since 1970), which orders its uploads."""
+    modified = (getattr(blob, "blob_properties", None) or {}).get("LastModified")  # the worker's InputStream
+    if not modified:
+        raise ValueError(f"the blob trigger gave {blob.name} no LastModified: its uploads cannot be ordered")
+    return int(datetime.fromisoformat(str(modified)).timestamp())
+
+
+def budget() -> timedelta:
+    """How long a run may start chunks: functionTimeout less a chunk's wait (DEDUP_TRANSIENT_WAIT)
+    and a margin; without a timeout, a day."""
+    limit = timespan(host_setting("functionTimeout")) or timedelta(days=1)
+    return max(limit - DedupConfig.from_settings().transient_wait - MARGIN, timedelta(0))

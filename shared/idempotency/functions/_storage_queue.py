@@ -6,14 +6,10 @@ the service's: a producer's retry enqueues a new one, so key by a business field
 
 from __future__ import annotations
 
-import functools
-import json
-import os
-from pathlib import Path
-
 import azure.functions as func
 
 from ..messages import Delivery
+from ._host import host_setting
 from ._settle import Consumer, acknowledge_or_retry
 
 MAX_DEQUEUE_COUNT = 5  # the host's default for extensions.queues.maxDequeueCount
@@ -33,17 +29,10 @@ def storage_queue_delivery(msg: func.QueueMessage) -> Delivery:
                     max_deliveries=max_dequeue_count())  # fmt: skip
 
 
-HOST_JSON = Path(__file__).resolve().parents[3] / "host.json"  # the app's root: where shared/ is
-OVERRIDE = "AzureFunctionsJobHost__extensions__queues__maxDequeueCount"  # an app setting over host.json
-
-
-@functools.cache
 def max_dequeue_count() -> int:
-    """The host's ``extensions.queues.maxDequeueCount``: the app setting that overrides host.json,
-    else host.json's, else the host's default."""
+    """The host's ``extensions.queues.maxDequeueCount`` (an app setting over host.json), else
+    the host's default."""
     try:
-        if os.environ.get(OVERRIDE):
-            return int(os.environ[OVERRIDE])
-        return int(json.loads(HOST_JSON.read_text())["extensions"]["queues"]["maxDequeueCount"])
-    except (OSError, KeyError, TypeError, ValueError):
+        return int(host_setting("extensions", "queues", "maxDequeueCount") or MAX_DEQUEUE_COUNT)
+    except ValueError:
         return MAX_DEQUEUE_COUNT
