@@ -35,6 +35,7 @@ from shared.idempotency.consumer import Handler
 from shared.idempotency.functions import (
     BODY_AS_BYTES,
     consumer,
+    on_blob_import,
     on_cloudevents_http,
     on_eventgrid,
     on_eventhub_batch,
@@ -42,10 +43,12 @@ from shared.idempotency.functions import (
     on_schedule,
     on_servicebus,
     on_servicebus_batch,
+    on_storage_queue,
     shared_sender,
     shared_store,
     stored_response,
 )
+from shared.idempotency.imports import FileImport
 from shared.idempotency.keys import DedupKey, consumer_partition
 from shared.idempotency.stores import DedupStore
 
@@ -216,6 +219,22 @@ def job_consumer() -> IdempotentConsumer:
     return IdempotentConsumer("item-job", shared_store(), job_handler, schema=SCHEMA)
 
 
+@consumer
+def storage_queue_consumer() -> IdempotentConsumer:
+    """A Storage queue's message id is the service's: keyed by the body's id."""
+    return IdempotentConsumer("item-queue", shared_store(), item_handler(key_is_id=False), schema=SCHEMA,
+                              key_source=BY_ID)  # fmt: skip
+
+
+def imported_item(body: dict[str, Any], context: Context) -> Effects:
+    return Effects([Entity(ITEM, stored(body))])
+
+
+@consumer
+def import_consumer() -> FileImport:
+    return FileImport("item-imports", shared_store(), imported_item, key_field="id", schema=SCHEMA)
+
+
 @bp.function_name("items")
 @bp.service_bus_queue_trigger(arg_name="msg", queue_name="items", connection="ServiceBusConnection",
                               data_type=BODY_AS_BYTES)  # fmt: skip
@@ -275,3 +294,16 @@ def item_stream(events: typing.List[func.EventHubEvent], context: func.Context) 
 @bp.retry(strategy="fixed_delay", max_retry_count="3", delay_interval="00:01:00")
 def item_job(timer: func.TimerRequest, context: func.Context) -> None:
     on_schedule(job_consumer, timedelta(days=1), timedelta(hours=6), due, context)
+
+
+@bp.function_name("item_queue")
+@bp.queue_trigger(arg_name="msg", queue_name="item-queue", connection="ItemQueueConnection")
+def item_queue(msg: func.QueueMessage) -> None:
+    on_storage_queue(storage_queue_consumer, msg)
+
+
+@bp.function_name("item_import")
+@bp.blob_trigger(arg_name="blob", path="item-imports/{name}", connection="ItemImportsConnection",
+                 source=func.BlobSource.EVENT_GRID)  # fmt: skip
+def item_import(blob: func.InputStream) -> None:
+    on_blob_import(import_consumer, blob)

@@ -241,8 +241,14 @@ def app_dir(switched_on: Sequence[str] = (), extra: Mapping[str, Path] | None = 
     for entry in app.iterdir():  # the app's own files: always the current ones
         if entry.name != PACKAGES.parts[0]:
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-    if app != plain and not (app / PACKAGES.parts[0]).exists():
-        (app / PACKAGES.parts[0]).symlink_to(plain / PACKAGES.parts[0], target_is_directory=True)
+    if app != plain:
+        # To the packages' real place: a copy of the repository whose .runtime is this one (the
+        # walkthrough tests') must not leave a link through its own path, dangling once it is gone.
+        link, packages_dir = app / PACKAGES.parts[0], (plain / PACKAGES.parts[0]).resolve()
+        if link.is_symlink() and link.resolve() != packages_dir:
+            link.unlink()
+        if not link.exists():
+            link.symlink_to(packages_dir, target_is_directory=True)
     for name in deployed_files():
         _write(app / name, (ROOT / name).read_bytes())
     # recipes/ is not deployed (.funcignore): a recipe on is in consumers/ (deployed above); one

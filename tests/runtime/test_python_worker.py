@@ -34,15 +34,19 @@ from lab.harness import RunConfig, run
 from lab.runtime import build
 from lab.runtime.host import WorkerHost
 from lab.runtime.triggers import (
+    Blob,
     Http,
     HubEvent,
     ServiceBusMessage,
+    StorageQueueMessage,
+    blob,
     cloudevent,
     eventhub_batch,
     http,
     http_result,
     servicebus,
     servicebus_batch,
+    storage_queue,
     timer,
 )
 from shared.idempotency.functions import housekeeping
@@ -165,6 +169,11 @@ EXPECTED: dict[str, tuple[str, dict[str, Any]]] = {  # function: (trigger type, 
     "dispatch_outbox": ("timerTrigger", {"schedule": "0 */5 * * * *", "useMonitor": True}),
     "item_job": ("timerTrigger", {"schedule": "0 0 6 * * *", "useMonitor": True}),
     "item_stream": ("eventHubTrigger", {"eventHubName": "items", "cardinality": "MANY", "dataType": "BINARY"}),
+    "item_queue": ("queueTrigger", {"queueName": "item-queue", "connection": "ItemQueueConnection"}),
+    "item_import": (
+        "blobTrigger",
+        {"path": "item-imports/{name}", "connection": "ItemImportsConnection", "source": "EventGrid"},
+    ),
 }
 
 
@@ -388,6 +397,43 @@ def test_event_grid_cloudevent_applies_once(worker: WorkerHost, store: TableStor
     other = cloudevent(trigger, shipped(event_id, item_id, tracking="T-2"))
     assert worker.failed(worker.invoke("item_events", other)) is None  # accepted: recorded as a dead letter
     assert shipments(store, item_id) == 1
+
+
+def test_a_storage_queue_message_applies_once_and_an_invalid_one_is_refused_at_its_first_dequeue(
+    worker: WorkerHost, store: TableStore
+) -> None:
+    """on_storage_queue with the trigger data the host sends (DequeueCount, Id, PopReceipt,
+    InsertionTime, NextVisibleTime): a message dequeued again and a producer's retry (a new
+    message id) apply the item once; an invalid one is dead-lettered with its dequeue count."""
+    trigger, item_id = worker.trigger("item_queue"), new_id()
+    body = an_item(item_id)
+    for message in (StorageQueueMessage(body, 1, item_id), StorageQueueMessage(body, 2, item_id),
+                    StorageQueueMessage(body)):  # fmt: skip
+        assert worker.failed(worker.invoke("item_queue", storage_queue(trigger, message))) is None
+    assert effects_by_item(store, item_id, "item-queue") == {item_id: Counter({"item": 1, "posting": 1})}
+    bad = StorageQueueMessage(json.dumps({"id": item_id + "-bad", "amount": -1}).encode(), 1, item_id + "-bad")
+    assert worker.failed(worker.invoke("item_queue", storage_queue(trigger, bad))) is None
+    [record] = [d for d in store.dead_letters("item-queue") if d.message_id == item_id + "-bad"]
+    assert (record.reason, record.delivery_count) == ("schema_violation", 1)
+
+
+def test_a_blob_import_applies_each_record_once_and_refuses_a_malformed_file_whole(
+    worker: WorkerHost, store: TableStore
+) -> None:
+    """on_blob_import with the trigger data the host sends (the content as bytes, BlobTrigger,
+    Uri, Properties with LastModified, Metadata): the same upload run twice applies each record
+    once; a malformed file is dead-lettered whole with its line, and acknowledged."""
+    trigger, name = worker.trigger("item_import"), f"items-{uuid.uuid4().hex[:8]}.jsonl"
+    content = b"".join(an_item(f"{name}-{n}") + b"\n" for n in range(20))
+    for _ in range(2):  # the BlobCreated event twice
+        assert worker.failed(worker.invoke("item_import", blob(trigger, Blob("item-imports", name, content)))) is None
+    file = consumer_partition("item-imports", f"item-imports/{name}")
+    assert sorted(e.data["itemId"] for e in store.read_entities(file, "", 1000) if "itemId" in e.data) == sorted(
+        f"{name}-{n}" for n in range(20))  # fmt: skip
+    bad = Blob("item-imports", "bad-" + name, content[:-10])
+    assert worker.failed(worker.invoke("item_import", blob(trigger, bad))) is None
+    [record] = [d for d in store.dead_letters("item-imports") if d.key_id == f"item-imports/bad-{name}"]
+    assert record.reason == "file_malformed" and record.detail.startswith("line 20:")
 
 
 def post(worker: WorkerHost, function: str, path: str, body: bytes, **headers: str) -> tuple[int, dict[str, str], Any]:
