@@ -17,7 +17,9 @@ file may arrive again (a duplicate event, a re-upload), corrected, or be cut off
   supersedes is deleted after the run, so that a file keeps one row per key.
 - **The same content is recognised whole.** Once a run leaves nothing to do (every record
   applied, or the file refused for its content), the file's row keeps the content's SHA-256,
-  written only over an older version: the same content again costs that one read.
+  written only over an older version: the same content again costs that one read. A run that
+  changes records first marks the row in progress, so that content imported whole before is
+  not recognised over a newer upload's half-applied records.
 - Two uploads within one version (a blob's Last-Modified has whole seconds) with other
   content: the later one's changed records meet the earlier's markers with other data, a
   conflict, dead-lettered and alerted as every conflict.
@@ -133,6 +135,8 @@ class FileImport(IdempotentConsumer):
                 deliveries.append(Delivery(record.body, message_id=joined_identity(file, record.key, str(version)),
                                            properties={"file": file, "line": record.line}))  # fmt: skip
                 superseded.append(_row(record.key, latest) if 0 <= latest < version else None)
+        if deliveries:  # until it is done, the file's row recognises no content: this one may be half applied
+            self._imported(partition, {"sha256": "", "records": len(records)}, version, complete=False)
         results: list[Result] = []
         for start in range(0, len(deliveries), CHUNK):
             if deadline is not None and time.monotonic() >= deadline:
@@ -148,7 +152,7 @@ class FileImport(IdempotentConsumer):
             ]
             self._tidy(partition, done)
             if not run.count(Outcome.INVALID) + run.count(Outcome.CONFLICT):  # a refused record may be fixed
-                self._imported(partition, {"sha256": sha, "records": len(records)}, version)
+                self._imported(partition, {"sha256": sha, "records": len(records)}, version, complete=True)
         return run
 
     def records(self, content: bytes) -> list[Record]:
@@ -216,13 +220,14 @@ class FileImport(IdempotentConsumer):
         if refusal.acknowledge:
             limit = {"maxBytes": str(self.max_bytes)} if exc.reason == Reason.FILE_TOO_LARGE else {}
             self._imported(consumer_partition(self.name, file), {"sha256": sha, "refused": exc.reason, **limit},
-                           version)  # fmt: skip
+                           version, complete=True)  # fmt: skip
         return ImportRun(file, sha, version, refused=refusal, results=(refusal,))
 
-    def _imported(self, partition: str, data: dict[str, Any], version: int) -> None:
-        """The file's row, over an older version's only (of two runs, the newer upload's stays)."""
+    def _imported(self, partition: str, data: dict[str, Any], version: int, *, complete: bool) -> None:
+        """The file's row, over an older version's only (of two runs, the newer upload's stays);
+        of one version, a run done over one in progress."""
         row = Entity(_FILE, {**data, "version": str(version), "importedAt": utcnow().isoformat()})
-        self.store.upsert_if_newer(partition, row, version)
+        self.store.upsert_if_newer(partition, row, 2 * version + complete)
 
     def _tidy(self, partition: str, superseded: list[str]) -> None:
         """Delete the rows the run's records superseded: a file keeps one row per key. Left

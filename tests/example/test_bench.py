@@ -42,9 +42,9 @@ def test_every_scenario_runs_and_costs_the_round_trips_it_reports(azurite: Azuri
     for name, count in EXACT.items():  # what make bench judges exact, at 20 messages (one batch)
         assert per_message[name] == (1 / 20 if name == "batch of 100 (lean)" else count), name
     assert 1 / 20 <= per_message["source: Event Hubs batch of 100"] <= 4 / 20  # a transaction per bucket met
-    # the file's row and the applied rows read, one transaction (20 records x 4 operations), the file's
-    # row read again and written over none (upsert_if_newer: of two uploads, the newer one's stays)
-    assert per_message["source: blob import, one file"] == 5 / 20
+    # the file's row and the applied rows read, the row marked in progress (read, write), one
+    # transaction (20 records x 4 operations), the row read and replaced, done (upsert_if_newer)
+    assert per_message["source: blob import, one file"] == 7 / 20
     # parks, commits (a transaction per bucket met), sends, marks sent, unparks
     assert 3 + 1 / 20 <= per_message["source: Event Hubs batch of 100, outbox"] <= 3 + 4 / 20
     assert {name: m.sends for name, m in measures.items() if m.sends} == {

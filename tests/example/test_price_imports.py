@@ -100,10 +100,10 @@ def test_a_duplicate_event_and_a_reupload_of_the_same_content_cost_one_read_each
     event = upload(host, content)
     deliver(host, event)
     first = len(requests)
-    # the file's row read, the applied rows read; 120 records x 4 operations (guard, marker, the
-    # applied row, the price) = 5 transactions; the file's row: its state read, then written over
-    # none (upsert_if_newer); the expiry index's notes wait in memory
-    assert requests == ["GET", "GET", *["POST"] * 5, "GET", "POST"], requests
+    # the file's row read, the applied rows read; the file's row marked in progress (upsert_if_newer:
+    # its state read, then written); 120 records x 4 operations (guard, marker, the applied row, the
+    # price) = 5 transactions; the file's row read and replaced, done; the expiry notes wait in memory
+    assert requests == ["GET", "GET", "GET", "POST", *["POST"] * 5, "GET", "PUT"], requests
     deliver(host, event)  # Event Grid delivered it twice
     deliver(host, upload(host, content))  # the same file uploaded again: a new ETag, a new event
     assert requests[first:] == ["GET", "GET"]
@@ -119,9 +119,9 @@ def test_a_corrected_file_applies_only_what_it_changed_and_a_revert_applies_agai
     corrected = price_lines(102, changed={3: 9.99, 50: 0.5}, removed={70})  # two changed, one gone, two new
     before = len(requests)
     deliver(host, upload(host, corrected))
-    # the file's row and the applied rows read; 4 records in one transaction; the 2 rows they
-    # supersede deleted in one; the file's row read and replaced
-    assert requests[before:] == ["GET", "GET", "POST", "POST", "GET", "PUT"], requests[before:]
+    # the file's row and the applied rows read; the file's row in progress; 4 records in one
+    # transaction; the 2 rows they supersede deleted in one; the file's row read and replaced, done
+    assert requests[before:] == ["GET", "GET", "GET", "PUT", "POST", "POST", "GET", "PUT"], requests[before:]
     twice = Counter({"s-3": 2, "s-50": 2})
     assert per_sku(applied_prices(shared_store(), partition(host))) == Counter({f"s-{i}": 1 for i in range(102)}) + (
         twice - Counter({"s-3": 1, "s-50": 1})
@@ -158,8 +158,9 @@ def test_a_crash_mid_file_resumes_on_the_next_run_without_applying_anything_twic
     assert calls == [40, 40, 40]  # the third chunk is the next run's only one
     assert (host.listener.tally.crashes, host.listener.tally.invocations, host.listener.tally.deleted) == (1, 2, 1)
     assert per_sku(applied_prices(shared_store(), partition(host))) == Counter({f"s-{i}": 1 for i in range(120)})
-    # the first run: 2 reads, 4 transactions (80 records); the second: 2 reads, 2 transactions, the file's row
-    assert len(requests) == 2 + 4 + 2 + 2 + 2, requests
+    # the first run: 2 reads, the row in progress (a read, a write), 4 transactions (80 records); the
+    # second: 2 reads, the row's state read (in progress already), 2 transactions, the row done
+    assert len(requests) == (2 + 2 + 4) + (2 + 1 + 2 + 2), requests
 
 
 def test_a_file_too_large_is_refused_whole_with_a_record_and_its_duplicate_costs_one_read(
@@ -318,3 +319,28 @@ def test_a_run_stops_at_its_deadline_and_after_a_chunk_that_still_fails_and_the_
     assert (failing.done, failing.pending, failing.count(Outcome.TRANSIENT)) == (False, 20, 10)
     resumed = consumer.run(file, content, 1)
     assert resumed.done and resumed.count(Outcome.PROCESSED) == 30
+
+
+def test_content_imported_whole_before_is_not_recognised_over_a_newer_uploads_half_applied_records(
+    host: BlobHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """X imported whole; Y, a newer upload, dies after its first chunk; X uploaded again: its
+    run finds the file's row in progress, not X's, and puts back what Y had changed."""
+    monkeypatch.setattr("shared.idempotency.imports.CHUNK", 10)
+    consumer, file = prices.prices_import(), f"{host.container}/{FILE}"
+    x, y = price_lines(30), price_lines(30, changed={i: 100.0 + i for i in range(30)})
+    assert consumer.run(file, x, 1).done
+    process_batch = consumer.process_batch
+
+    def dies_after_the_first(deliveries: Sequence[Delivery]) -> list[Result]:
+        process_batch(deliveries)
+        raise Crash("after the first chunk")
+
+    consumer.process_batch = dies_after_the_first  # type: ignore[method-assign]
+    with pytest.raises(Crash):
+        consumer.run(file, y, 2)
+    del consumer.process_batch
+    again = consumer.run(file, x, 3)
+    assert (again.recognised, again.count(Outcome.PROCESSED), again.unchanged) == (False, 10, 20)
+    assert current(host) == {f"s-{i}": i / 10 for i in range(30)}
+    assert consumer.run(file, x, 3).recognised  # done now
