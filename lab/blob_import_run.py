@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -31,14 +30,13 @@ import recipes
 from lab.azurite import Azurite
 from lab.blob_host import BlobHost
 from lab.faults import Crash
-from lab.host import user_function
+from lab.host import app_settings, user_function
 from shared.idempotency import Delivery, Result
 from shared.idempotency.functions import shared_store
 from shared.idempotency.imports import CHUNK, FileImport
 from shared.idempotency.keys import consumer_partition
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._base import DedupStore
-from shared.idempotency.testing import reset
 
 CONTAINER, FILE = "imports", "prices/2026-12.jsonl"
 
@@ -71,18 +69,11 @@ def run(records: int = 10_000, crash_after: int | None = None, changed: int = 10
     chunks = -(-records // CHUNK)
     crash_after = crash_after or max(1, chunks // 2)
     with (tempfile.TemporaryDirectory() as folder, Azurite(Path(folder)) as table, Azurite(service="blob") as blobs,
-          Azurite(service="queue") as queues):  # fmt: skip
-        saved = dict(os.environ)
-        os.environ.update(DEDUP_STORAGE_CONNECTION=table.connection_string, DEDUP_TABLE="t" + uuid.uuid4().hex[:12],
-                          DEDUP_DEADLETTER_TABLE="d" + uuid.uuid4().hex[:12], IMPORTS_CONTAINER=CONTAINER,
-                          ImportsConnection=blobs.connection_string)  # fmt: skip
-        reset()
-        try:
-            return _run(table, blobs, queues, records, crash_after, changed)
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-            reset()
+          Azurite(service="queue") as queues,
+          app_settings(DEDUP_STORAGE_CONNECTION=table.connection_string, DEDUP_TABLE="t" + uuid.uuid4().hex[:12],
+                       DEDUP_DEADLETTER_TABLE="d" + uuid.uuid4().hex[:12], IMPORTS_CONTAINER=CONTAINER,
+                       ImportsConnection=blobs.connection_string)):  # fmt: skip
+        return _run(table, blobs, queues, records, crash_after, changed)
 
 
 def _run(table: Azurite, blobs: Azurite, queues: Azurite, records: int, crash_after: int,

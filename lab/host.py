@@ -7,8 +7,10 @@ import functools
 import importlib
 import json
 import logging
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib.util import find_spec
 from types import ModuleType
 from typing import Any
@@ -20,6 +22,24 @@ import consumers
 import function_app
 from shared.idempotency.functions import housekeeping
 from shared.idempotency.functions._housekeeping import NEEDS
+from shared.idempotency.testing import reset
+
+
+@contextmanager
+def app_settings(**settings: str) -> Iterator[None]:
+    """Point the app at a store; its consumers are rebuilt from these settings."""
+    saved = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    reset()
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        reset()
 
 
 def others() -> list[ModuleType]:

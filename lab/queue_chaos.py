@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import tempfile
 import threading
@@ -29,7 +28,7 @@ from azure.storage.queue import QueueMessage as StoredMessage
 import recipes
 from lab.azurite import Azurite
 from lab.faults import Crash
-from lab.host import user_function
+from lab.host import app_settings, user_function
 from lab.infra_checks import timespan
 from lab.queue_host import QueueHost, Tally, queue_client
 from shared.idempotency import Delivery, IdempotentConsumer, Outcome, Result
@@ -37,7 +36,7 @@ from shared.idempotency.functions import shared_store
 from shared.idempotency.functions._host import HOST_JSON
 from shared.idempotency.functions._storage_queue import max_dequeue_count
 from shared.idempotency.stores import TableStore
-from shared.idempotency.testing import entities, reset
+from shared.idempotency.testing import entities
 
 VIOLATIONS = ("double", "lost", "left", "poisoned", "dead_lettered", "listener_errors")
 LEASE_SECONDS = 2  # scaled down from the host's 10 minutes: a crashed instance's message comes back soon
@@ -48,19 +47,12 @@ def run(messages: int = 2000, instances: int = 4, dup_rate: float = 0.3, crash_r
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory() as folder, Azurite(Path(folder)) as table, Azurite(service="queue") as queues:
         name = "returns-" + uuid.uuid4().hex[:8]
-        saved = dict(os.environ)
-        os.environ.update(DEDUP_STORAGE_CONNECTION=table.connection_string, DEDUP_TABLE="t" + uuid.uuid4().hex[:12],
+        with app_settings(DEDUP_STORAGE_CONNECTION=table.connection_string, DEDUP_TABLE="t" + uuid.uuid4().hex[:12],
                           DEDUP_DEADLETTER_TABLE="d" + uuid.uuid4().hex[:12], RETURNS_QUEUE=name,
                           ReturnsQueueConnection=queues.connection_string,
-                          DEDUP_TRANSIENT_WAIT=f"PT{int(outage) + 60}S")  # fmt: skip
-        reset()
-        try:
+                          DEDUP_TRANSIENT_WAIT=f"PT{int(outage) + 60}S"):  # fmt: skip
             return _run(table, queues.connection_string, name, messages, instances, dup_rate, crash_rate,
                         lost_delete_rate, outage, rng)  # fmt: skip
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-            reset()
 
 
 def _run(table: Azurite, connection: str, name: str, messages: int, instances: int, dup_rate: float,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,10 +9,9 @@ from typing import Any
 
 from lab.azurite import Azurite
 from lab.broker import PeekLockQueue, QueuedMessage
-from lab.host import cloudevent, servicebus_message, user_function
+from lab.host import app_settings, cloudevent, servicebus_message, user_function
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.errors import StoreUnavailable
-from shared.idempotency.testing import reset
 
 __all__ = [
     "app_settings",
@@ -50,23 +48,6 @@ def store_down(consumer: IdempotentConsumer) -> Iterator[None]:
         yield
     finally:
         consumer.store.commit_many = original  # type: ignore[method-assign]
-
-
-@contextmanager
-def app_settings(**settings: str) -> Iterator[None]:
-    """Point the app at a store; its consumers are rebuilt from these settings."""
-    saved = {name: os.environ.get(name) for name in settings}
-    os.environ.update(settings)
-    reset()
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        reset()
 
 
 def ready_messages(queue: PeekLockQueue) -> list[QueuedMessage]:
