@@ -146,6 +146,7 @@ var topicSubscriptions = withTopic ? ['billing', 'shipping'] : []
 // <queue>-poison and the app's roles on both; the checks read host.json's extensions.queues for it.
 var appStorageQueues = []
 var storageQueueNames = concat(appStorageQueues, withQueue ? ['returns'] : [])
+var withStorageQueues = !empty(storageQueueNames)
 
 module monitoring 'modules/monitoring.bicep' = {
   name: 'monitoring'
@@ -164,7 +165,7 @@ module alerts 'modules/alerts.bicep' = {
     eventHubs: withEventHubs
     outbox: withOutbox
     steps: withPayments
-    storagePoison: withQueue || withBlobImport
+    storagePoison: withStorageQueues || withBlobImport
   }
 }
 
@@ -196,7 +197,7 @@ module serviceBus 'modules/servicebus.bicep' = {
   }
 }
 
-module storageQueues 'modules/storage-queues.bicep' = if (!empty(storageQueueNames)) {
+module storageQueues 'modules/storage-queues.bicep' = if (withStorageQueues) {
   name: 'storage-queues'
   params: { storageAccountName: storage.outputs.name, queues: storageQueueNames }
 }
@@ -294,12 +295,15 @@ var eventHubsSettings = withEventHubs ? {
   EventHubConnection__clientId: identity.outputs.clientId
   SHIPMENT_HUB: eventHubs.outputs.hubName
 } : {}
+// The queue triggers' one identity connection, for every Storage queue the app consumes (its
+// roles: on each queue, roles.bicep).
+var storageQueueSettings = withStorageQueues ? {
+  StorageQueueConnection__queueServiceUri: storageQueues.outputs.queueServiceUri
+  StorageQueueConnection__credential: 'managedidentity'
+  StorageQueueConnection__clientId: identity.outputs.clientId
+} : {}
 var queueSettings = withQueue ? {
-  // The queue trigger's identity connection (its roles: on each queue, roles.bicep).
   RETURNS_QUEUE: 'returns'
-  ReturnsQueueConnection__queueServiceUri: storageQueues.outputs.queueServiceUri
-  ReturnsQueueConnection__credential: 'managedidentity'
-  ReturnsQueueConnection__clientId: identity.outputs.clientId
 } : {}
 var blobImportSettings = withBlobImport ? {
   // The blob trigger's identity connection: the blobs, and the queues the extension keeps
@@ -328,7 +332,7 @@ module functionApp 'modules/functionapp.bicep' = {
     easyAuthClientId: easyAuthClientId
     subnetId: vnetEnabled ? network.outputs.appSubnetId : ''
     pythonVersion: pythonVersion
-    appSettings: union(settings, topicSettings, outboxSettings, sessionsSettings, batchSettings, eventHubsSettings, paymentsSettings, queueSettings, blobImportSettings)
+    appSettings: union(settings, topicSettings, outboxSettings, sessionsSettings, batchSettings, eventHubsSettings, paymentsSettings, storageQueueSettings, queueSettings, blobImportSettings)
   }
 }
 

@@ -49,7 +49,7 @@ def run(messages: int = 2000, instances: int = 4, dup_rate: float = 0.3, crash_r
         name = "returns-" + uuid.uuid4().hex[:8]
         with app_settings(DEDUP_STORAGE_CONNECTION=table.connection_string, DEDUP_TABLE="t" + uuid.uuid4().hex[:12],
                           DEDUP_DEADLETTER_TABLE="d" + uuid.uuid4().hex[:12], RETURNS_QUEUE=name,
-                          ReturnsQueueConnection=queues.connection_string,
+                          StorageQueueConnection=queues.connection_string,
                           DEDUP_TRANSIENT_WAIT=f"PT{int(outage) + 60}S"):  # fmt: skip
             return _run(table, queues.connection_string, name, messages, instances, dup_rate, crash_rate,
                         lost_delete_rate, outage, rng)  # fmt: skip

@@ -38,6 +38,6 @@ def returns_consumer() -> IdempotentConsumer:
 
 
 @bp.function_name("order_returns")
-@bp.queue_trigger(arg_name="msg", queue_name="%RETURNS_QUEUE%", connection="ReturnsQueueConnection")
+@bp.queue_trigger(arg_name="msg", queue_name="%RETURNS_QUEUE%", connection="StorageQueueConnection")
 def order_returns(msg: func.QueueMessage) -> None:
     on_storage_queue(returns_consumer, msg)

@@ -1,5 +1,5 @@
-// The queue recipe (main.bicep deploys it only then): the Storage queues the app consumes, in
-// its own storage account, each with the `<queue>-poison` queue the Functions host moves a
+// The Storage queues the app consumes (main.bicep's appStorageQueues and the queue recipe's;
+// deployed only when there is one), in its own storage account, each with the `<queue>-poison` queue the Functions host moves a
 // message to after host.json's maxDequeueCount dequeues (created here: the host would need
 // the right to create queues otherwise).
 param storageAccountName string

@@ -40,7 +40,7 @@ def queues() -> Iterator[Azurite]:
 def app(azurite: Azurite, queues: Azurite) -> Iterator[str]:
     """The app on fresh tables and a fresh queue: yields the queue's name."""
     name = "returns-" + uuid.uuid4().hex[:8]
-    with fresh_app(azurite, RETURNS_QUEUE=name, ReturnsQueueConnection=queues.connection_string):
+    with fresh_app(azurite, RETURNS_QUEUE=name, StorageQueueConnection=queues.connection_string):
         shared_store().create_tables()
         yield name
 
@@ -159,7 +159,7 @@ def test_a_handler_that_keeps_failing_is_recorded_on_its_last_dequeue_then_poiso
 def test_a_store_outage_is_waited_out_inside_the_dequeue(queues: Azurite, azurite: Azurite) -> None:
     """Down for a second, waited for up to 30 s (DEDUP_TRANSIENT_WAIT): one dequeue, one return."""
     name = "returns-" + uuid.uuid4().hex[:8]
-    with fresh_app(azurite, RETURNS_QUEUE=name, ReturnsQueueConnection=queues.connection_string,
+    with fresh_app(azurite, RETURNS_QUEUE=name, StorageQueueConnection=queues.connection_string,
                    DEDUP_TRANSIENT_WAIT="PT30S"):  # fmt: skip
         shared_store().create_tables()
         listener = host(queues, name)

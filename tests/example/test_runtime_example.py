@@ -90,7 +90,7 @@ EXPECTED: dict[str, tuple[str, dict[str, Any]]] = {  # function: (trigger type, 
     ),
     "ledger_batch": ("serviceBusTrigger", {"queueName": "%LEDGER_QUEUE%", "cardinality": "MANY", "dataType": "BINARY"}),
     "order_events": ("eventGridTrigger", {}),
-    "order_returns": ("queueTrigger", {"queueName": "%RETURNS_QUEUE%", "connection": "ReturnsQueueConnection"}),
+    "order_returns": ("queueTrigger", {"queueName": "%RETURNS_QUEUE%", "connection": "StorageQueueConnection"}),
     "price_import": (
         "blobTrigger",
         {"path": "%IMPORTS_CONTAINER%/{name}", "connection": "ImportsConnection", "source": "EventGrid"},

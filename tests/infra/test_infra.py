@@ -26,6 +26,7 @@ from lab.infra_checks import (
     Deployment,
     allowed_recipes,
     bicep_files,
+    blob_triggered,
     parameter_values,
     parse,
     policy_violations,
@@ -235,33 +236,42 @@ def test_markers_expiring_before_the_broker_stops_redelivering_fail(tmp_path: Pa
 
 
 def test_a_replay_from_the_hub_counts_with_the_eventhubs_recipe_only(tmp_path: Path) -> None:
-    """Markers kept 7 days outlive queues that hold a message a day, not the hub's 7-day replay."""
+    """Markers kept 7 days outlive queues that hold a message a day, not the hub's 7-day replay:
+    switching the recipe on adds the hub's failure, and only it (whatever else the app deploys)."""
     change = {"dedupRetentionDays": 7, "deadLetterResubmitDays": 1, "messageTimeToLive": "P1D"}
-    assert retention_check(infra_copy(tmp_path / "default", change, recipes=[]), HOST).ok
+    without = retention_check(infra_copy(tmp_path / "default", change, recipes=[]), HOST)
     report = retention_check(infra_copy(tmp_path / "eventhubs", change, recipes=["eventhubs"]), HOST)
-    assert [failure.split(" ")[0] for failure in report.failures] == ["modules/eventhubs.bicep:shipments"]
+    assert [failure.split(" ")[0] for failure in report.failures if failure not in without.failures] == [
+        "modules/eventhubs.bicep:shipments"
+    ], report.explain()
+    assert not [f for f in without.failures if "eventhubs.bicep" in f], without.explain()
 
 
 def service_bus_entities(infra: Path, recipes: list[str]) -> int:
     return sum(place.count for place in redeliveries(infra, recipes) if place.broker == "service bus")
 
 
+def threads_needed(infra: Path, recipes: list[str]) -> int:
+    """The worker's threads make check-leases requires for what ``infra`` deploys: 16 calls per
+    Service Bus entity, a batch and the next one per Storage queue, the blob trigger's parallel
+    runs, and HTTP's 16."""
+    queues, blobs = HOST["extensions"]["queues"], HOST["extensions"]["blobs"]
+    storage = sum(p.count for p in redeliveries(infra, recipes) if p.broker == "storage queue")
+    return (service_bus_entities(infra, recipes) * 16 + storage * (queues["batchSize"] + queues["newBatchThreshold"])
+            + (blobs["maxDegreeOfParallelism"] if blob_triggered(infra, recipes) else 0) + 16)  # fmt: skip
+
+
 def test_the_thread_pool_counts_the_entities_the_recipes_deploy(tmp_path: Path) -> None:
-    """Threads enough for the entities deployed with no recipe (16 calls each, and HTTP's 16)
-    are too few once every recipe adds its entities: Service Bus entities (16 calls each), Storage
-    queues (a batch and the next one), the blob trigger's parallel runs."""
-    fewest, most = service_bus_entities(INFRA, []), service_bus_entities(INFRA, ALL)
+    """Threads enough for the entities deployed with no recipe are too few once every recipe
+    adds its entities: Service Bus entities, Storage queues, the blob trigger's parallel runs."""
+    fewest, most = threads_needed(INFRA, []), threads_needed(INFRA, ALL)
     assert most > fewest
     [shipped] = re.findall(r"PYTHON_THREADPOOL_THREAD_COUNT: '\d+'", (INFRA / "main.bicep").read_text())
-    edits = (("main.bicep", shipped, f"PYTHON_THREADPOOL_THREAD_COUNT: '{fewest * 16 + 16}'"),)
+    edits = (("main.bicep", shipped, f"PYTHON_THREADPOOL_THREAD_COUNT: '{fewest}'"),)
     assert lease_check(infra_copy(tmp_path / "default", edits=edits, recipes=[]), HOST).ok
     report = lease_check(infra_copy(tmp_path / "all", edits=edits, recipes=ALL), HOST)
-    queues, blobs = HOST["extensions"]["queues"], HOST["extensions"]["blobs"]
-    assert [failure.split(":")[0] for failure in report.failures] == [
-        f"PYTHON_THREADPOOL_THREAD_COUNT {fewest * 16 + 16} >= {most} Service Bus entities x maxConcurrentCalls 16"
-        f" + 1 Storage queues x (batchSize + newBatchThreshold) {queues['batchSize'] + queues['newBatchThreshold']}"
-        f" + blob trigger runs {blobs['maxDegreeOfParallelism']} (maxDegreeOfParallelism) + 16 (HTTP, Event Grid)"
-    ]
+    assert [failure.split(" >= ")[0] for failure in report.failures] == [f"PYTHON_THREADPOOL_THREAD_COUNT {fewest}"]
+    assert f"{service_bus_entities(INFRA, ALL)} Service Bus entities x maxConcurrentCalls 16" in report.failures[0]
 
 
 QUEUE_VALUES = "    lockDuration: lockDuration\n    maxDeliveryCount: maxDeliveryCount\n    defaultMessageTimeToLive:"
@@ -282,12 +292,32 @@ def test_literal_values_in_a_template_are_read_too(tmp_path: Path, recipes: list
     assert failed == changed and changed
 
 
-def with_app_queue(infra: Path, name: str) -> None:
-    """Add a queue to main.bicep's ``appQueues`` (README, Start your own app), whatever it holds."""
+APP_LISTS = re.findall(r"^var (app\w+) = \[", (INFRA / "main.bicep").read_text(), re.MULTILINE)
+
+
+def with_app_entity(infra: Path, name: str, listed: str = "appQueues") -> None:
+    """Add ``name`` to one of main.bicep's lists of the app's own entities (``appQueues``: README,
+    Start your own app; ``appStorageQueues``: docs/triggers.md), whatever it holds."""
     main = infra / "main.bicep"
-    [queues] = re.findall(r"^var appQueues = (\[.*?\])$", main.read_text(), re.MULTILINE)
-    names = [*re.findall(r"'([^']*)'", queues), name]
-    main.write_text(main.read_text().replace(f"var appQueues = {queues}", f"var appQueues = {names!r}", 1))
+    [names] = re.findall(rf"^var {listed} = (\[.*?\])$", main.read_text(), re.MULTILINE)
+    more = [*re.findall(r"'([^']*)'", names), name]
+    main.write_text(main.read_text().replace(f"var {listed} = {names}", f"var {listed} = {more!r}", 1))
+
+
+@pytest.mark.parametrize("recipes", [[], ALL], ids=["no-recipe", "all-recipes"])
+@pytest.mark.parametrize("listed", APP_LISTS)
+def test_every_list_of_the_apps_own_entities_takes_a_users_name(tmp_path: Path, listed: str,
+                                                                 recipes: list[str]) -> None:  # fmt: skip
+    """Each ``var app… = [...]`` of main.bicep (a list added later too) deploys a name a user adds
+    to it as an entity that redelivers, which every policy and check then reads by that name."""
+    assert {"appQueues", "appStorageQueues"} <= set(APP_LISTS)
+    copy = infra_copy(tmp_path, recipes=recipes)
+    with_app_entity(copy, "adopter-own", listed)
+    own = [p for p in redeliveries(copy, host=HOST) if p.name.endswith("[adopter-own]")]
+    assert [p.count for p in own] == [1], f"{listed}: 'adopter-own' is not one entity the checks read by its name"
+    assert policy_violations(copy) == [], f"{listed}: a user's 'adopter-own' breaks the policies"
+    for report in (retention_check(copy, HOST), lease_check(copy, HOST)):
+        assert report.ok and own[0].name in report.explain(), report.explain()
 
 
 @pytest.mark.parametrize("recipes", [[], ALL], ids=["no-recipe", "all-recipes"])
@@ -297,7 +327,7 @@ def test_an_apps_own_queue_gets_the_queue_settings_its_receive_role_and_the_chec
     """infra/README.md: a consumer's own queue is one name in appQueues; it is deployed with the
     shared queue settings and a receive role, and the checks read it by its name."""
     copy = infra_copy(tmp_path, recipes=recipes)
-    with_app_queue(copy, "own-queue")
+    with_app_entity(copy, "own-queue")
     _, servicebus = Deployment(copy).calls["serviceBus"]
     _, roles = Deployment(copy).calls["roles"]
     assert "own-queue" in servicebus("queues") and "own-queue" in roles("receiveQueues")
@@ -490,20 +520,20 @@ def test_the_hooks_read_only_what_main_bicep_outputs_and_subscribe_a_blob_trigge
 def test_a_storage_queue_gets_its_outage_budget_and_its_dequeues_must_outlast_a_lease(tmp_path: Path) -> None:
     """host.json's extensions.queues, read for every Storage queue infra deploys: the outage a
     message survives before its poison queue is stated; too few dequeues for a crashed owner's
-    claim to lapse fail, by the queue's name; its poison queue is no place of its own."""
+    claim to lapse fail, by each queue's name; a poison queue is no place of its own."""
     copy = infra_copy(tmp_path, recipes=["queue"])
     queues = HOST["extensions"]["queues"]
     wait = isodate.parse_duration(app_settings(copy)("DEDUP_TRANSIENT_WAIT", "PT2M"))
     outage = queues["maxDequeueCount"] * (wait + timespan(queues["visibilityTimeout"]))
-    name = "modules/storage-queues.bicep:consumed[returns]"
-    assert [p.name for p in redeliveries(copy, host=HOST) if p.broker == "storage queue"] == [name]
+    names = [p.name for p in redeliveries(copy, host=HOST) if p.broker == "storage queue"]
+    assert "modules/storage-queues.bicep:consumed[returns]" in names and not [n for n in names if "-poison" in n]
     report = lease_check(copy, HOST)
-    assert report.ok and f"{name}: a store outage of up to {outage} is survived before its poison queue" in (
-        report.explain()
-    )
+    for name in names:
+        assert f"{name}: a store outage of up to {outage} is survived before its poison queue" in report.explain()
+    assert report.ok, report.explain()
     once = {**HOST, "extensions": {**HOST["extensions"], "queues": {**queues, "maxDequeueCount": 1}}}
     failed = lease_check(copy, once)
-    assert [f.split(" ")[0] for f in failed.failures] == [f"{name}:"], failed.explain()
+    assert [f.split(" ")[0] for f in failed.failures] == [f"{name}:" for name in names], failed.explain()
 
 
 def test_the_account_wide_queue_role_comes_with_a_blob_trigger_only(tmp_path: Path) -> None:
@@ -524,11 +554,18 @@ def test_an_apps_own_storage_queue_gets_its_poison_queue_its_roles_and_the_check
     tmp_path: Path, recipes: list[str]
 ) -> None:
     """docs/triggers.md: a Storage queue of the app's own is one name in appStorageQueues; it is
-    deployed with its poison queue and the roles on both, and the checks read it by its name."""
-    copy = infra_copy(tmp_path, edits=(("main.bicep", "var appStorageQueues = []", "var appStorageQueues = ['jobs']"),),
-                      recipes=recipes)  # fmt: skip
-    _, roles = Deployment(copy).calls["roles"]
-    assert roles("storageQueues")[0] == "jobs" and policy_violations(copy) == []
+    deployed with its poison queue, the roles on both and the poison-queue alert, and the checks
+    read it by its name."""
+    copy = infra_copy(tmp_path, recipes=recipes)
+    with_app_entity(copy, "jobs", "appStorageQueues")
+    deployment = Deployment(copy)
+    _, roles = deployment.calls["roles"]
+    _, alerts = deployment.calls["alerts"]
+    assert "jobs" in roles("storageQueues"), "the app has no roles on its own Storage queue 'jobs'"
+    assert "storage-poison-queue" in [rule["name"] for rule in alerts("logAlerts")], "no alert on 'jobs-poison'"
+    queues = {r.symbol: r.count for r in deployment.resources if r.path == "modules/storage-queues.bicep"}
+    assert queues["poison"] == queues["consumed"] == len(roles("storageQueues")), queues  # a poison queue each
+    assert policy_violations(copy) == []
     own = "modules/storage-queues.bicep:consumed[jobs]"
     assert [p.broker for p in redeliveries(copy, host=HOST) if p.name == own] == ["storage queue"]
     for report in (retention_check(copy, HOST), lease_check(copy, HOST)):

@@ -47,35 +47,35 @@ RECIPES = [
 # Fixed so that the private endpoints are counted; every other parameter takes any value.
 NETWORK = {"vnetEnabled": True, "dedupStore": "table"}
 
-# What each recipe adds to a deployment without it: resources ("file:symbol[name]" per named
-# entity, else "file:symbol": how many more; the alerts' count is alerts.bicep:rules, the
-# private endpoints' network.bicep:privateEndpoints), app settings and log alerts.
+# What each recipe needs, added to a deployment that has none of it: resources ("file:symbol[name]"
+# per named entity, else "file:symbol": how many more; the private endpoints'
+# network.bicep:privateEndpoints), app settings and log alerts (alerts.bicep:rules counts them).
+# A named entity, a setting or an alert the deployment has already (an app's own Storage queue
+# brings the queue service, its connection and the poison-queue alert) is not added again.
 ADDS: dict[str, tuple[dict[str, int], set[str], set[str]]] = {
     "topic": ({"servicebus.bicep:orderEvents[order-events]": 1, "servicebus.bicep:subscriptions[billing]": 1,
                "servicebus.bicep:subscriptions[shipping]": 1, "roles.bicep:subscriptionReceivers": 2},
               {"ORDER_TOPIC", "BILLING_SUBSCRIPTION", "SHIPPING_SUBSCRIPTION"}, set()),
-    "outbox": ({"servicebus.bicep:orderEvents[order-events]": 1, "roles.bicep:outboxSender": 1,
-                "alerts.bicep:rules": 2},
+    "outbox": ({"servicebus.bicep:orderEvents[order-events]": 1, "roles.bicep:outboxSender": 1},
                {"ORDER_ACCEPTED_TOPIC"}, {"dedup-outbox-backlog", "dedup-outbox-sweep-behind"}),
     "sessions": ({"servicebus.bicep:orderStatus[order-status]": 1, "roles.bicep:queueReceivers": 1},
                  {"ORDER_STATUS_QUEUE"}, set()),
     "batch": ({"servicebus.bicep:moreQueues[ledger]": 1, "roles.bicep:queueReceivers": 1}, {"LEDGER_QUEUE"}, set()),
     "eventhubs": ({"eventhubs.bicep:namespace": 1, "eventhubs.bicep:shipments": 1, "roles.bicep:hubReceiver": 1,
-                   "alerts.bicep:rules": 1, "network.bicep:privateEndpoints": 1, "network.bicep:zoneGroups": 1},
+                   "network.bicep:privateEndpoints": 1, "network.bicep:zoneGroups": 1},
                   {"EventHubConnection__fullyQualifiedNamespace", "EventHubConnection__credential",
                    "EventHubConnection__clientId", "SHIPMENT_HUB"}, {"dedup-parked"}),
     "http": ({}, set(), set()),
     "cloudevents-http": ({}, set(), set()),
     "schedule": ({}, set(), set()),
-    "payments": ({"alerts.bicep:rules": 1}, {"PAYMENT_API_URL"}, {"dedup-escalations"}),
+    "payments": ({}, {"PAYMENT_API_URL"}, {"dedup-escalations"}),
     "queue": ({"storage-queues.bicep:queueService[default]": 1, "storage-queues.bicep:consumed[returns]": 1,
-               "storage-queues.bicep:poison": 1, "alerts.bicep:rules": 1, "roles.bicep:storageQueueReaders": 1,
+               "storage-queues.bicep:poison": 1, "roles.bicep:storageQueueReaders": 1,
                "roles.bicep:storageQueueProcessors": 1, "roles.bicep:poisonSenders": 1},
-              {"RETURNS_QUEUE", "ReturnsQueueConnection__queueServiceUri", "ReturnsQueueConnection__credential",
-               "ReturnsQueueConnection__clientId"}, {"storage-poison-queue"}),
+              {"RETURNS_QUEUE", "StorageQueueConnection__queueServiceUri", "StorageQueueConnection__credential",
+               "StorageQueueConnection__clientId"}, {"storage-poison-queue"}),
     "blob-import": ({"blob-imports.bicep:imports": 1, "blob-imports.bicep:systemTopic": 1,
-                     "blob-imports.bicep:deadLetterWriter": 1, "alerts.bicep:rules": 1,
-                     "roles.bicep:queueContributor": 1},
+                     "blob-imports.bicep:deadLetterWriter": 1, "roles.bicep:queueContributor": 1},
                     {"IMPORTS_CONTAINER", "ImportsConnection__blobServiceUri", "ImportsConnection__queueServiceUri",
                      "ImportsConnection__credential", "ImportsConnection__clientId"}, {"storage-poison-queue"}),
 }  # fmt: skip
@@ -119,9 +119,19 @@ def test_main_declares_the_event_hubs_namespace_only_under_its_recipe() -> None:
     }
 
 
+def expected(recipe: str, to: list[str]) -> tuple[dict[str, int], set[str], set[str]]:
+    """What ``recipe`` adds to the deployment with ``to`` on: ADDS, less what it has already."""
+    resources, names, rules = ADDS[recipe]
+    before = deployed(to, NETWORK)
+    new_rules = rules - set(alerts(to))
+    return ({**{key: n for key, n in resources.items() if not (key.endswith("]") and before[key])},
+             **({"alerts.bicep:rules": len(new_rules)} if new_rules else {})},
+            names - settings(to), new_rules)  # fmt: skip
+
+
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_each_recipe_adds_its_resources_settings_and_alerts(recipe: str) -> None:
-    resources, added_settings, rules = ADDS[recipe]
+    resources, added_settings, rules = expected(recipe, [])
     assert added([recipe]) == resources
     assert settings([recipe]) - settings([]) == added_settings
     assert set(alerts([recipe])) - set(alerts([])) == rules
@@ -130,25 +140,25 @@ def test_each_recipe_adds_its_resources_settings_and_alerts(recipe: str) -> None
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_each_recipe_adds_the_same_beside_every_other(recipe: str) -> None:
     """Switched on last, each adds what it adds alone — but what another already deployed
-    (topic and outbox share the one topic)."""
+    (topic and outbox share the one topic, queue and blob-import the poison-queue alert)."""
     others = [name for name in RECIPES if name != recipe]
-    shared = {"topic": {"servicebus.bicep:orderEvents[order-events]"},
-              "outbox": {"servicebus.bicep:orderEvents[order-events]"},
-              "queue": {"alerts.bicep:rules"}, "blob-import": {"alerts.bicep:rules"}}.get(recipe, set())  # fmt: skip
-    assert added([recipe], to=others) == {key: n for key, n in ADDS[recipe][0].items() if key not in shared}
-    assert settings(RECIPES) - settings(others) == ADDS[recipe][1]
+    resources, added_settings, _ = expected(recipe, others)
+    assert added([recipe], to=others) == resources
+    assert settings(RECIPES) - settings(others) == added_settings
 
 
 def test_every_recipe_on_adds_them_all_once() -> None:
-    """topic and outbox share the one topic, queue and blob-import the poison-queue alert; sessions
-    and batch each add a queue and its role."""
-    expected: Counter[str] = Counter()
-    for resources, _, _ in ADDS.values():
-        expected.update(resources)
-    expected["servicebus.bicep:orderEvents[order-events]"] = 1
-    expected["alerts.bicep:rules"] -= 1
-    assert added(RECIPES) == dict(expected)
-    assert settings(RECIPES) == settings([]).union(*(names for _, names, _ in ADDS.values()))
+    """Switched on one after another, each adds what it needs and the others had not: all on at
+    once adds the same."""
+    total: Counter[str] = Counter()
+    names: set[str] = set()
+    for done, recipe in enumerate(RECIPES):
+        resources, added_settings, _ = expected(recipe, RECIPES[:done])
+        total.update(resources)
+        names |= added_settings
+    assert total["servicebus.bicep:orderEvents[order-events]"] == 1  # topic and outbox share it
+    assert added(RECIPES) == dict(total)
+    assert settings(RECIPES) == settings([]) | names
 
 
 # -- an unknown name ---------------------------------------------------------------------
