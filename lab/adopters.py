@@ -2,8 +2,10 @@
 of the repository (the files a fresh clone has, plus those not yet committed, committed anew in
 the copy; .venv, .venv-checkov, lab/node_modules and the worker's .runtime linked, not rebuilt):
 
-- ``walkthrough``: README "Start your own app" and docs/triggers.md "Add an Event Grid
-  consumer", every block applied literally;
+- ``walkthrough``: every walkthrough (``WALKTHROUGHS``: README "Start your own app", and
+  docs/triggers.md's Event Grid consumer, Storage queue consumer and HTTP route), every block
+  applied literally (under another name where the app has a consumer of that name);
+- ``own-entities``: a name of the adopter's own in every ``var app… = []`` list of main.bicep;
 - ``recipes``: every recipe switched on, ``make recipe NAME=<name>`` each;
 - ``without-example``: ``make remove-example``.
 
@@ -14,7 +16,7 @@ template's, one for one. ``--full`` runs ``make test`` there instead, the whole 
 counts the library's tests that passed and skipped in each; ``template``, a copy left as it is,
 gives the figures to compare with (``--full template walkthrough recipes without-example``).
 
-    python -m lab.adopters [--full] [--keep DIR] [template|walkthrough|recipes|without-example ...]
+    python -m lab.adopters [--full] [--keep DIR] [template|walkthrough|own-entities|recipes|without-example ...]
 """
 
 from __future__ import annotations
@@ -51,7 +53,13 @@ SUITES = (
         )
     ),
 )
-WALKTHROUGHS = (("README.md", "## Start your own app"), ("docs/triggers.md", "## Add an Event Grid consumer"))
+WALKTHROUGHS = (
+    ("README.md", "## Start your own app"),
+    ("docs/triggers.md", "## Add an Event Grid consumer"),
+    ("docs/triggers.md", "## Add a Storage queue consumer"),
+    ("docs/triggers.md", "## Add an HTTP route"),
+)
+APP_LIST = re.compile(r"^var (app\w+) = \[(.*?)\]$", re.MULTILINE | re.DOTALL)  # a list of the app's own entities
 BLOCK = re.compile(r"^```(\w+) (\S+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
 
@@ -80,6 +88,8 @@ def apply(tree: Path, language: str, path: str, text: str) -> bool:
                 raise NotApplicable(f"{path} is this app's own, not the walkthrough's")
             return False
         target.write_text(text)
+    elif language == "diff" and (names := app_list_names(text)):
+        return append_to_app_list(target, *names)
     elif language == "diff":
         lines = text.splitlines()
         old = "".join(line[1:] + "\n" for line in lines if line.startswith("-"))
@@ -106,6 +116,78 @@ def apply(tree: Path, language: str, path: str, text: str) -> bool:
     else:
         raise ValueError(f"a {language} block for {path}: no way to apply it")
     return True
+
+
+def app_list_names(diff: str) -> tuple[str, list[str]] | None:
+    """A diff that sets a list of the app's own entities (``var appQueues = ['invoices']``):
+    the list and the names it adds, which the app's list takes beside its own."""
+    removed = [line[1:] for line in diff.splitlines() if line.startswith("-")]
+    added = [line[1:] for line in diff.splitlines() if line.startswith("+")]
+    if len(removed) != 1 or len(added) != 1:
+        return None
+    before, after = APP_LIST.fullmatch(removed[0]), APP_LIST.fullmatch(added[0])
+    if not (before and after and before.group(1) == after.group(1)):
+        return None
+    names = [
+        name
+        for name in re.findall(r"'([^']*)'", after.group(2))
+        if name not in re.findall(r"'([^']*)'", before.group(2))
+    ]
+    return after.group(1), names
+
+
+def append_to_app_list(target: Path, listed: str, names: list[str]) -> bool:
+    """``names`` appended to the list ``listed`` of ``target``, whatever it holds; False when they are in it."""
+    content = target.read_text()
+    found = next((m for m in APP_LIST.finditer(content) if m.group(1) == listed), None)
+    if found is None:
+        raise NotApplicable(f"{target.name} has no list {listed}")
+    present = re.findall(r"'([^']*)'", found.group(2))
+    if all(name in present for name in names):
+        return False
+    items = ", ".join(f"'{name}'" for name in [*present, *(n for n in names if n not in present)])
+    target.write_text(content[: found.start()] + f"var {listed} = [{items}]" + content[found.end() :])
+    return True
+
+
+def walkthrough_for(tree: Path, page: str, title: str) -> list[tuple[str, str, str]]:
+    """The walkthrough's blocks as ``tree`` can take them: as written, or — where the app has a
+    consumer of its own under the walkthrough's name (its module, or the name in its consumers,
+    tests or infra's lists) — under the first free name of ``<name>2``, ``<name>3``…, in paths
+    and texts alike. A name whose blocks the app holds already is the walkthrough followed."""
+    blocks = walkthrough(tree / page, title)
+    name = next((Path(path).stem for language, path, _ in blocks if language == "python"
+                 and path.startswith("consumers/")), None)  # fmt: skip
+    if name is None:
+        return blocks
+    for candidate in (name, *(f"{name}{n}" for n in range(2, 100))):
+        renamed = [(language, _renamed(path, name, candidate), _renamed(text, name, candidate))
+                   for language, path, text in blocks]  # fmt: skip
+        if _followed(tree, renamed) or not _taken(tree, candidate):
+            return renamed
+    raise NotApplicable(f"{title}: every name from {name} to {name}99 is this app's own")
+
+
+def _followed(tree: Path, blocks: list[tuple[str, str, str]]) -> bool:
+    """The app followed this walkthrough: each file it writes is there, as it writes it."""
+    written = [(tree / path, text) for language, path, text in blocks if language == "python"]
+    return all(path.is_file() and path.read_text() == text for path, text in written)
+
+
+def _taken(tree: Path, name: str) -> bool:
+    """``name`` is the app's already: a module of it, or a word of its consumers, tests or infra's lists."""
+    if (tree / "consumers" / f"{name}.py").exists():
+        return True
+    word = re.compile(rf"(?<![A-Za-z0-9]){re.escape(name)}(?![A-Za-z0-9])", re.IGNORECASE)
+    texts = [p.read_text() for p in (*(tree / "consumers").glob("*.py"), *(tree / "tests").glob("test_*.py"))]
+    lists = [m.group(2) for m in APP_LIST.finditer((tree / "infra" / "main.bicep").read_text())]
+    return any(word.search(text) for text in (*texts, *lists))
+
+
+def _renamed(text: str, old: str, new: str) -> str:
+    for before, after in ((old, new), (old.upper(), new.upper())):
+        text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(before)}(?![A-Za-z0-9])", after, text)
+    return text
 
 
 # -- the copies ------------------------------------------------------------------------------------
@@ -163,7 +245,7 @@ class AdopterFailure(Exception):
 
 
 def follow_the_walkthroughs(tree: Path) -> str:
-    applied = [apply(tree, *block) for page, title in WALKTHROUGHS for block in walkthrough(tree / page, title)]
+    applied = [apply(tree, *block) for page, title in WALKTHROUGHS for block in walkthrough_for(tree, page, title)]
     return f"{sum(applied)} walkthrough blocks applied ({len(applied) - sum(applied)} there already)"
 
 
@@ -192,8 +274,21 @@ def remove_the_example(tree: Path) -> str:
     return f"switched off: {', '.join(switched_off)}; {removed}" if switched_off else removed
 
 
+def name_entities_of_your_own(tree: Path) -> str:
+    """A name of the adopter's own in every list of the app's own entities main.bicep has."""
+    bicep = tree / "infra" / "main.bicep"
+    listed = [m.group(1) for m in APP_LIST.finditer(bicep.read_text())]
+    if not listed:
+        raise AdopterFailure("infra/main.bicep has no list of the app's own entities (var app… = [])")
+    for name in listed:
+        append_to_app_list(bicep, name, [OWN_NAME])
+    return f"'{OWN_NAME}' added to {', '.join(listed)}"
+
+
+OWN_NAME = "adopter-own"
 PATHS: dict[str, Callable[[Path], str]] = {
     "walkthrough": follow_the_walkthroughs,
+    "own-entities": name_entities_of_your_own,
     "recipes": switch_every_recipe_on,
     "without-example": remove_the_example,
 }

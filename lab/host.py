@@ -9,14 +9,23 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from importlib.util import find_spec
+from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
+from urllib.parse import parse_qsl, urlsplit
 
 import azure.functions as func
+from azure.functions import meta
+from azure.functions._abc import RetryContext, RpcException, TraceContext
+from azure.functions.blob import InputStream
+from azure.functions.queue import QueueMessage
 from azure.functions.servicebus import ServiceBusMessage
+from azure.functions.timer import TimerRequest
 
 import consumers
 import function_app
@@ -98,6 +107,14 @@ def user_function(name: str) -> Callable[..., Any]:
         raise LookupError(f"function_app has no function named {name!r}") from None
 
 
+# -- the binding objects, as the Python library decodes what the host sends each trigger ----------
+# A body given as a dict is sent as its JSON.
+
+
+def _raw(body: bytes | dict[str, Any]) -> bytes:
+    return json.dumps(body).encode() if isinstance(body, dict) else body
+
+
 def servicebus_message(
     body: bytes | dict[str, Any],
     message_id: str | None,
@@ -105,9 +122,8 @@ def servicebus_message(
     delivery_count: int = 1,
     correlation_id: str | None = None,
 ) -> func.ServiceBusMessage:
-    raw = json.dumps(body).encode() if isinstance(body, dict) else body
     return ServiceBusMessage(
-        body=raw,
+        body=_raw(body),
         message_id=message_id,  # type: ignore[arg-type]  # the host passes None when the producer set none
         correlation_id=correlation_id,
         delivery_count=delivery_count,
@@ -124,3 +140,161 @@ def cloudevent(data: dict[str, Any], *, source: str, event_id: str, event_type: 
     ``{"type", "subject", "data"}``; its key is (source, id)."""
     return func.CloudEvent(id=event_id, source=source, type=event_type, specversion="1.0", data=data,
                            subject=subject)  # fmt: skip
+
+
+def storage_queue_message(body: bytes | dict[str, Any], *, message_id: str | None = None,
+                          dequeue_count: int = 1) -> func.QueueMessage:  # fmt: skip
+    """A Storage queue message as the host passes a queue-triggered function one
+    (azure.functions.queue's converter of its trigger data): the service's id (a new one
+    unless given: a producer's retry enqueues a new message), the dequeue count (1 at the
+    first delivery, one more at each dequeue), a pop receipt and the message's times."""
+    now = datetime.now(UTC)
+    return QueueMessage(  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
+        id=str(uuid.uuid4()) if message_id is None else message_id, body=_raw(body), dequeue_count=dequeue_count,
+        insertion_time=now, expiration_time=now + timedelta(days=7), time_next_visible=now + timedelta(minutes=10),
+        pop_receipt=uuid.uuid4().hex)  # fmt: skip
+
+
+def http_request(body: bytes | dict[str, Any], *, idempotency_key: str | None = None, method: str = "POST",
+                 url: str = "/api/requests", headers: dict[str, str] | None = None,
+                 route_params: dict[str, str] | None = None) -> func.HttpRequest:  # fmt: skip
+    """An HTTP request as the host passes an HTTP-triggered function one: a JSON body
+    (``Content-Type: application/json``) with ``Idempotency-Key`` when given; ``headers`` over
+    those (whatever their case: another Content-Type, ``x-functions-key`` for the caller's
+    function key); the query string of ``url`` as its params (``?code=`` is a function key too)."""
+    sent = {"Content-Type": "application/json"}
+    if idempotency_key is not None:
+        sent["Idempotency-Key"] = idempotency_key
+    given = {name.lower() for name in headers or {}}
+    sent = {**{name: value for name, value in sent.items() if name.lower() not in given}, **(headers or {})}
+    return func.HttpRequest(method, url, headers=sent, params=dict(parse_qsl(urlsplit(url).query)),
+                            route_params=route_params or {}, body=_raw(body))  # fmt: skip
+
+
+def eventhub_batch(*bodies: bytes | dict[str, Any], hub: str = "events", partition_id: str = "0",
+                   first_sequence_number: int = 1,
+                   message_ids: Sequence[str | None] | None = None) -> list[func.EventHubEvent]:  # fmt: skip
+    """An Event Hubs batch (``cardinality="many"``) as the Python library decodes the host's:
+    one metadata shared by the events — the partition's context, each event's properties
+    (``message_id``: the producer's id, where ``message_ids`` gives one) and system properties —
+    and consecutive sequence numbers from ``first_sequence_number``. No enqueued time: an
+    event without a producer's id is keyed ``<hub>/<partition>/<sequence number>``, so the
+    same call again is the batch replayed from a checkpoint."""
+    owns = [None] * len(bodies) if message_ids is None else list(message_ids)
+    if len(owns) != len(bodies):
+        raise ValueError(f"{len(bodies)} events but {len(owns)} message ids")
+    numbers = [first_sequence_number + n for n in range(len(bodies))]
+    context = {"ConsumerGroup": "$Default", "EventHubName": hub, "PartitionId": partition_id,
+               "FullyQualifiedNamespace": "lab.servicebus.windows.net"}  # fmt: skip
+    properties = [{"message_id": own} if own else {} for own in owns]
+    system = [{"SequenceNumber": n, "Offset": str(n * 100)} for n in numbers]
+    metadata = {
+        "PartitionContext": meta.Datum(json.dumps(context), "json"),
+        "PropertiesArray": meta.Datum(json.dumps(properties), "json"),
+        "SystemPropertiesArray": meta.Datum(json.dumps(system), "json"),
+    }
+    return [func.EventHubEvent(body=_raw(body), trigger_metadata=metadata, sequence_number=n, offset=str(n * 100))
+            for body, n in zip(bodies, numbers, strict=True)]  # fmt: skip
+
+
+class _NoException(RpcException):
+    """A retry context's exception before any try failed: the worker's is empty too."""
+
+    source = stack_trace = message = ""
+
+
+class _RetryContext(RetryContext):
+    def __init__(self, retry_count: int, max_retry_count: int) -> None:
+        self._count, self._most = retry_count, max_retry_count
+
+    @property
+    def retry_count(self) -> int:
+        return self._count
+
+    @property
+    def max_retry_count(self) -> int:
+        return self._most
+
+    @property
+    def exception(self) -> RpcException:
+        return _NoException()
+
+
+class _TraceContext(TraceContext):
+    def __init__(self) -> None:
+        self._parent = f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"
+
+    @property
+    def trace_state(self) -> str:
+        return ""
+
+    @property
+    def trace_parent(self) -> str:
+        return self._parent
+
+    @property
+    def attributes(self) -> dict[str, str]:
+        return {}
+
+
+class _Context(func.Context):
+    def __init__(self, retry: RetryContext) -> None:
+        self._invocation, self._retry, self._trace = str(uuid.uuid4()), retry, _TraceContext()
+        self._local = threading.local()
+
+    @property
+    def invocation_id(self) -> str:
+        return self._invocation
+
+    @property
+    def thread_local_storage(self) -> type[threading.local]:
+        return cast(type[threading.local], self._local)  # the worker's is an instance too
+
+    @property
+    def function_name(self) -> str:
+        return ""
+
+    @property
+    def function_directory(self) -> str:
+        return str(Path(function_app.__file__).parent)
+
+    @property
+    def trace_context(self) -> TraceContext:
+        return self._trace
+
+    @property
+    def retry_context(self) -> RetryContext:
+        return self._retry
+
+
+def retry_context(retry_count: int = 0, max_retry_count: int = 5) -> func.Context:
+    """The invocation context of a function with a retry policy (an Event Hubs batch, a timer),
+    at its ``retry_count``-th retry of ``max_retry_count`` (-1: without end): while retries are
+    left, what fails raises (the host runs the function again); on the last try it is parked."""
+    return _Context(_RetryContext(retry_count, max_retry_count))
+
+
+def blob_stream(name: str, content: bytes, *, last_modified: datetime | None = None) -> func.InputStream:
+    """A blob as the host passes a blob-triggered function one: ``name`` is
+    ``<container>/<blob>``, its properties those the host reads (``LastModified``, the upload
+    that imports order: now, in whole seconds as Storage keeps it, unless given; a time
+    without a zone is UTC)."""
+    container, _, blob = name.partition("/")
+    if not container or not blob:
+        raise ValueError(f"a blob trigger's name is <container>/<blob>, not {name!r}")
+    modified = last_modified or datetime.now(UTC).replace(microsecond=0)
+    stamp = (modified if modified.tzinfo else modified.replace(tzinfo=UTC)).astimezone(UTC).isoformat()
+    properties = {"ContentLength": len(content), "ContentType": "application/x-ndjson", "ETag": {},
+                  "LastModified": stamp, "CreatedOn": stamp, "BlobType": 0, "ContentHash": None,
+                  "Metadata": {}}  # fmt: skip
+    return InputStream(data=content, name=name, uri=f"https://account.blob.core.windows.net/{name}",
+                       length=len(content), blob_properties=properties, metadata={})  # fmt: skip
+
+
+def timer_request(*, past_due: bool = False) -> func.TimerRequest:
+    """A timer trigger's argument as the host passes it (a schedule monitor's status:
+    ``use_monitor=True``); ``past_due``: the occurrence was missed (the app was down) and runs late."""
+    now = datetime.now(UTC)
+    status = {"Last": (now - timedelta(days=1)).isoformat(), "Next": (now + timedelta(days=1)).isoformat(),
+              "LastUpdated": (now - timedelta(days=1)).isoformat()}  # fmt: skip
+    return TimerRequest(past_due=past_due, schedule_status=status, schedule={"AdjustForDST": True})

@@ -1,4 +1,8 @@
-"""Test helpers around the real function app (see lab/host.py)."""
+"""Test helpers around the real function app (see lab/host.py): call a function
+(``user_function``) with what the host passes each trigger — ``servicebus_message``,
+``cloudevent``, ``storage_queue_message``, ``http_request``, ``eventhub_batch`` with
+``retry_context`` (also a timer's context), ``blob_stream``, ``timer_request`` — on a store of
+the test's own (``fresh_app``)."""
 
 from __future__ import annotations
 
@@ -9,17 +13,34 @@ from typing import Any
 
 from lab.azurite import Azurite
 from lab.broker import PeekLockQueue, QueuedMessage
-from lab.host import app_settings, cloudevent, servicebus_message, user_function
+from lab.host import (
+    app_settings,
+    blob_stream,
+    cloudevent,
+    eventhub_batch,
+    http_request,
+    retry_context,
+    servicebus_message,
+    storage_queue_message,
+    timer_request,
+    user_function,
+)
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.errors import StoreUnavailable
 
 __all__ = [
     "app_settings",
+    "blob_stream",
     "cloudevent",
+    "eventhub_batch",
     "fresh_app",
+    "http_request",
     "ready_messages",
+    "retry_context",
     "servicebus_message",
+    "storage_queue_message",
     "store_down",
+    "timer_request",
     "user_function",
 ]
 

@@ -1,8 +1,8 @@
-"""The README's and docs/triggers.md's walkthroughs apply, block by block, to the template's files
-as they are here (or are found applied already). The library's walkthrough test skips, saying
-why, in an app whose files took another shape (its own names, its own queues); this one keeps
-the docs from drifting away from the template they are written against, and goes with the
-example."""
+"""The docs' walkthroughs (lab.adopters.WALKTHROUGHS) apply, block by block and under their own
+names, to the template's files as they are here (or are found applied already). The library's
+walkthrough test follows them under another name in an app with consumers of those names; this
+one keeps the docs from drifting away from the template they are written against, and goes
+with the example."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from lab import adopters
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize(("page", "title"), adopters.WALKTHROUGHS, ids=[page for page, _ in adopters.WALKTHROUGHS])
+@pytest.mark.parametrize(("page", "title"), adopters.WALKTHROUGHS, ids=[t[3:] for _, t in adopters.WALKTHROUGHS])
 def test_every_block_applies_to_the_template_as_it_is(tmp_path: Path, page: str, title: str) -> None:
     blocks = adopters.walkthrough(ROOT / page, title)
     assert blocks, f"{page}: {title} has no block naming a file"

@@ -1,9 +1,12 @@
-"""The README's "Start your own app", and docs/triggers.md's "Add an Event Grid consumer",
-followed literally: every block of the section is applied to a copy of the repository (new
-files written, diffs applied, the emulator's queue added), then the copy indexes the new
-function, passes the delivery checks, lint and format checks, and runs the section's test
-against a real Azurite. A block that no longer applies fails here; in an app that followed a
-walkthrough already, its blocks are found applied and the rest runs the same."""
+"""Every walkthrough of the docs (lab.adopters.WALKTHROUGHS: the README's "Start your own
+app", docs/triggers.md's Event Grid consumer, Storage queue consumer and HTTP route) followed
+literally: every block of the section is applied to a copy of the repository (new files
+written, diffs applied, names added to infra's lists, the emulator's queue added), then the
+copy indexes the new function with its settings documented and deployed, passes the delivery
+checks, the policies, lint, format and type checks, and runs the section's tests against a real
+Azurite. A block that no longer applies fails here. In an app that followed a walkthrough
+already, its blocks are found applied and the rest runs the same; in an app with a consumer of
+its own under the walkthrough's name, the walkthrough is followed under another name."""
 
 from __future__ import annotations
 
@@ -21,32 +24,8 @@ from lab import adopters
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 SECTION = "## Start your own app"
-TRIGGERS = ROOT / "docs" / "triggers.md"  # the second walkthrough, a CloudEvents consumer
-INDEXED = ("import json, function_app; print(json.dumps([json.loads(f.get_raw_bindings()[0]) "
-           "for f in function_app.app.get_functions() if f.get_function_name() == 'invoices']))")  # fmt: skip
-
-
-def walkthrough(title: str = SECTION, page: Path = README) -> list[tuple[str, str, str]]:
-    """(language, file, text) of every fenced block that names a file, in order."""
-    return adopters.walkthrough(page, title)
-
-
-def apply(copy: Path, language: str, path: str, text: str) -> bool:
-    """Apply one block to the copy (lab.adopters.apply); False when the copy holds it already —
-    an app that followed the walkthrough. A file of the app's own where the walkthrough writes
-    one means the walkthrough cannot be followed literally here: skipped, saying so."""
-    try:
-        return adopters.apply(copy, language, path, text)
-    except adopters.NotApplicable as exc:
-        pytest.skip(f"{exc}: the walkthrough cannot be applied as written")
-
-
-def service_bus_entities(copy: Path) -> int:
-    """How many Service Bus entities the copy's infra deploys, as make check-leases counts them."""
-    report = run(copy, "-m", "lab.delivery_checks", "leases")
-    found = re.search(r"(\d+) Service Bus entities", report)
-    assert found, report
-    return int(found.group(1))
+INDEXED = ("import json, sys, function_app; print(json.dumps([json.loads(b) for f in function_app.app.get_functions() "
+           "if f.get_function_name() == sys.argv[1] for b in f.get_raw_bindings()]))")  # fmt: skip
 
 
 @pytest.fixture
@@ -62,33 +41,38 @@ def run(copy: Path, *args: str) -> str:
     return done.stdout
 
 
-def test_the_readme_walkthrough_adds_a_working_consumer(copy: Path) -> None:
-    blocks = walkthrough()
-    assert [(language, path) for language, path, _ in blocks] == [
-        ("python", "consumers/invoices.py"),
-        ("python", "tests/test_invoices.py"),
-        ("diff", "local.settings.json.example"),
-        ("diff", "infra/main.bicep"),
-        ("diff", "infra/main.bicep"),
-        ("json", "infra/emulator/servicebus-config.json"),
-    ]
-    entities = service_bus_entities(copy)
-    applied = [apply(copy, *block) for block in blocks]
-    if all(applied):  # a template that had no invoices queue deploys one more entity, which the checks read
-        assert service_bus_entities(copy) == entities + 1
+def follow(copy: Path, page: str, title: str) -> tuple[str, list[str]]:
+    """Every block of the walkthrough applied to the copy; the name of its consumer and the files
+    it wrote."""
+    blocks = adopters.walkthrough_for(copy, page, title)
+    assert blocks, f"{page}: {title} has no block naming a file"
+    for block in blocks:
+        adopters.apply(copy, *block)  # NotApplicable here is a failure: the walkthrough must apply
+    written = [path for language, path, _ in blocks if language == "python"]
+    [module] = [path for path in written if path.startswith("consumers/")]
+    return Path(module).stem, written
 
-    [trigger] = json.loads(run(copy, "-c", INDEXED).splitlines()[-1])
-    assert (trigger["type"], trigger["queueName"], trigger["dataType"]) == ("serviceBusTrigger", "%INVOICES_QUEUE%",
-                                                                            "BINARY")  # fmt: skip
-    assert json.loads((copy / "local.settings.json.example").read_text())["Values"]["INVOICES_QUEUE"] == "invoices"
-    assert "INVOICES_QUEUE: 'invoices'" in (copy / "infra/main.bicep").read_text()
+
+@pytest.mark.parametrize(("page", "title"), adopters.WALKTHROUGHS, ids=[t[3:] for _, t in adopters.WALKTHROUGHS])
+def test_a_walkthrough_adds_a_working_consumer(copy: Path, page: str, title: str) -> None:
+    name, written = follow(copy, page, title)
+    bindings = json.loads(run(copy, "-c", INDEXED, name).splitlines()[-1])
+    assert bindings, f"function_app indexes no function {name!r} after {title}"
+    settings = json.loads((copy / "local.settings.json.example").read_text())["Values"]
+    bicep = (copy / "infra/main.bicep").read_text()
+    for setting in re.findall(r"%(\w+)%", json.dumps(bindings)):  # what the binding reads, documented and deployed
+        assert setting in settings and re.search(rf"^\s+{setting}: ", bicep, re.MULTILINE), setting
 
     for check in ("leases", "retention"):
         assert run(copy, "-m", "lab.delivery_checks", check).startswith("OK")
-    assert "1 passed" in run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_invoices.py")
+    policies = run(copy, "-m", "lab.infra_checks", "policies")
+    assert "0 policy violations" in policies, policies
+    tests = [path for path in written if path.startswith("tests/")]
+    outcome = run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests).splitlines()[-1]
+    assert " passed" in outcome and "skipped" not in outcome, outcome
     # What make lint and make typecheck run over the app, now with the new consumer in it.
-    run(copy, "-m", "ruff", "check", "consumers", "tests/test_invoices.py")
-    run(copy, "-m", "ruff", "format", "--check", "consumers/invoices.py", "tests/test_invoices.py")
+    run(copy, "-m", "ruff", "check", "consumers", *tests)
+    run(copy, "-m", "ruff", "format", "--check", *written)
     run(copy, "-m", "mypy", "consumers", "function_app.py")
     if os.environ.get("FUNCTIONS_PYTHON_WORKER"):  # .ci/run sets it: the real worker indexes the new function
         if (ROOT / ".runtime").exists():  # the built worker and packages, reused (content-addressed)
@@ -98,35 +82,23 @@ def test_the_readme_walkthrough_adds_a_working_consumer(copy: Path) -> None:
         assert "4 passed" in worker, worker
 
 
-def test_the_readme_event_grid_walkthrough_adds_a_working_consumer(copy: Path) -> None:
-    """The second walkthrough, from the docs alone: a CloudEvents consumer keyed by a field of
-    the event's data, its test, and one more call of the subscription module."""
-    blocks = walkthrough("## Add an Event Grid consumer", TRIGGERS)
-    assert [(language, path) for language, path, _ in blocks] == [
-        ("python", "consumers/refunds.py"),
-        ("python", "tests/test_refunds.py"),
-        ("diff", "infra/main.bicep"),
-    ]
-    for block in blocks:
-        apply(copy, *block)
-    indexed = INDEXED.replace("'invoices'", "'refunds'")
-    [trigger] = json.loads(run(copy, "-c", indexed).splitlines()[-1])
-    assert trigger["type"] == "eventGridTrigger"
-    for check in ("leases", "retention"):
-        report = run(copy, "-m", "lab.delivery_checks", check)
-        assert report.startswith("OK") and "modules/eventgrid-subscription.bicep:subscription[refunds]" in report
-    assert "1 passed" in run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_refunds.py")
-    run(copy, "-m", "ruff", "check", "consumers", "tests/test_refunds.py")
-    run(copy, "-m", "ruff", "format", "--check", "consumers/refunds.py", "tests/test_refunds.py")
-    run(copy, "-m", "mypy", "consumers", "function_app.py")
-    if os.environ.get("FUNCTIONS_PYTHON_WORKER"):
-        if (ROOT / ".runtime").exists():
-            (copy / ".runtime").symlink_to(ROOT / ".runtime")
-        worker = run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/runtime/test_python_worker.py",
-                     "-k", "indexes_and_loads or apps_bindings_name")  # fmt: skip
-        assert "4 passed" in worker, worker
-    policies = run(copy, "-m", "lab.infra_checks", "policies")
-    assert "0 policy violations" in policies, policies
+@pytest.mark.parametrize(("page", "title"), adopters.WALKTHROUGHS, ids=[t[3:] for _, t in adopters.WALKTHROUGHS])
+def test_a_consumer_of_the_apps_own_under_a_walkthroughs_name_leaves_it_followed_under_another(
+    copy: Path, page: str, title: str
+) -> None:
+    """The app's own consumer takes the walkthrough's name (its module, and the name in infra's
+    lists): the walkthrough is followed under the next free name, and the app's file is kept."""
+    [taken] = [Path(p).stem for language, p, _ in adopters.walkthrough(copy / page, title)
+               if language == "python" and p.startswith("consumers/")]  # fmt: skip
+    own = f'"""The app\'s own {taken}."""\n\nimport azure.functions as func\n\nbp = func.Blueprint()\n'
+    (copy / "consumers" / f"{taken}.py").write_text(own)
+    name, written = follow(copy, page, title)
+    assert name == f"{taken}2" and f"consumers/{taken}2.py" in written
+    assert (copy / "consumers" / f"{taken}.py").read_text() == own
+    assert json.loads(run(copy, "-c", INDEXED, name).splitlines()[-1])
+    tests = [path for path in written if path.startswith("tests/")]
+    outcome = run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests).splitlines()[-1]
+    assert " passed" in outcome and "skipped" not in outcome, outcome
 
 
 def make(copy: Path, *targets: str) -> str:
@@ -144,8 +116,7 @@ def test_without_the_example_the_library_and_its_tests_stand(copy: Path) -> None
     `make test-adopters`, lab/adopters.py.)"""
     section = README.read_text().split(SECTION, 1)[1].split("\n## ", 1)[0]
     assert "`make remove-example`" in section
-    for block in walkthrough():
-        apply(copy, *block)
+    name, written = follow(copy, "README.md", SECTION)
     (copy / ".venv").symlink_to(ROOT / ".venv")
     adopters.switch_every_recipe_off(copy)
     removed = make(copy, "remove-example")
@@ -153,13 +124,14 @@ def test_without_the_example_the_library_and_its_tests_stand(copy: Path) -> None
     for gone in ("consumers/orders.py", "consumers/order_events.py", "recipes", "tests/example", "lab/bench"):
         assert not (copy / gone).exists(), gone
     consumers = {p.name for p in (copy / "consumers").glob("*.py")}
-    assert "invoices.py" in consumers and not {"orders.py", "order_events.py"} & consumers
+    assert f"{name}.py" in consumers and not {"orders.py", "order_events.py"} & consumers
     infra = "".join(p.read_text() for p in [copy / "azure.yaml", *(copy / "infra").rglob("*.bicep")])
     assert "'order_events'" not in infra and "order_events function" not in infra
     make(copy, "lint", "typecheck", "check-retention", "check-leases")
     collected = run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only")
     assert "error" not in collected.splitlines()[-1], collected[-3000:]
     assert "tests/integration/test_queue_function.py" in collected and "tests/example" not in collected
-    fast = run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit", "tests/test_invoices.py",
+    tests = [p for p in written if p.startswith("tests/")]
+    fast = run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit", *tests,
                "tests/integration/test_telemetry.py")  # fmt: skip
     assert " passed" in fast.splitlines()[-1] and "failed" not in fast.splitlines()[-1], fast[-2000:]

@@ -61,3 +61,30 @@ def test_the_librarys_results_are_counted_from_junit_xml(tmp_path: Path) -> None
       <testcase classname="tests.test_invoices" name="five"/>
     </testsuite></testsuites>""")
     assert adopters.library_results(junit) == {"passed": 1, "skipped": 1, "failure": 1}
+
+
+def test_a_name_added_to_an_apps_list_is_appended_to_whatever_it_holds(tmp_path: Path) -> None:
+    bicep = tmp_path / "main.bicep"
+    bicep.write_text("var appQueues = ['payouts']\nvar appStorageQueues = []\n")
+    diff = "-var appQueues = []\n+var appQueues = ['invoices']\n"
+    assert adopters.apply(tmp_path, "diff", "main.bicep", diff) is True
+    assert bicep.read_text() == "var appQueues = ['payouts', 'invoices']\nvar appStorageQueues = []\n"
+    assert adopters.apply(tmp_path, "diff", "main.bicep", diff) is False  # there already
+
+
+def test_a_walkthrough_meeting_an_apps_own_consumer_of_its_name_takes_the_next_free_one(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "page.md").write_text(
+        "## Add it\n\n```python consumers/refunds.py\nNAME = 'refunds'  # REFUNDS_QUEUE, record_refund\n```\n\n"
+        "```diff infra/main.bicep\n-var appQueues = []\n+var appQueues = ['refunds']\n```\n"
+    )
+    (tmp_path / "consumers").mkdir()
+    (tmp_path / "infra").mkdir()
+    (tmp_path / "infra" / "main.bicep").write_text("var appQueues = ['refunds2']\n")  # the app's own, too
+    (tmp_path / "consumers" / "refunds.py").write_text("X = 1  # the app's own\n")
+    blocks = adopters.walkthrough_for(tmp_path, "docs/page.md", "## Add it")
+    assert blocks[0][1:] == ("consumers/refunds3.py", "NAME = 'refunds3'  # REFUNDS3_QUEUE, record_refund\n")
+    assert [adopters.apply(tmp_path, *block) for block in blocks] == [True, True]
+    assert (tmp_path / "infra" / "main.bicep").read_text() == "var appQueues = ['refunds2', 'refunds3']\n"
+    assert (tmp_path / "consumers" / "refunds.py").read_text() == "X = 1  # the app's own\n"
+    assert adopters.walkthrough_for(tmp_path, "docs/page.md", "## Add it") == blocks  # found followed after

@@ -60,9 +60,21 @@ def _module(module: str) -> str | None:
     return next((m for m in (module, re.sub(r"^consumers\.", "recipes.", module)) if _spec(m)), None)
 
 
+def removed_with_the_example(module: str) -> bool:
+    """``module`` is the example's, and make remove-example deleted it (Makefile's EXAMPLE):
+    the docs still describe the example, which an adopter may have removed."""
+    listed = re.search(r"^EXAMPLE := (.*?)(?<!\\)$", (ROOT / "Makefile").read_text(), re.MULTILINE | re.DOTALL)
+    assert listed, "the Makefile lists no EXAMPLE"
+    parts = module.split(".")
+    paths = {"/".join(parts[:n]) + end for n in range(1, len(parts) + 1) for end in ("", ".py")}
+    return any(entry in paths and not (ROOT / entry).exists() for entry in listed.group(1).replace("\\", " ").split())
+
+
 def resolves(module: str, name: str | None = None) -> bool:
     """``module`` exists, and gives ``name`` (an attribute or a submodule) when one is asked for."""
     found = _module(module)
+    if found is None and removed_with_the_example(module):
+        return True
     if found is None or name is None:
         return found is not None
     return hasattr(importlib.import_module(found), name) or _spec(f"{found}.{name}")
@@ -76,10 +88,10 @@ def dotted(path: str) -> bool:
             value: object = importlib.import_module(found)
             for attribute in parts[cut:]:
                 if not hasattr(value, attribute):
-                    return False
+                    return removed_with_the_example(path)
                 value = getattr(value, attribute)
             return True
-    return False
+    return removed_with_the_example(path)
 
 
 def targets() -> set[str]:
