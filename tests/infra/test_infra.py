@@ -295,13 +295,17 @@ def test_literal_values_in_a_template_are_read_too(tmp_path: Path, recipes: list
 APP_LISTS = re.findall(r"^var (app\w+) = \[", (INFRA / "main.bicep").read_text(), re.MULTILINE)
 
 
-def with_app_entity(infra: Path, name: str, listed: str = "appQueues") -> None:
+def with_app_entity(infra: Path, name: str, listed: str = "appQueues") -> str:
     """Add ``name`` to one of main.bicep's lists of the app's own entities (``appQueues``: README,
-    Start your own app; ``appStorageQueues``: docs/triggers.md), whatever it holds."""
+    Start your own app; ``appStorageQueues``: docs/triggers.md), whatever it holds; the name
+    added: ``name``, or ``name-2``… where the app's lists have it already."""
     main = infra / "main.bicep"
     [names] = re.findall(rf"^var {listed} = (\[.*?\])$", main.read_text(), re.MULTILINE)
+    taken = set(re.findall(r"'([^']*)'", "".join(re.findall(r"^var app\w+ = \[.*?\]$", main.read_text(), re.M))))
+    name = next(n for n in (name, *(f"{name}-{i}" for i in range(2, 100))) if n not in taken)
     more = [*re.findall(r"'([^']*)'", names), name]
     main.write_text(main.read_text().replace(f"var {listed} = {names}", f"var {listed} = {more!r}", 1))
+    return name
 
 
 @pytest.mark.parametrize("recipes", [[], ALL], ids=["no-recipe", "all-recipes"])
@@ -312,10 +316,10 @@ def test_every_list_of_the_apps_own_entities_takes_a_users_name(tmp_path: Path, 
     to it as an entity that redelivers, which every policy and check then reads by that name."""
     assert {"appQueues", "appStorageQueues"} <= set(APP_LISTS)
     copy = infra_copy(tmp_path, recipes=recipes)
-    with_app_entity(copy, "adopter-own", listed)
-    own = [p for p in redeliveries(copy, host=HOST) if p.name.endswith("[adopter-own]")]
-    assert [p.count for p in own] == [1], f"{listed}: 'adopter-own' is not one entity the checks read by its name"
-    assert policy_violations(copy) == [], f"{listed}: a user's 'adopter-own' breaks the policies"
+    name = with_app_entity(copy, "users-own", listed)
+    own = [p for p in redeliveries(copy, host=HOST) if p.name.endswith(f"[{name}]")]
+    assert [p.count for p in own] == [1], f"{listed}: {name!r} is not one entity the checks read by its name"
+    assert policy_violations(copy) == [], f"{listed}: a user's {name!r} breaks the policies"
     for report in (retention_check(copy, HOST), lease_check(copy, HOST)):
         assert report.ok and own[0].name in report.explain(), report.explain()
 
@@ -327,11 +331,11 @@ def test_an_apps_own_queue_gets_the_queue_settings_its_receive_role_and_the_chec
     """infra/README.md: a consumer's own queue is one name in appQueues; it is deployed with the
     shared queue settings and a receive role, and the checks read it by its name."""
     copy = infra_copy(tmp_path, recipes=recipes)
-    with_app_entity(copy, "own-queue")
+    queue = with_app_entity(copy, "own-queue")
     _, servicebus = Deployment(copy).calls["serviceBus"]
     _, roles = Deployment(copy).calls["roles"]
-    assert "own-queue" in servicebus("queues") and "own-queue" in roles("receiveQueues")
-    own = "modules/servicebus.bicep:moreQueues[own-queue]"
+    assert queue in servicebus("queues") and queue in roles("receiveQueues")
+    own = f"modules/servicebus.bicep:moreQueues[{queue}]"
     assert [(p.broker, p.count) for p in redeliveries(copy) if p.name == own] == [("service bus", 1)]
     assert policy_violations(copy) == []
     for report in (retention_check(copy, HOST), lease_check(copy, HOST)):
@@ -557,16 +561,16 @@ def test_an_apps_own_storage_queue_gets_its_poison_queue_its_roles_and_the_check
     deployed with its poison queue, the roles on both and the poison-queue alert, and the checks
     read it by its name."""
     copy = infra_copy(tmp_path, recipes=recipes)
-    with_app_entity(copy, "jobs", "appStorageQueues")
+    jobs = with_app_entity(copy, "jobs", "appStorageQueues")
     deployment = Deployment(copy)
     _, roles = deployment.calls["roles"]
     _, alerts = deployment.calls["alerts"]
-    assert "jobs" in roles("storageQueues"), "the app has no roles on its own Storage queue 'jobs'"
-    assert "storage-poison-queue" in [rule["name"] for rule in alerts("logAlerts")], "no alert on 'jobs-poison'"
+    assert jobs in roles("storageQueues"), f"the app has no roles on its own Storage queue {jobs!r}"
+    assert "storage-poison-queue" in [rule["name"] for rule in alerts("logAlerts")], f"no alert on '{jobs}-poison'"
     queues = {r.symbol: r.count for r in deployment.resources if r.path == "modules/storage-queues.bicep"}
     assert queues["poison"] == queues["consumed"] == len(roles("storageQueues")), queues  # a poison queue each
     assert policy_violations(copy) == []
-    own = "modules/storage-queues.bicep:consumed[jobs]"
+    own = f"modules/storage-queues.bicep:consumed[{jobs}]"
     assert [p.broker for p in redeliveries(copy, host=HOST) if p.name == own] == ["storage queue"]
     for report in (retention_check(copy, HOST), lease_check(copy, HOST)):
         assert report.ok and own in report.explain(), report.explain()
