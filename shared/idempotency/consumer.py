@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -36,6 +36,7 @@ from .outbox import Dispatch, Outbox, Sender
 from .payload import fingerprint, parse_json
 from .reasons import Reason
 from .steps import Context, settle
+from .stored import PartitionView
 from .stores._base import DedupStore
 from .stores._records import Commit, CommitStatus, Marker, State, StateStatus
 
@@ -73,6 +74,8 @@ class IdempotentConsumer:
         schema: Mapping[str, Any] | None = None,
         config: DedupConfig | None = None,
         partition_for: Callable[[DedupKey], str] = lambda key: key.id,
+        partition_from: KeySource | None = None,
+        reads: Callable[[Any], Iterable[str]] | None = None,
         replay_results: bool = False,
         record_refusals: bool = True,
         bind_request_keys: bool = False,
@@ -89,7 +92,13 @@ class IdempotentConsumer:
         (``idempotency_key_reused``, HTTP 422), and a new key for a known payload still replays.
         ``sender``: sends ``Effects.messages`` (the outbox: committed with the marker, sent after
         the commit and again on duplicates until sent). The cache keeps keys this instance saw
-        completed: hot duplicates cost no store request; never trusted to decide "new"."""
+        completed: hot duplicates cost no store request; never trusted to decide "new".
+        ``partition_from``: the partition the business data lives in, taken from the message
+        (``from_body_field("accountId")``) rather than from its key (``partition_for``): the key is
+        then pinned to its first partition (one conditional insert per new message), and the same
+        key under another partition is a conflict. ``reads``: the entities a handler reads
+        (``context.read``) and may change (``Effects.changes``), read with the message's marker in
+        one request: a duplicate costs that request, and never runs the handler."""
         config = config or DedupConfig.from_settings()
         if not name or "|" in name or name.startswith("~"):
             raise ValueError(f"consumer name {name!r}: non-empty, without '|', not starting with '~' (the library's)")
@@ -101,6 +110,11 @@ class IdempotentConsumer:
         self._retention = config.retention
         self._steps = config.steps
         self._partition_for = partition_for
+        self._partition_from = partition_from
+        self._reads = reads
+        if reads is not None and not store.commits_changes:
+            raise ValueError(f"consumer {name!r} reads entities to change them: {type(store).__name__} "
+                             "cannot commit changes (commits_changes)")  # fmt: skip
         self._replay = replay_results
         self._record_refusals = record_refusals
         self._bind_request_keys = bind_request_keys
@@ -115,7 +129,7 @@ class IdempotentConsumer:
         when processing would dead-letter the message; touches no store."""
         payload, key, fp = self._read(delivery)
         self._validate(payload)
-        return key, self.partition_of(key), fp
+        return key, self.partition_of(key, payload), fp
 
     def _read(self, delivery: Delivery) -> tuple[Any, DedupKey, str]:
         payload = parse_json(delivery.body)
@@ -126,8 +140,34 @@ class IdempotentConsumer:
         """Its outbox, on its store (as it is now: tools may swap the store) and ``sender``."""
         return Outbox(self.store, sender, sweep_delay=self._sweep_delay)
 
-    def partition_of(self, key: DedupKey) -> str:
-        return consumer_partition(self.name, self._partition_for(key))
+    def partition_of(self, key: DedupKey, payload: Any = None) -> str:
+        """The partition of a message's marker and data: from its key (``partition_for``), or from
+        the message (``partition_from``; given the key only, the partition the key is pinned to)."""
+        if self._partition_from is None:
+            return consumer_partition(self.name, self._partition_for(key))
+        if payload is None:
+            pin = self.store.get(*self._pin_place(key))
+            return pin.fingerprint if pin else self._pin_place(key)[1]
+        partition = self._partition_from(None, payload)
+        if not partition:
+            raise InvalidMessage(Reason.MISSING_KEY, "the message names no partition (the consumer's partition_from)")
+        return consumer_partition(self.name, partition)
+
+    def _pin_place(self, key: DedupKey) -> tuple[DedupKey, str]:
+        """Where a key's pin lives: a scope of its own, a partition derived from the key alone."""
+        return DedupKey(f"{self.name}|partition", key.id), consumer_partition(self.name, "key|" + key.id)
+
+    def _pin(self, key: DedupKey, partition: str, fp: str, expires_at: datetime) -> Result | None:
+        """Pin a key to its partition: the first one wins (a conditional insert); the same key
+        under another partition is a conflict, never a second application elsewhere."""
+        pin_key, place = self._pin_place(key)
+        if self.store.insert(Marker(pin_key, place, State.COMPLETED, partition, utcnow(), expires_at)) is not None:
+            return None
+        pinned = self.store.get(pin_key, place)
+        if pinned is None or pinned.fingerprint == partition:
+            return None
+        detail = f"the key was processed under another partition ({pinned.fingerprint.split('|', 1)[-1]!r})"
+        return Result(Outcome.CONFLICT, key, Reason.KEY_PARTITION_MISMATCH, detail[:500], fingerprint=fp)
 
     def process(self, delivery: Delivery) -> Result:
         return self.process_batch([delivery])[0]
@@ -154,7 +194,7 @@ class IdempotentConsumer:
                     if self._record_refusals:  # the broker dead-letters it next: say why
                         dead_letters.record(self.store, self.name, delivery, result)
                     if dispatch is not None and result.key is not None and not dispatch.left(result.key):
-                        dispatch.leave(result.key, self.partition_of(result.key))  # an earlier delivery's rows
+                        dispatch.leave(result.key, self.partition_of(result.key, _payload(delivery)))
                 telemetry.record(self.name, delivery, result, (time.perf_counter() - started) * 1000, span)
         finally:
             for span in spans:
@@ -165,9 +205,10 @@ class IdempotentConsumer:
                  retry: bool) -> list[Result]:  # fmt: skip
         decided = []
         siblings: dict[DedupKey, Context] = {}  # the steps whose completion a decided message holds
+        views = self._views([delivery for delivery, _, _ in tries], retry)  # per partition: what its messages read
         for delivery, span, owner in tries:
             with trace.use_span(span):  # current while its own handler runs: its calls are children
-                decided.append(self._decide(delivery, owner, retry, dispatch, siblings))
+                decided.append(self._decide(delivery, owner, retry, dispatch, siblings, views))
         # A completion a later copy of the same message wrote already (it met the claim) no
         # longer rides with the commit: the claim's version it is fenced by has moved.
         decided = [item._replace(completions=tuple(c for c in item.completions if c.key in siblings))
@@ -183,10 +224,42 @@ class IdempotentConsumer:
             results.append(result)
         return results
 
+    def _views(self, deliveries: Sequence[Delivery], retry: bool) -> dict[str, PartitionView | DedupError]:
+        """For a consumer with ``reads``: each partition's markers and entities its messages read,
+        one ``read_current`` per partition (or the error that read met); else an empty view per
+        partition, filled as its handlers read. The markers are read with the entities when they
+        fit the same request (a message, a small batch), or when the messages may have been
+        committed already (a redelivery, a retry); else a batch's fresh messages are told from
+        duplicates by the commit itself (a marker is a conditional insert)."""
+        views: dict[str, PartitionView | DedupError] = _Views(self.store)
+        if self._reads is None:
+            return views
+        wanted: dict[str, tuple[dict[DedupKey, None], dict[str, None]]] = {}
+        for delivery in deliveries:
+            try:
+                payload, key, _ = self._read(delivery)
+                self._validate(payload)
+                keys, names = wanted.setdefault(self.partition_of(key, payload), ({}, {}))
+                keys[key] = None
+                names.update(dict.fromkeys(self._reads(payload)))
+            except Exception:  # noqa: BLE001 - decided (refused) with its reason by _decide
+                continue
+        again = retry or any((d.delivery_count or 1) > 1 for d in deliveries)
+        for partition, (keys, names) in wanted.items():
+            markers = [*keys] if again or len(keys) + len(names) <= self.store.rows_per_read else []
+            try:
+                current = self.store.read_current(partition, markers, [*names])
+                views[partition] = PartitionView(self.store, partition, current)
+            except DedupError as exc:
+                views[partition] = exc
+        return views
+
     def _decide(self, delivery: Delivery, owner: str, retry: bool, dispatch: Dispatch | None,
-                siblings: dict[DedupKey, Context] | None = None) -> Result | Commit:  # fmt: skip
+                siblings: dict[DedupKey, Context] | None = None,
+                views: dict[str, PartitionView | DedupError] | None = None) -> Result | Commit:  # fmt: skip
         """Everything up to the commit: parse, key, validate, fingerprint, the cache of
-        completed keys, then the handler (and its two-phase steps)."""
+        completed keys, the marker read with the entities the handler reads, then the handler
+        (and its two-phase steps)."""
         key: DedupKey | None = None
         fp: str | None = None
         context: Context | None = None
@@ -195,10 +268,24 @@ class IdempotentConsumer:
             self._validate(payload)
             if self._completed.get(key) == fp:
                 return Result(Outcome.DUPLICATE, key, Reason.COMPLETED_RECENTLY, fingerprint=fp, stored_fingerprint=fp)
-            partition, expires_at = self.partition_of(key), utcnow() + self._retention
+            partition, expires_at = self.partition_of(key, payload), utcnow() + self._retention
+            view = (views if views is not None else _Views(self.store))[partition]
+            if isinstance(view, DedupError):
+                raise view
+            known = view.markers.get(key)
+            if known is not None and known.final:  # found with the entities read: decided without the handler
+                if known.fingerprint != fp:
+                    return mismatch(key, fp, known.fingerprint)
+                if known.version is not None:  # a marker read back, not an earlier copy's of this attempt
+                    self._completed.put(key, fp)
+                response = known.result if self._replay else None
+                return Result(Outcome.DUPLICATE, key, response=response, fingerprint=fp, stored_fingerprint=fp)
+            pinned = self._partition_from is None or known is not None
+            if not pinned and (clash := self._pin(key, partition, fp, expires_at)) is not None:
+                return clash
             if self._bind_request_keys and delivery.message_id:
                 self._bind(delivery.message_id, fp, expires_at)
-            context = Context(key, partition, fp, self.store, self._steps, expires_at, owner, siblings)
+            context = Context(key, partition, fp, self.store, self._steps, expires_at, owner, siblings, view)
             effects = self._handler(payload, context)
             if isinstance(effects, LatestState):
                 context.settle()
@@ -221,7 +308,10 @@ class IdempotentConsumer:
                 if dispatch is None:
                     raise ValueError(f"consumer {self.name!r} has no sender for the handler's outgoing messages")
                 entities += dispatch.rows(delivery, key, partition, effects.messages)
-            return Commit(key, partition, fp, entities, effects.result, expires_at, owner, retry, steps)
+            changes = view.fold(effects.changes) if effects.changes else ()
+            if changes:
+                view.markers[key] = Commit(key, partition, fp, [], None, expires_at).marker(utcnow())  # a later copy
+            return Commit(key, partition, fp, entities, effects.result, expires_at, owner, retry, steps, changes)
         except Exception as exc:  # noqa: BLE001 - mapped to exactly one outcome below
             if context is not None:
                 context.settle()  # the steps it called stay completed
@@ -261,6 +351,12 @@ class IdempotentConsumer:
             if commit.status is CommitStatus.LEASE_LOST:
                 results.append(Result(Outcome.TRANSIENT, item.key, Reason.LEASE_LOST, "a step's claim was taken over"))
                 continue
+            if commit.status is CommitStatus.CONTENDED:
+                settle(self.store, item.completions)
+                telemetry.contended(self.name, item.key.id)
+                results.append(Result(Outcome.TRANSIENT, item.key, Reason.CONTENDED,
+                                      "an entity it changes moved since it was read: decided again"))  # fmt: skip
+                continue
             if commit.status is not CommitStatus.NEW:  # its steps' completions were not written
                 settle(self.store, item.completions)
             if commit.status is CommitStatus.MISMATCH:
@@ -298,3 +394,22 @@ class IdempotentConsumer:
     def park(self, delivery: Delivery, result: Result) -> Result:
         """Keep a message its source will not deliver again, for replay (``dead_letters.park``)."""
         return dead_letters.park(self.store, self.name, delivery, result)
+
+
+class _Views(dict[str, "PartitionView | DedupError"]):
+    """Each partition's view, made empty on first use (a handler that reads without ``reads``)."""
+
+    def __init__(self, store: DedupStore) -> None:
+        super().__init__()
+        self._store = store
+
+    def __missing__(self, partition: str) -> PartitionView:
+        view = self[partition] = PartitionView(self._store, partition)
+        return view
+
+
+def _payload(delivery: Delivery) -> Any:
+    try:
+        return parse_json(delivery.body)
+    except InvalidMessage:
+        return None

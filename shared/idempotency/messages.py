@@ -1,6 +1,7 @@
 """What goes through a consumer: a ``Delivery`` in, a ``Result`` with its ``Outcome`` out;
-and what a handler decides: ``Effects`` (``Entity`` records committed with the marker, and a
-JSON result, and ``Outgoing`` messages) or a ``LatestState``."""
+and what a handler decides: ``Effects`` (``Entity`` records inserted with the marker, each
+``Change`` of what it read as ``Stored``, a JSON result, and ``Outgoing`` messages) or a
+``LatestState``."""
 
 from __future__ import annotations
 
@@ -54,6 +55,47 @@ class Entity:
 
     name: str
     data: dict[str, JSON]
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A business entity of the message's partition as the handler read it (``context.read``):
+    its data and the version (the store's ETag) a change of it is conditioned on; ``data`` None
+    when there is none. A change of what was read commits with the marker only if the entity is
+    still as read: else the message is decided again, from a fresh read."""
+
+    name: str
+    data: dict[str, JSON] | None
+    etag: str | None = None
+
+    @property
+    def exists(self) -> bool:
+        return self.data is not None
+
+    def replaced(self, data: dict[str, JSON]) -> Change:
+        """Its data replaced by ``data`` (created, when there is none: it must still not exist)."""
+        return Change(self.name, data, self.etag, merge=False)
+
+    def merged(self, data: dict[str, JSON]) -> Change:
+        """``data``'s properties set, the others kept (created with them, when there is none)."""
+        return Change(self.name, data, self.etag, merge=True)
+
+    def deleted(self) -> Change:
+        if self.data is None:
+            raise ValueError(f"{self.name}: there is no stored entity to delete")
+        return Change(self.name, None, self.etag)
+
+
+@dataclass(frozen=True)
+class Change:
+    """A change of a stored entity, conditioned on the version read (``Stored.replaced``,
+    ``merged``, ``deleted``): ``etag`` None creates it (it must not exist), ``data`` None
+    deletes it, ``merge`` keeps the properties ``data`` does not name."""
+
+    name: str
+    data: dict[str, JSON] | None
+    etag: str | None
+    merge: bool = False
 
 
 class Outcome(StrEnum):
@@ -143,13 +185,15 @@ def mismatch(key: DedupKey | None, fp: str, stored: str | None) -> Result:
 
 @dataclass(frozen=True)
 class Effects:
-    """What a handler decides for one new message: the business entities to commit with
-    the marker (one transaction), the result to store for replays, and the messages it
-    sends — committed in the same transaction, sent after it (the outbox)."""
+    """What a handler decides for one new message: the business entities to insert with
+    the marker (one transaction), the changes of entities it read (``Stored.replaced``…, in
+    the same transaction, each only at the version read), the result to store for replays, and
+    the messages it sends — committed in the same transaction, sent after it (the outbox)."""
 
-    entities: list[Entity]
+    entities: list[Entity] = field(default_factory=list)
     result: JSON = None
     messages: Sequence[Outgoing] = ()
+    changes: Sequence[Change] = ()
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ class Reason(StrEnum):
     DEAD_LETTER_FAILED = "dead_letter_failed"  # a refusal could not be recorded
     DISPATCH_FAILED = "dispatch_failed"  # committed, but its outgoing messages not sent
     HANDLER_ERROR = "handler_error"  # the handler raised: a bug, retried, never acknowledged
+    CONTENDED = "contended"  # an entity it changes moved since it was read: decided again from a fresh read
     # acknowledged
     COMPLETED_RECENTLY = "completed_recently"  # a duplicate this instance saw completed
     OUTBOX_PARKED = "outbox_parked"  # committed; its messages left for the outbox sweep
@@ -32,6 +33,7 @@ class Reason(StrEnum):
     KEY_MISMATCH = "key_mismatch"
     IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
     FINGERPRINT_MISMATCH = "fingerprint_mismatch"
+    KEY_PARTITION_MISMATCH = "key_partition_mismatch"  # the key was processed under another partition
     VERSION_CONFLICT = "version_conflict"
     HANDLER_RESULT = "handler_result"
     TOO_MANY_EFFECTS = "too_many_effects"
@@ -52,7 +54,8 @@ class Reason(StrEnum):
 # What clears by itself, so a delivery waits for it (``wait.py``). A handler's own exception
 # does not (the same code fails the same way): it goes back to the broker at once.
 WAITED_OUT = frozenset({Reason.STORE_UNAVAILABLE, Reason.DOWNSTREAM_UNAVAILABLE, Reason.LEASE_LOST,
-                        Reason.CLAIMED_ELSEWHERE, Reason.DEAD_LETTER_FAILED, Reason.DISPATCH_FAILED})  # fmt: skip
+                        Reason.CLAIMED_ELSEWHERE, Reason.DEAD_LETTER_FAILED, Reason.DISPATCH_FAILED,
+                        Reason.CONTENDED})  # fmt: skip
 # Refusals whose detail is ours to show an HTTP caller; any other detail (a downstream
 # service's answer, a store error) stays in logs and dead-letter records.
 PUBLIC = frozenset({Reason.INVALID_JSON, Reason.SCHEMA_VIOLATION, Reason.MISSING_KEY, Reason.KEY_TOO_LONG,

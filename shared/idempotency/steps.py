@@ -30,7 +30,8 @@ from .errors import (
     VersionConflict,
 )
 from .keys import DedupKey
-from .messages import JSON, check_result, utcnow
+from .messages import JSON, Stored, check_result, utcnow
+from .stored import PartitionView
 from .stores._base import DedupStore
 from .stores._records import Marker, State
 
@@ -51,9 +52,11 @@ class Context:
         expires_at: datetime,
         owner: str | None = None,
         siblings: dict[DedupKey, Context] | None = None,
+        view: PartitionView | None = None,
     ) -> None:
         """``siblings``: the contexts of the other messages decided in the same attempt (a
-        batch), by the step keys whose completion each holds, shared among them."""
+        batch), by the step keys whose completion each holds, shared among them. ``view``: what
+        the messages of its partition read in this attempt (``stored.PartitionView``)."""
         self.key = key
         self._partition = partition
         self._fingerprint = fingerprint
@@ -66,11 +69,20 @@ class Context:
         self._owner = owner or f"{random.getrandbits(128):032x}"
         self._done: dict[str, tuple[Marker, JSON]] = {}  # by name: steps called (claim, result), not completed yet
         self._siblings = {} if siblings is None else siblings
+        self.view = view or PartitionView(store, partition)
 
     @property
     def fingerprint(self) -> str:
         """The payload's fingerprint (``payload.fingerprint``), as the marker keeps it."""
         return self._fingerprint
+
+    def read(self, name: str) -> Stored:
+        """Entity ``name`` of the message's partition, as stored (``Stored.data`` None when there
+        is none) or as an earlier message of the same batch left it; its ``replaced``, ``merged``
+        or ``deleted`` in ``Effects.changes`` commit with the marker only if it is still as read.
+        The consumer's ``reads`` names are read with the marker, in the same request; another
+        costs one request more."""
+        return self.view.read(name)
 
     def step(self, name: str, call: Callable[[str], JSON]) -> JSON:
         """Run ``call(idempotency_key)`` at most once to completion for (consumer,

@@ -35,6 +35,7 @@ _claim = _meter.create_histogram("dedup.claim.duration", unit="ms", description=
 _propagator = TraceContextTextMapPropagator()
 _NO_PARENT = Context()  # a new trace, not the ambient one: what extract() returns for no traceparent
 _requests = _meter.create_counter("dedup.store.requests", description="HTTP requests sent by the store clients")
+_contended = _meter.create_counter("dedup.contended", description="Commits refused because an entity changed meanwhile")
 
 # Outcomes an operator must look at are logged as errors: they are the alerts. The everyday
 # ones log at DEBUG: through the Functions worker every record is a message to the host, and
@@ -47,6 +48,14 @@ _LEVELS = {"conflict": logging.ERROR, "parked": logging.ERROR, "invalid": loggin
 def count_store_request(request: Any) -> None:
     """An azure-core ``raw_request_hook``: called for every request, retries included."""
     _requests.add(1, {"method": request.http_request.method})
+
+
+def contended(consumer: str, key: str) -> None:
+    """A commit refused because an entity it changes moved since it was read: decided again."""
+    _contended.add(1, {"consumer": consumer})
+    if log.isEnabledFor(logging.INFO):
+        fields = {"consumer": consumer, "dedup_key": key, "reason": "contended"}
+        log.info("dedup consumer=%r dedup_key=%r reason='contended'", consumer, key, extra={"dedup": fields})
 
 
 def claim_duration(consumer: str, milliseconds: float) -> None:

@@ -17,6 +17,7 @@ from ._records import (
     Commit,
     CommitResult,
     CommitStatus,
+    Current,
     DeadLetter,
     Marker,
     Purge,
@@ -74,6 +75,10 @@ class DedupStore(ABC):
     # True when ``commit_many`` writes ``Commit.completions`` in the commit's transaction, each
     # fenced by its version (CommitStatus.LEASE_LOST otherwise). False: steps complete on their own.
     folds_completions = False
+    # True when the store reads (``read_current``) and commits ``Commit.changes``: a consumer
+    # with ``reads`` needs it.
+    commits_changes = False
+    rows_per_read = 100  # markers and entities ``read_current`` reads in one request
 
     # -- the atomic path: one request claims and commits -------------------------------
 
@@ -81,9 +86,12 @@ class DedupStore(ABC):
     def commit_many(self, commits: Sequence[Commit]) -> list[CommitResult]:
         """For each commit, insert a completed marker, its guard (key, fingerprint) and its
         effects — and, on a store that ``folds_completions``, replace each of its completions
-        at its version — in one transaction, or nothing. When the transaction fails on an existing
-        item, ``conflict`` says what that means. A store may group commits that share a
-        partition into fewer requests.
+        at its version; on one that ``commits_changes``, write each of its ``changes`` at its
+        version — in one transaction, or nothing. When the transaction fails on an existing
+        item, ``conflict`` says what that means; on a change's version, ``CONTENDED`` (and so is
+        every later commit of the call whose change of the same entity followed it). A store
+        may group commits that share a partition into fewer requests, each entity then written
+        once per request, as the last of them leaves it.
 
         :returns: one ``CommitResult`` per commit, in order; ``REFUSED`` (``refused(exc)``)
             for a commit whose data the store can never hold, the others decided on their own.
@@ -116,6 +124,14 @@ class DedupStore(ABC):
         if stored is None or stored.fingerprint == commit.fingerprint:
             return CommitResult(CommitStatus.DUPLICATE, stored.fingerprint if stored else None)
         return CommitResult(CommitStatus.MISMATCH, stored.fingerprint)
+
+    def read_current(self, partition: str, keys: Sequence[DedupKey], names: Sequence[str]) -> Current:
+        """The markers of ``keys`` and the entities ``names`` of one partition, each entity
+        with the version (ETag) a change of it is conditioned on: in as few requests as the
+        store allows (one, for a message and a few entities). Needed by ``commits_changes``.
+
+        :raises StoreUnavailable: as every primitive."""
+        raise NotImplementedError(f"{type(self).__name__} does not read entities for changes")
 
     # -- primitives of the two-phase path ------------------------------------------------
 

@@ -14,7 +14,7 @@ from typing import Any
 from ..config import DEAD_LETTER_RETENTION
 from ..errors import StoreRefused, StoreUnavailable, VersionConflict
 from ..keys import DedupKey, encode_key, guard_id, marker_id
-from ..messages import Entity, utcnow
+from ..messages import Change, Entity, Stored, utcnow
 from ._base import DedupStore, check_storable, refused
 from ._codec import kept, state_fingerprint
 from ._records import (
@@ -23,6 +23,7 @@ from ._records import (
     Commit,
     CommitResult,
     CommitStatus,
+    Current,
     DeadLetter,
     Marker,
     Purge,
@@ -49,6 +50,7 @@ class MemoryStore(DedupStore):
     """``available = False`` makes every call fail as an unreachable store does."""
 
     folds_completions = True
+    commits_changes = True
 
     def __init__(self, *, dead_letter_retention: timedelta = DEAD_LETTER_RETENTION) -> None:
         self.dead_letter_retention = dead_letter_retention
@@ -68,9 +70,10 @@ class MemoryStore(DedupStore):
     # -- atomic path ---------------------------------------------------------------------
 
     def commit_many(self, commits: Sequence[Commit]) -> list[CommitResult]:
-        return [self._commit(commit) for commit in commits]
+        chained: dict[tuple[str, str], str | None] = {}  # (partition, entity): the version this call wrote
+        return [self._commit(commit, chained) for commit in commits]
 
-    def _commit(self, commit: Commit) -> CommitResult:
+    def _commit(self, commit: Commit, chained: dict[tuple[str, str], str | None]) -> CommitResult:
         self._check()
         key, partition, fingerprint, effects, expires_at = (commit.key, commit.partition, commit.fingerprint,
                                                             commit.effects, commit.expires_at)  # fmt: skip
@@ -85,6 +88,10 @@ class MemoryStore(DedupStore):
         with self._lock:
             taken = [i for i in (guard, marker_id(key), *names) if (partition, i) in self._items]
             if not taken:
+                if not self._at_versions(partition, commit.changes, chained):
+                    for change in commit.changes:  # what follows it in this call is decided again too
+                        chained[(partition, change.name)] = "(contended)"
+                    return CommitResult(CommitStatus.CONTENDED)
                 for step in commit.completions:
                     current = self._items.get((step.partition, marker_id(step.key)))
                     if current is None or current.etag != step.version:
@@ -96,8 +103,42 @@ class MemoryStore(DedupStore):
                 self._items[(partition, marker_id(key))] = _Item(self._etag(), MARKER_KIND, marker)
                 for name, effect in zip(names, effects, strict=True):
                     self._items[(partition, name)] = _Item(self._etag(), entity=effect.name, data=dict(effect.data))
+                for change in commit.changes:
+                    place = (partition, encode_key(change.name))
+                    if change.data is None:
+                        self._items.pop(place, None)
+                        chained[(partition, change.name)] = None
+                    else:
+                        self._items[place] = _Item(self._etag(), entity=change.name, data=dict(change.data))
+                        chained[(partition, change.name)] = self._items[place].etag
                 return CommitResult(CommitStatus.NEW, fingerprint)
+        for change in commit.changes:
+            chained[(partition, change.name)] = "(contended)"
         return self.conflict(commit, guard_exists=taken[0] == guard)
+
+    def _at_versions(
+        self, partition: str, changes: Sequence[Change], chained: dict[tuple[str, str], str | None]
+    ) -> bool:
+        """Every entity still at the version its change was read at (or this call last wrote)."""
+        for change in changes:
+            expected = chained.get((partition, change.name), change.etag)
+            current = self._items.get((partition, encode_key(change.name)))
+            if (current.etag if current else None) != expected:
+                return False
+        return True
+
+    def read_current(self, partition: str, keys: Sequence[DedupKey], names: Sequence[str]) -> Current:
+        self._check()
+        with self._lock:
+            markers = {key: replace(item.marker, version=item.etag) for key in keys
+                       if (item := self._items.get((partition, marker_id(key)))) and item.marker}  # fmt: skip
+            entities = {}
+            for name in names:
+                item = self._items.get((partition, encode_key(name)))
+                found = item is not None and item.entity is not None
+                entities[name] = Stored(name, dict(item.data or {}) if found and item else None,
+                                        item.etag if found and item else None)  # fmt: skip
+        return Current(markers, entities)
 
     # -- two-phase primitives ------------------------------------------------------------
 

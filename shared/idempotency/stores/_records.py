@@ -11,7 +11,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from ..keys import DedupKey
-from ..messages import JSON, Entity
+from ..messages import JSON, Change, Entity, Stored
 
 MARKER_KIND = "dedup-marker"
 GUARD_KIND = "dedup-guard"
@@ -91,6 +91,7 @@ class CommitStatus(StrEnum):
     MISMATCH = "mismatch"  # a marker with another fingerprint exists: nothing written
     REFUSED = "refused"  # the store can never hold this message's data (``detail`` says why): nothing written
     LEASE_LOST = "lease_lost"  # a step's claim changed since it was claimed (taken over): nothing written
+    CONTENDED = "contended"  # an entity it changes moved since it was read: nothing written, decide again
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,10 @@ class Commit(NamedTuple):
     delivery may have been applied with its answer lost, so a conflict reads the marker
     to tell our own commit (``NEW``) from another delivery's (``DUPLICATE``).
     ``completions``: completed step markers to write in the same transaction, each only at
-    its ``version`` (the claim's), on a store that ``folds_completions``."""
+    its ``version`` (the claim's), on a store that ``folds_completions``. ``changes``: the
+    state of each entity it changes once this message is applied (data None: deleted), only if
+    the entity is still at the change's ``etag`` (None: it must not exist) — or, where an earlier
+    commit of the same ``commit_many`` call changes it too, at the version that one wrote."""
 
     key: DedupKey
     partition: str
@@ -155,6 +159,7 @@ class Commit(NamedTuple):
     owner: str | None = None
     retry: bool = False
     completions: tuple[Marker, ...] = ()
+    changes: tuple[Change, ...] = ()
 
     def marker(self, now: datetime) -> Marker:
         return Marker(self.key, self.partition, State.COMPLETED, self.fingerprint, now, self.expires_at,
@@ -169,3 +174,11 @@ class StoredState(NamedTuple):
     version: int
     etag: str
     fingerprint: str | None = None
+
+
+class Current(NamedTuple):
+    """What ``read_current`` found in one partition: the markers of the keys asked for, and
+    each entity asked for as stored (``Stored.data`` None when there is none)."""
+
+    markers: dict[DedupKey, Marker]
+    entities: dict[str, Stored]

@@ -37,7 +37,7 @@ from azure.data.tables import (
 from ..config import DEAD_LETTER_RETENTION
 from ..errors import StoreRefused, VersionConflict
 from ..keys import DedupKey, encode_key, guard_id, marker_id
-from ..messages import Entity, utcnow
+from ..messages import Change, Entity, Stored, utcnow
 from ._azure import error_code, store_errors
 from ._base import DedupStore, check_storable, refused
 from ._codec import state_fingerprint
@@ -48,6 +48,7 @@ from ._records import (
     Commit,
     CommitResult,
     CommitStatus,
+    Current,
     DeadLetter,
     Marker,
     Purge,
@@ -73,10 +74,14 @@ STATE_VERSION = "StateVersion"  # the version of an entity written by upsert_if_
 STATE_FINGERPRINT = "StateFingerprint"  # and the state_fingerprint of its data
 _KEYS = ("PartitionKey", "RowKey")
 _STATE_FIELDS = (*_KEYS, STATE_VERSION, STATE_FINGERPRINT)
+CHANGE = -1  # the position of a chunk's change operation (each message's own count from 0: its guard)
+BROKEN = "(broken)"  # an entity whose earlier change in this call failed: what follows it is decided again
 
 
 class TableStore(DedupStore):
     folds_completions = True  # a step's completion: a replace at its ETag in the message's transaction
+    commits_changes = True
+    rows_per_read = 14  # a filter holds at most 15 comparisons: the partition's and 14 rows'
 
     def __init__(
         self,
@@ -120,9 +125,10 @@ class TableStore(DedupStore):
         rest. The same key twice in one call: the later copy waits for a later round."""
         results: dict[int, CommitResult] = {}
         remaining = []
+        chained: dict[tuple[str, str], str | None] = {}  # (partition, entity): the version this call wrote
         for i, commit in enumerate(commits):
             try:
-                self.check_effects(commit.effects)
+                self.check_effects([*commit.effects, *changed_entities(commit)])
                 remaining.append(i)
             except (TypeError, StoreRefused) as exc:  # refused before anything is sent
                 results[i] = refused(exc)
@@ -138,7 +144,7 @@ class TableStore(DedupStore):
                 groups.setdefault(commits[i].partition, []).append(i)
             for partition, members in groups.items():
                 for chunk in _chunks(commits, members):
-                    results.update(self._transact(commits, partition, chunk))
+                    results.update(self._transact(commits, partition, chunk, chained))
             remaining = later
         return [results[i] for i in range(len(commits))]
 
@@ -150,10 +156,16 @@ class TableStore(DedupStore):
         waiting loop resends, knowing to read the marker back."""
         return self._transactions.submit(operations, retry_total=0)
 
-    def _transact(self, commits: Sequence[Commit], partition: str, chunk: list[int]) -> dict[int, CommitResult]:
+    def _transact(self, commits: Sequence[Commit], partition: str, chunk: list[int],
+                  chained: dict[tuple[str, str], str | None]) -> dict[int, CommitResult]:  # fmt: skip
         results: dict[int, CommitResult] = {}
         pk, now = encode_key(partition), utcnow()
         while chunk:
+            broken = [i for i in chunk if any(chained.get((partition, c.name)) == BROKEN for c in commits[i].changes)]
+            results.update({i: CommitResult(CommitStatus.CONTENDED) for i in broken})  # what it followed failed
+            chunk = [i for i in chunk if i not in broken]
+            if not chunk:
+                break
             operations: list[Any] = []
             owners: list[tuple[int, int]] = []  # per operation: (message, position in the message)
             firsts: dict[int, int] = {}  # per message: its first operation (its guard; the marker follows)
@@ -167,6 +179,11 @@ class TableStore(DedupStore):
                 operations += [("update", self._marker_entity(step), _at_version(step.version))
                                for step in commit.completions]  # fmt: skip
                 owners += [(i, position) for position in range(len(entities) + len(commit.completions))]
+            last = {c.name: (i, c) for i in chunk for c in commits[i].changes}  # each entity as the chunk leaves it
+            changes = {name: len(operations) + n for n, name in enumerate(last)}
+            operations += [self._change(pk, change, chained.get((partition, name), change.etag))
+                           for name, (_, change) in last.items()]  # fmt: skip
+            owners += [(i, CHANGE) for i, _ in last.values()]
             try:
                 with store_errors():
                     answer = self._submit(operations)
@@ -178,15 +195,25 @@ class TableStore(DedupStore):
                 failed = answer.index if answer.index is not None and 0 <= answer.index < len(owners) else None
                 if failed is None and len(chunk) > 1:  # the service did not say which: one by one
                     for i in chunk:
-                        results.update(self._transact(commits, partition, [i]))
+                        results.update(self._transact(commits, partition, [i], chained))
                     return results
                 i, position = owners[failed] if failed is not None else (chunk[0], None)
+                if position == CHANGE or commits[i].changes:  # an entity moved, or a commit folded in failed
+                    folded = [j for j in chunk if commits[j].changes and (j != i or position == CHANGE)]
+                    for j in folded:
+                        results[j] = CommitResult(CommitStatus.CONTENDED)
+                        chained.update({(partition, c.name): BROKEN for c in commits[j].changes})
+                    chunk = [j for j in chunk if j not in folded]
+                    if position == CHANGE:
+                        continue
                 if answer.version_conflict or answer.not_found:  # at a completion: its claim was taken over
                     results[i] = CommitResult(CommitStatus.LEASE_LOST)
                 else:
                     results[i] = self.conflict(commits[i], guard_exists=position == 0)
                 chunk = [j for j in chunk if j != i]
                 continue
+            for name, n in changes.items():
+                chained[(partition, name)] = None if last[name][1].data is None else answer[n]
             for i in chunk:  # each message's operations: guard, marker, effects, completions
                 first, commit = firsts[i], commits[i]
                 guard_key, marker_key = operations[first]["RowKey"], operations[first + 1]["RowKey"]
@@ -200,6 +227,34 @@ class TableStore(DedupStore):
         return results
 
     # -- two-phase primitives ------------------------------------------------------------
+
+    def _change(self, pk: str, change: Change, etag: str | None) -> Any:
+        """The operation of one change: created (no version), deleted or replaced at ``etag``."""
+        if change.data is None:
+            return ("delete", {"PartitionKey": pk, "RowKey": encode_key(change.name)},
+                    {"etag": etag, "match_condition": MatchConditions.IfNotModified})  # fmt: skip
+        entity = self.effect_entity(pk, Entity(change.name, change.data))
+        return entity if etag is None else ("update", entity, _at_version(etag))
+
+    def read_current(self, partition: str, keys: Sequence[DedupKey], names: Sequence[str]) -> Current:
+        """One query per ``rows_per_read`` rows, the keys as parameters (never in the filter's text)."""
+        pk = encode_key(partition)
+        wanted = [*(marker_id(key) for key in keys), *(encode_key(name) for name in names)]
+        rows: dict[str, Any] = {}
+        for start in range(0, len(wanted), self.rows_per_read):
+            group = wanted[start : start + self.rows_per_read]
+            either = " or ".join(f"RowKey eq @r{n}" for n in range(len(group)))
+            parameters = {"pk": pk, **{f"r{n}": row for n, row in enumerate(group)}}
+            query = self._table.query_entities(f"PartitionKey eq @pk and ( {either} )", parameters=parameters)
+            with store_errors():
+                rows.update((row["RowKey"], row) for row in query)
+        markers = {key: self._marker_from(rows[marker_id(key)], partition) for key in keys if marker_id(key) in rows}
+        entities = {}
+        for name in names:
+            row = rows.get(encode_key(name))
+            data = None if row is None else {k: getattr(v, "value", v) for k, v in row.items() if k not in _KEYS}
+            entities[name] = Stored(name, data, None if row is None else str(row.metadata["etag"]))
+        return Current(markers, entities)
 
     def get(self, key: DedupKey, partition: str) -> Marker | None:
         try:
@@ -405,18 +460,26 @@ def _versioned(marker: Marker, meta: Any) -> Marker:
     return replace(marker, version=meta.get("etag"))
 
 
+def changed_entities(commit: Commit) -> list[Entity]:
+    return [Entity(change.name, change.data) for change in commit.changes if change.data is not None]
+
+
 def _chunks(commits: Sequence[Commit], members: list[int]) -> Iterator[list[int]]:
-    """Whole messages per transaction, at most 100 operations (guard + marker + effects)."""
+    """Whole messages per transaction, at most 100 operations (guard + marker + effects, and
+    each entity the chunk changes, once)."""
     chunk: list[int] = []
     operations = 0
+    changed: set[str] = set()
     for i in members:
+        names = {change.name for change in commits[i].changes}
         size = len(commits[i].effects) + len(commits[i].completions) + 2
-        if size > MAX_TRANSACTION_OPERATIONS:
+        if size + len(names) > MAX_TRANSACTION_OPERATIONS:
             raise ValueError(f"a Table transaction holds at most {MAX_TRANSACTION_OPERATIONS - 2} effects and steps")
-        if operations + size > MAX_TRANSACTION_OPERATIONS:
+        if chunk and operations + size + len(names - changed) > MAX_TRANSACTION_OPERATIONS:
             yield chunk
-            chunk, operations = [], 0
+            chunk, operations, changed = [], 0, set()
         chunk.append(i)
-        operations += size
+        operations += size + len(names - changed)
+        changed |= names
     if chunk:
         yield chunk

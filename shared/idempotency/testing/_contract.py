@@ -29,10 +29,10 @@ from azure.core.exceptions import HttpResponseError
 
 from ..errors import AlreadyClaimed, StoreUnavailable, VersionConflict
 from ..keys import DedupKey
-from ..messages import Entity, utcnow
+from ..messages import Change, Entity, utcnow
 from ..stores._base import DedupStore
 from ..stores._codec import MAX_DEAD_LETTER_BODY
-from ..stores._records import Commit, CommitStatus, DeadLetter, Marker, State, StateStatus
+from ..stores._records import Commit, CommitResult, CommitStatus, DeadLetter, Marker, State, StateStatus
 
 HOUR = timedelta(hours=1)
 
@@ -493,3 +493,65 @@ class StoreContract:
         store.delete_entities(partition, ["~due|1", "~due|missing"])
         store.delete_entities(partition, ["~due|1"])
         assert [e.name for e in store.read_entities(partition, "", 10)] == ["~due|2"]
+
+    # -- changes of stored entities, with the marker (stores that ``commits_changes``) ------
+
+    def skip_unless_changing(self, store: DedupStore) -> None:
+        if not store.commits_changes:
+            pytest.skip(f"{type(store).__name__} does not commit changes of stored entities (commits_changes)")
+
+    def changed(self, store: DedupStore, partition: str, fp: str, *changes: Change) -> CommitResult:
+        k = key()
+        return store.commit_many([Commit(k, partition, fp, [], None, utcnow() + HOUR, changes=changes)])[0]
+
+    def test_what_is_read_comes_with_its_version_and_the_markers_asked_for(self, store: DedupStore) -> None:
+        self.skip_unless_changing(store)
+        k = key()
+        store.commit(k, k.id, "fp1", [Entity("total", {"n": 1})], None, utcnow() + HOUR)
+        current = store.read_current(k.id, [k, key()], ["total", "missing"])
+        assert list(current.markers) == [k] and current.markers[k].fingerprint == "fp1"
+        assert current.entities["total"].data == {"n": 1} and current.entities["total"].etag
+        assert (current.entities["missing"].data, current.entities["missing"].etag) == (None, None)
+        many = [key() for _ in range(30)]  # more rows than one request may read
+        assert store.read_current(k.id, many, ["total"]).markers == {}
+
+    def test_a_change_commits_at_the_version_read_and_is_refused_after_another(self, store: DedupStore) -> None:
+        self.skip_unless_changing(store)
+        partition = key().id
+        created = self.changed(store, partition, "a", Change("total", {"n": 1}, None))
+        assert created.status is CommitStatus.NEW
+        read = store.read_current(partition, [], ["total"]).entities["total"]
+        assert self.changed(store, partition, "b", read.replaced({"n": 2})).status is CommitStatus.NEW
+        stale = self.changed(store, partition, "c", read.replaced({"n": 3}))  # read before "b" wrote
+        again = self.changed(store, partition, "d", Change("total", {"n": 4}, None))  # created meanwhile
+        assert (stale.status, again.status) == (CommitStatus.CONTENDED, CommitStatus.CONTENDED)
+        current = store.read_current(partition, [], ["total"]).entities["total"]
+        assert current.data == {"n": 2}
+        assert self.changed(store, partition, "e", current.deleted()).status is CommitStatus.NEW
+        assert store.read_current(partition, [], ["total"]).entities["total"].data is None
+        assert not [item for item in store.scan(partition) if item.entity == "total"]
+
+    def test_a_refused_change_writes_nothing_of_its_message(self, store: DedupStore) -> None:
+        self.skip_unless_changing(store)
+        self.skip_unless_folding(store)
+        k, partition = key(), key().id
+        store.put_entity(partition, Entity("total", {"n": 1}))
+        stale = Change("total", {"n": 2}, store.read_current(partition, [], ["total"]).entities["total"].etag)
+        store.put_entity(partition, Entity("total", {"n": 5}))  # another writer, after the read
+        commit = Commit(k, partition, "fp", [Entity("credit", {"n": 1})], None, utcnow() + HOUR, changes=(stale,))
+        assert store.commit_many([commit])[0].status is CommitStatus.CONTENDED
+        assert store.get(k, partition) is None and not [i for i in store.scan(partition) if i.entity == "credit"]
+
+    def test_commits_of_one_call_changing_one_entity_follow_each_other(self, store: DedupStore) -> None:
+        self.skip_unless_changing(store)
+        self.skip_unless_folding(store)
+        partition = key().id
+        store.put_entity(partition, Entity("total", {"n": 0}))
+        etag = store.read_current(partition, [], ["total"]).entities["total"].etag
+        commits = [Commit(key(), partition, f"fp{n}", [], None, utcnow() + HOUR,
+                          changes=(Change("total", {"n": n}, etag),)) for n in range(1, 61)]  # fmt: skip
+        assert [r.status for r in store.commit_many(commits)] == [CommitStatus.NEW] * 60
+        assert store.read_current(partition, [], ["total"]).entities["total"].data == {"n": 60}
+        broken = [Commit(key(), partition, "x", [], None, utcnow() + HOUR, changes=(Change("total", {"n": n}, etag),))
+                  for n in range(2)]  # fmt: skip
+        assert [r.status for r in store.commit_many(broken)] == [CommitStatus.CONTENDED] * 2  # etag long gone
