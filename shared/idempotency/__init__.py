@@ -5,8 +5,8 @@ the contract suite ``.testing``.
 
 - the flow: ``IdempotentConsumer`` processes a ``Delivery`` into a ``Result`` with an
   ``Outcome``; its handler gets the payload and a ``Context`` and returns ``Effects`` (the
-  ``Entity`` records to commit with the marker, the ``Change`` of each entity it read as
-  ``Stored`` with ``context.read``, a JSON result, and ``Outgoing`` messages sent after the
+  ``Entity`` records to commit with the marker, the changes of what it read with
+  ``context.read``, a JSON result, and ``Outgoing`` messages sent after the
   commit) or ``LatestState``; ``context.step`` runs an effect outside the
   transaction (``StepPolicy``), and ``IdempotentHttp`` calls a service with the step's
   Idempotency-Key;
@@ -24,11 +24,10 @@ from .consumer import IdempotentConsumer
 from .downstream import IdempotentHttp
 from .errors import DedupError, DownstreamRejected, DownstreamUnavailable, InvalidMessage
 from .keys import KeySource, from_body_field, from_data_field, from_message_id
-from .messages import Change, Delivery, Effects, Entity, LatestState, Outcome, Outgoing, Result, Stored
+from .messages import Delivery, Effects, Entity, LatestState, Outcome, Outgoing, Result
 from .steps import Context
 
 __all__ = [
-    "Change",
     "Context",
     "DedupConfig",
     "DedupError",
@@ -46,7 +45,6 @@ __all__ = [
     "Outgoing",
     "Result",
     "StepPolicy",
-    "Stored",
     "from_body_field",
     "from_data_field",
     "from_message_id",

@@ -1,13 +1,16 @@
 """Choosing the app's store by name, as dogpile.cache chooses a backend: ``DEDUP_STORE`` is
 ``table`` (default), ``cosmos``, a name given to ``register_store``, or ``package.module:factory``
 (a user's own store, imported on first use). A factory takes the markers' and the dead
-letters' table (container) names and ``create``, and returns a ``DedupStore``."""
+letters' table (container) names and ``create``, and returns a ``DedupStore``: one that is
+not (a class, a value, another signature, another return) is a ``ConfigurationError``."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Protocol
 
 from ..config import dead_letter_retention, factory, setting
+from ..errors import ConfigurationError
 from ._azure import (
     TRANSPORT,
     cosmos_client,
@@ -64,7 +67,11 @@ def open_store(table: str, dead_letter_table: str, *, create: bool = True) -> De
     """The store DEDUP_STORE names, for these tables. ``create=False`` for read-only tools."""
     name = setting("DEDUP_STORE", "table")
     factory = _factories.get(name.lower()) or _imported(name)
-    return factory(table, dead_letter_table, create=create)
+    store = factory(table, dead_letter_table, create=create)
+    if not isinstance(store, DedupStore):
+        raise ConfigurationError(f"DEDUP_STORE={name!r}: its factory returned a {type(store).__name__}, not a "
+                                 f"DedupStore; it must name {EXPECTED}")  # fmt: skip
+    return store
 
 
 def check_store_settings() -> None:
@@ -86,6 +93,28 @@ def app_store(*, create: bool = True) -> DedupStore:
                       create=create)  # fmt: skip
 
 
+# What DEDUP_STORE=package.module:name must name: open_store calls it so.
+EXPECTED = "a factory `def f(table: str, dead_letter_table: str, *, create: bool) -> DedupStore`"
+
+
 def _imported(name: str) -> StoreFactory:
-    chosen: StoreFactory = factory("DEDUP_STORE", name, ", ".join(sorted(_factories)))
+    """The factory ``package.module:name`` names, checked before it is ever called: a class
+    (whose constructor is not the factory's call), a value, or a function that cannot take
+    ``(table, dead_letter_table, create=...)`` is a ConfigurationError naming the setting."""
+    try:
+        chosen: StoreFactory = factory("DEDUP_STORE", name, ", ".join(sorted(_factories)))
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{exc}; it must name {EXPECTED}") from exc
+    if inspect.isclass(chosen):
+        raise ConfigurationError(f"DEDUP_STORE={name!r} names a class; it must name {EXPECTED}")
+    try:
+        signature = inspect.signature(chosen)
+    except (TypeError, ValueError):  # no signature to read (a builtin): the call itself will tell
+        return chosen
+    try:
+        signature.bind("records", "deadletters", create=True)
+    except TypeError as exc:
+        called = "f(table, dead_letter_table, create=...)"
+        raise ConfigurationError(f"DEDUP_STORE={name!r}: {signature} cannot be called as {called} ({exc}); "
+                                 f"it must name {EXPECTED}") from None  # fmt: skip
     return chosen
