@@ -15,20 +15,23 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from importlib.util import find_spec
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any, cast
 from urllib.parse import parse_qsl, urlsplit
 
 import azure.functions as func
 from azure.functions import meta
 from azure.functions._abc import RetryContext, RpcException, TraceContext
-from azure.functions.blob import InputStream
-from azure.functions.queue import QueueMessage
+from azure.functions.blob import BlobConverter
+from azure.functions.eventhub import EventHubTriggerConverter
+from azure.functions.http import HttpRequestConverter
+from azure.functions.queue import QueueMessageInConverter
 from azure.functions.servicebus import ServiceBusMessage
-from azure.functions.timer import TimerRequest
+from azure.functions.timer import TimerRequestConverter
 
 import consumers
 import function_app
+from lab.runtime import triggers
 from shared.idempotency.functions import housekeeping
 from shared.idempotency.functions._housekeeping import NEEDS
 from shared.idempotency.testing import reset
@@ -108,11 +111,42 @@ def user_function(name: str) -> Callable[..., Any]:
 
 
 # -- the binding objects, as the Python library decodes what the host sends each trigger ----------
-# A body given as a dict is sent as its JSON.
+# A body given as a dict is sent as its JSON. Each trigger but Service Bus and Event Grid is built
+# as the host sends it to the worker (lab/runtime/triggers.py, the shapes the real-worker tests
+# send the real worker), then decoded by azure.functions' own converter for that binding.
 
 
 def _raw(body: bytes | dict[str, Any]) -> bytes:
     return json.dumps(body).encode() if isinstance(body, dict) else body
+
+
+def _dotnet(value: Any) -> Any:
+    if isinstance(value, triggers.DotNetDate):
+        return value.json()
+    raise TypeError(f"no .NET shape for {value!r}")
+
+
+def _datum(value: Any) -> meta.Datum:
+    """A value of the host's as the worker hands it to azure.functions: the host's ToRpc
+    (triggers.typed), then the worker's Datum.from_typed_data (a collection keeps its protobuf
+    message, whose field the converters read)."""
+    if isinstance(value, bytes):
+        return meta.Datum(value, "bytes")
+    if isinstance(value, str):
+        return meta.Datum(value, "string")
+    if isinstance(value, triggers.ByteArrays):
+        return meta.Datum(SimpleNamespace(bytes=list(value)), "collection_bytes")
+    if isinstance(value, triggers.Strings):
+        return meta.Datum(SimpleNamespace(string=[s for s in value if s]), "collection_string")
+    if isinstance(value, triggers.Longs):
+        return meta.Datum(SimpleNamespace(sint64=list(value)), "collection_sint64")
+    return meta.Datum(json.dumps(value, separators=(",", ":"), default=_dotnet), "json")
+
+
+def _decoded(decode: Callable[..., Any], invocation: triggers.Invocation) -> Any:
+    """The trigger's argument: ``decode`` (its binding's converter's) of the host's value and metadata."""
+    [value] = invocation.inputs.values()
+    return decode(_datum(value), trigger_metadata={name: _datum(found) for name, found in invocation.metadata.items()})
 
 
 def servicebus_message(
@@ -144,57 +178,70 @@ def cloudevent(data: dict[str, Any], *, source: str, event_id: str, event_type: 
 
 def storage_queue_message(body: bytes | dict[str, Any], *, message_id: str | None = None,
                           dequeue_count: int = 1) -> func.QueueMessage:  # fmt: skip
-    """A Storage queue message as the host passes a queue-triggered function one
-    (azure.functions.queue's converter of its trigger data): the service's id (a new one
-    unless given: a producer's retry enqueues a new message), the dequeue count (1 at the
-    first delivery, one more at each dequeue), a pop receipt and the message's times."""
-    now = datetime.now(UTC)
-    return QueueMessage(  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
-        id=str(uuid.uuid4()) if message_id is None else message_id, body=_raw(body), dequeue_count=dequeue_count,
-        insertion_time=now, expiration_time=now + timedelta(days=7), time_next_visible=now + timedelta(minutes=10),
-        pop_receipt=uuid.uuid4().hex)  # fmt: skip
+    """A Storage queue message as the host passes a queue-triggered function one: the body
+    (the host sends it as text: UTF-8), the service's id (a new one unless given: a producer's
+    retry enqueues a new message), the dequeue count (1 at the first delivery, one more at each
+    dequeue), a pop receipt and the message's times."""
+    if dequeue_count < 1:
+        raise ValueError(f"a dequeued message's dequeue count is at least 1, not {dequeue_count}")
+    own = str(uuid.uuid4()) if message_id is None else message_id
+    invocation = triggers.storage_queue({"name": "msg"}, triggers.StorageQueueMessage(_raw(body), dequeue_count, own))
+    return cast(func.QueueMessage, _decoded(QueueMessageInConverter.decode, invocation))
 
 
 def http_request(body: bytes | dict[str, Any], *, idempotency_key: str | None = None, method: str = "POST",
                  url: str = "/api/requests", headers: dict[str, str] | None = None,
                  route_params: dict[str, str] | None = None) -> func.HttpRequest:  # fmt: skip
     """An HTTP request as the host passes an HTTP-triggered function one: a JSON body
-    (``Content-Type: application/json``) with ``Idempotency-Key`` when given; ``headers`` over
-    those (whatever their case: another Content-Type, ``x-functions-key`` for the caller's
-    function key); the query string of ``url`` as its params (``?code=`` is a function key too)."""
-    sent = {"Content-Type": "application/json"}
+    (``Content-Type: application/json``, its ``Content-Length``) with ``Idempotency-Key`` when
+    given; ``headers`` over those (whatever their case: another Content-Type, ``x-functions-key``
+    for the caller's function key); the query string of ``url`` as its params (``?code=`` is a
+    function key too; empty values dropped, as the host does). The host sends header names in
+    lower case and the URL absolute (a path is on ``https://localhost``)."""
+    raw = _raw(body)
+    sent = {"Content-Type": "application/json", **({"Content-Length": str(len(raw))} if raw else {})}
     if idempotency_key is not None:
         sent["Idempotency-Key"] = idempotency_key
     given = {name.lower() for name in headers or {}}
     sent = {**{name: value for name, value in sent.items() if name.lower() not in given}, **(headers or {})}
-    return func.HttpRequest(method, url, headers=sent, params=dict(parse_qsl(urlsplit(url).query)),
-                            route_params=route_params or {}, body=_raw(body))  # fmt: skip
+    parts = urlsplit(url)
+    absolute = url if parts.scheme else "https://localhost" + (url if url.startswith("/") else "/" + url)
+    value = {
+        "method": meta.Datum(method, "string"),
+        "url": meta.Datum(absolute, "string"),
+        "headers": {name.lower(): meta.Datum(text, "string") for name, text in sent.items()},
+        "query": {name: meta.Datum(text, "string") for name, text in parse_qsl(parts.query)},
+        "params": {name: meta.Datum(text, "string") for name, text in (route_params or {}).items()},
+        "body": meta.Datum(raw, "bytes"),  # the worker's for no body, too
+    }
+    return cast(func.HttpRequest, HttpRequestConverter.decode(meta.Datum(value, "http"), trigger_metadata={}))
+
+
+ENQUEUED = datetime(2026, 1, 1, tzinfo=UTC)  # when eventhub_batch's event 0 was enqueued, unless told
 
 
 def eventhub_batch(*bodies: bytes | dict[str, Any], hub: str = "events", partition_id: str = "0",
-                   first_sequence_number: int = 1,
-                   message_ids: Sequence[str | None] | None = None) -> list[func.EventHubEvent]:  # fmt: skip
-    """An Event Hubs batch (``cardinality="many"``) as the Python library decodes the host's:
-    one metadata shared by the events — the partition's context, each event's properties
-    (``message_id``: the producer's id, where ``message_ids`` gives one) and system properties —
-    and consecutive sequence numbers from ``first_sequence_number``. No enqueued time: an
-    event without a producer's id is keyed ``<hub>/<partition>/<sequence number>``, so the
-    same call again is the batch replayed from a checkpoint."""
+                   first_sequence_number: int = 1, message_ids: Sequence[str | None] | None = None,
+                   enqueued_time: datetime | None = None) -> list[func.EventHubEvent]:  # fmt: skip
+    """An Event Hubs batch (``cardinality="many"``, ``data_type=BODY_AS_BYTES``) as the host
+    passes it: one metadata shared by the events — the partition's context, each event's
+    properties (a ``message_id`` property: the producer's id, where ``message_ids`` gives one)
+    and system properties — and consecutive sequence numbers from ``first_sequence_number``.
+    Each event's enqueued time follows from its sequence number (a second apart from
+    ``ENQUEUED``) unless ``enqueued_time`` gives the first's (a re-created hub: the same
+    sequence numbers, later times): an event without a producer's id is keyed
+    ``<hub>/<partition>/<sequence number>@<enqueued time>Z``, so the same call again, or a
+    batch that overlaps it, is the events replayed from a checkpoint."""
     owns = [None] * len(bodies) if message_ids is None else list(message_ids)
     if len(owns) != len(bodies):
         raise ValueError(f"{len(bodies)} events but {len(owns)} message ids")
-    numbers = [first_sequence_number + n for n in range(len(bodies))]
-    context = {"ConsumerGroup": "$Default", "EventHubName": hub, "PartitionId": partition_id,
-               "FullyQualifiedNamespace": "lab.servicebus.windows.net"}  # fmt: skip
-    properties = [{"message_id": own} if own else {} for own in owns]
-    system = [{"SequenceNumber": n, "Offset": str(n * 100)} for n in numbers]
-    metadata = {
-        "PartitionContext": meta.Datum(json.dumps(context), "json"),
-        "PropertiesArray": meta.Datum(json.dumps(properties), "json"),
-        "SystemPropertiesArray": meta.Datum(json.dumps(system), "json"),
-    }
-    return [func.EventHubEvent(body=_raw(body), trigger_metadata=metadata, sequence_number=n, offset=str(n * 100))
-            for body, n in zip(bodies, numbers, strict=True)]  # fmt: skip
+    first = ENQUEUED + timedelta(seconds=first_sequence_number) if enqueued_time is None else enqueued_time
+    first = first if first.tzinfo else first.replace(tzinfo=UTC)
+    events = [triggers.HubEvent(_raw(body), first_sequence_number + n, {"message_id": own} if own else {},
+                                enqueued=first + timedelta(seconds=n))
+              for n, (body, own) in enumerate(zip(bodies, owns, strict=True))]  # fmt: skip
+    batch = triggers.eventhub_batch({"name": "events"}, events, hub=hub, partition=partition_id)
+    return cast(list[func.EventHubEvent], _decoded(EventHubTriggerConverter.decode, batch))
 
 
 class _NoException(RpcException):
@@ -276,25 +323,20 @@ def retry_context(retry_count: int = 0, max_retry_count: int = 5) -> func.Contex
 
 def blob_stream(name: str, content: bytes, *, last_modified: datetime | None = None) -> func.InputStream:
     """A blob as the host passes a blob-triggered function one: ``name`` is
-    ``<container>/<blob>``, its properties those the host reads (``LastModified``, the upload
-    that imports order: now, in whole seconds as Storage keeps it, unless given; a time
-    without a zone is UTC)."""
+    ``<container>/<blob>``, its properties those the host sends (``LastModified``, which
+    orders the uploads an import follows: now unless given, a time without a zone being UTC;
+    in whole seconds, as Storage keeps it — two uploads within a second share one)."""
     container, _, blob = name.partition("/")
     if not container or not blob:
         raise ValueError(f"a blob trigger's name is <container>/<blob>, not {name!r}")
-    modified = last_modified or datetime.now(UTC).replace(microsecond=0)
-    stamp = (modified if modified.tzinfo else modified.replace(tzinfo=UTC)).astimezone(UTC).isoformat()
-    properties = {"ContentLength": len(content), "ContentType": "application/x-ndjson", "ETag": {},
-                  "LastModified": stamp, "CreatedOn": stamp, "BlobType": 0, "ContentHash": None,
-                  "Metadata": {}}  # fmt: skip
-    return InputStream(data=content, name=name, uri=f"https://account.blob.core.windows.net/{name}",
-                       length=len(content), blob_properties=properties, metadata={})  # fmt: skip
+    modified = last_modified or datetime.now(UTC)
+    modified = (modified if modified.tzinfo else modified.replace(tzinfo=UTC)).replace(microsecond=0)
+    found = triggers.Blob(container, blob, content, modified=modified)
+    return cast(func.InputStream, _decoded(BlobConverter.decode, triggers.blob({"name": "blob"}, found)))
 
 
 def timer_request(*, past_due: bool = False) -> func.TimerRequest:
-    """A timer trigger's argument as the host passes it (a schedule monitor's status:
+    """A timer trigger's argument as the host passes it (with a schedule monitor's status:
     ``use_monitor=True``); ``past_due``: the occurrence was missed (the app was down) and runs late."""
-    now = datetime.now(UTC)
-    status = {"Last": (now - timedelta(days=1)).isoformat(), "Next": (now + timedelta(days=1)).isoformat(),
-              "LastUpdated": (now - timedelta(days=1)).isoformat()}  # fmt: skip
-    return TimerRequest(past_due=past_due, schedule_status=status, schedule={"AdjustForDST": True})
+    invocation = triggers.timer({"name": "timer", "useMonitor": True}, past_due=past_due)
+    return cast(func.TimerRequest, _decoded(TimerRequestConverter.decode, invocation))
