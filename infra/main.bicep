@@ -71,7 +71,7 @@ param pythonVersion string = '3.13'
 param alertEmail string = ''
 
 @description('The recipes switched on: the names in infra/recipes.json (`make recipe NAME=<name>` adds one; infra/README.md, Recipes). Not an azd variable: the file is the switch. A name not allowed here fails the deployment.')
-@allowed(['topic', 'outbox', 'sessions', 'batch', 'eventhubs', 'http', 'cloudevents-http', 'schedule', 'payments', 'queue', 'blob-import'])
+@allowed(['topic', 'outbox', 'sessions', 'batch', 'eventhubs', 'http', 'cloudevents-http', 'schedule', 'payments', 'queue', 'blob-import', 'balances'])
 param recipes array = loadJsonContent('recipes.json')
 
 @description('payments recipe: the payment API the orders consumer charges through (PAYMENT_API_URL): `azd env set PAYMENT_API_URL <url>`.')
@@ -132,15 +132,16 @@ var withOutbox = contains(recipes, 'outbox') // the orders consumer publishes Or
 var withOrderTopic = withTopic || withOutbox
 var withSessions = contains(recipes, 'sessions') // the session-enabled order-status queue
 var withBatch = contains(recipes, 'batch') // the ledger queue (batch trigger)
+var withBalances = contains(recipes, 'balances') // the balances queue (entries changing a running balance)
 var withEventHubs = contains(recipes, 'eventhubs') // the Event Hubs namespace and its shipments hub
 var withPayments = contains(recipes, 'payments') // the payment API's URL (two-phase steps)
 var withQueue = contains(recipes, 'queue') // the returns Storage queue and its poison queue
 var withBlobImport = contains(recipes, 'blob-import') // the imports container and the storage account's system topic
 
 // Plain Service Bus queues besides orders: your own consumers' queues (README, Start your own
-// app), then the batch recipe's. Each gets the orders queue's settings and a receive role.
+// app), then the batch and balances recipes'. Each gets the orders queue's settings and a receive role.
 var appQueues = []
-var queues = concat(appQueues, withBatch ? ['ledger'] : [])
+var queues = concat(appQueues, withBatch ? ['ledger'] : [], withBalances ? ['balances'] : [])
 var topicSubscriptions = withTopic ? ['billing', 'shipping'] : []
 // Storage queues the app consumes (queue triggers): yours, then the queue recipe's. Each gets its
 // <queue>-poison and the app's roles on both; the checks read host.json's extensions.queues for it.
@@ -289,6 +290,9 @@ var sessionsSettings = withSessions ? {
 var batchSettings = withBatch ? {
   LEDGER_QUEUE: 'ledger'
 } : {}
+var balancesSettings = withBalances ? {
+  BALANCES_QUEUE: 'balances'
+} : {}
 var eventHubsSettings = withEventHubs ? {
   EventHubConnection__fullyQualifiedNamespace: eventHubs.outputs.fullyQualifiedNamespace
   EventHubConnection__credential: 'managedidentity'
@@ -332,7 +336,7 @@ module functionApp 'modules/functionapp.bicep' = {
     easyAuthClientId: easyAuthClientId
     subnetId: vnetEnabled ? network.outputs.appSubnetId : ''
     pythonVersion: pythonVersion
-    appSettings: union(settings, topicSettings, outboxSettings, sessionsSettings, batchSettings, eventHubsSettings, paymentsSettings, storageQueueSettings, queueSettings, blobImportSettings)
+    appSettings: union(settings, topicSettings, outboxSettings, sessionsSettings, batchSettings, balancesSettings, eventHubsSettings, paymentsSettings, storageQueueSettings, queueSettings, blobImportSettings)
   }
 }
 

@@ -17,7 +17,9 @@ CHAOS_SESSION_ORDERS (500; 0 skips the Service Bus sessions run, lab/sessions.py
 CHAOS_QUEUE_RETURNS (2000; 0 skips the Storage queue run on the real Azurite queue service: 4
 instances, crashes, lost deletes, a 30 s store outage, lab/queue_chaos.py), CHAOS_IMPORT_RECORDS
 (10000; 0 skips the blob import of one file on the real Azurite blob and queue services: a crash
-mid-file, a duplicate event, a re-upload, a corrected file, lab/blob_import_run.py).
+mid-file, a duplicate event, a re-upload, a corrected file, lab/blob_import_run.py),
+BALANCES_MESSAGES (5000; 0 skips the running balances of 50 accounts on Table Storage, both
+transports, and MemoryStore: every balance the sum of its distinct entries, lab/balances_chaos.py).
 """
 
 from __future__ import annotations
@@ -29,10 +31,14 @@ import os
 import random
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from lab import blob_import_run as blob_import
 from lab.azurite import Azurite
+from lab.balances_chaos import config_from_env as balances_config
+from lab.balances_chaos import run_on as run_balances
+from lab.balances_chaos import summary as balances_summary
 from lab.chain import ChainConfig, ChainReport, run_chain
 from lab.demo import ORDERS
 from lab.eventhub import StreamConfig, StreamReport, run_stream
@@ -116,6 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         stream = int(os.environ.get("CHAOS_STREAM_EVENTS", "3000"))
         if stream > 0:
             ok = summarise_stream(run_stream(StreamConfig(events=stream, seed=config.seed), azurite)) and ok
+        balances, accounts, kinds = balances_config()
+        for n, kind in enumerate(kinds if balances.messages > 0 else []):
+            entries = run_balances(kind, replace(balances, seed=config.seed, table=f"chaosbalances{n}"), azurite,
+                                   accounts)  # fmt: skip
+            print(f"\nBalances ({kind}): {json.dumps(balances_summary(kind, entries))}")
+            ok = entries.ok and ok
         orders = int(os.environ.get("CHAOS_SESSION_ORDERS", "500"))
         if orders > 0:
             ok = summarise_sessions(run_sessions(SessionConfig(orders=orders, seed=config.seed), azurite)) and ok

@@ -142,3 +142,32 @@ def status_response(request: Any, status: int) -> Any:
         response.read()
         return response
     return RequestsTransportResponse(request, raw)
+
+
+def faulty_calls(store: Any, plan: FaultPlan) -> None:
+    """The same faults on a store without a transport (``MemoryStore``): its commits meet every
+    fault of ``STORE_FAULTS``, its reads the first three, as their requests would."""
+    from shared.idempotency.errors import StoreUnavailable
+
+    def wrapped(call: Callable[..., Any], kinds: tuple[str, ...]) -> Callable[..., Any]:
+        def faulty(*args: Any, **kwargs: Any) -> Any:
+            fault = plan.draw(kinds)
+            if fault in ("store_503", "store_timeout") or plan.throttled():
+                raise StoreUnavailable(f"injected: {fault or 'throttled_503'}")
+            if fault == "crash_before_commit":
+                raise Crash(fault)
+            if fault == "lock_expiry":
+                plan.lose_lock()
+                time.sleep(plan.lock_duration * 0.5)
+            answer = call(*args, **kwargs)
+            if fault == "response_lost":
+                raise StoreUnavailable("injected: the response was lost after the store applied the call")
+            if fault == "crash_after_commit":
+                raise Crash(fault)
+            return answer
+
+        return faulty
+
+    store.commit_many = wrapped(store.commit_many, STORE_FAULTS)
+    for name in ("read_current", "get", "insert"):  # the reads, and the pin of a key to its partition
+        setattr(store, name, wrapped(getattr(store, name), STORE_FAULTS[:3]))

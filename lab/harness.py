@@ -30,12 +30,12 @@ from lab.azurite import Azurite
 from lab.broker import Lock, PeekLockQueue
 from lab.cosmos_emulator import emulated
 from lab.delivery_checks import dedup_settings, host_settings
-from lab.faults import WORKER_FAULTS, Crash, FaultPlan, FaultyTransport
+from lab.faults import WORKER_FAULTS, Crash, FaultPlan, FaultyTransport, faulty_calls
 from lab.infra_checks import ROOT, parameter_values
 from lab.payment_service import PaymentService
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.keys import DedupKey, marker_id
-from shared.idempotency.stores import CosmosStore, DedupStore, TableStore
+from shared.idempotency.stores import CosmosStore, DedupStore, MemoryStore, TableStore
 from shared.idempotency.stores._azure import TRANSPORT, table_transactions
 from shared.idempotency.stores._records import GUARD_KIND
 from shared.idempotency.stores._table_batch import TableTransactions
@@ -55,6 +55,9 @@ class Target:
     applied: Callable[[DedupStore], dict[str, int]]  # per message key, how often its effect is in the store
     payment_setting: str  # the app setting naming the payment API's URL (RunConfig.payments)
     charged_for: str  # the field of a charge (its request's body) that holds the message's key
+    # (store, the messages in play): what else must hold of what is stored, in words (e.g. every total
+    # is the sum of its entries); empty when it holds
+    holds: Callable[[DedupStore, list[workload.LogicalMessage]], list[str]] = lambda store, messages: []
 
 
 @dataclass(frozen=True)
@@ -122,9 +125,9 @@ class _OutcomeCounter(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         fields = getattr(record, "dedup", None)
-        if fields:
+        if fields:  # an outcome, or an event within a delivery (a commit contended: decided again)
             with self._mutex:
-                self.counts[fields["outcome"]] += 1
+                self.counts[fields.get("outcome") or fields["reason"]] += 1
 
 
 @contextmanager
@@ -166,6 +169,10 @@ def run(config: RunConfig, azurite: Azurite, target: Target, *, break_store: typ
         consumer = target.consumer(azurite.connection_string, config.table)
         if isinstance(consumer.store, CosmosStore):  # faults are injected on the Table transport only
             store: DedupStore = emulated_view(consumer.store)
+        elif isinstance(consumer.store, MemoryStore):  # faults around its calls; the checker reads it as is
+            store = consumer.store
+            if config.fault_rate > 0 or config.throttle_rate > 0:
+                faulty_calls(store, plan)
         else:
             faulty = (config.fault_rate > 0 or config.throttle_rate > 0) and config.runtime == "process"
             store = _attach_store(consumer, azurite, plan, faulty, break_store or TableStore)
@@ -187,7 +194,10 @@ def run(config: RunConfig, azurite: Azurite, target: Target, *, break_store: typ
     report.sends, report.dropped_by_detection = queue.sent, queue.dropped_by_detection
     report.deliveries, report.lock_expiries, report.locks_lost = queue.deliveries, queue.lock_expiries, queue.locks_lost
     report.faults = plan.injected
-    _verify(report, [logical[i] for i in sorted(accepted)], store, consumer.name, applied, queue)
+    in_play = [logical[i] for i in sorted(accepted)]
+    _verify(report, in_play, store, consumer.name, applied, queue)
+    for problem in target.holds(store, in_play):
+        report.violations.append(problem)
     report.seconds = time.monotonic() - started
     return report
 
@@ -411,7 +421,7 @@ def orphans(store: DedupStore, scope: str, applied: dict[str, int]) -> list[str]
     markers: dict[str, str] = {}
     guards: set[str] = set()
     for item in store.scan():
-        if item.key is not None and not item.key.step:
+        if item.key is not None and not item.key.step and item.key.scope == scope:  # not a pin (scope|partition)
             markers[marker_id(item.key)] = item.key.id  # by key: a Cosmos document may be its own marker
         elif item.kind == GUARD_KIND:
             guards.add(item.name.rsplit("|", 1)[0])

@@ -86,7 +86,8 @@ def app_settings() -> dict[str, str]:
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "local.settings.json.example")
     with open(path) as file:
         documented: dict[str, str] = json.load(file)["Values"]
-    prefixes = ("DEDUP_", "COSMOS_", "PAYMENT_", "ORDERS_", "ORDER_", "LEDGER_", "BILLING_", "SHIPPING_", "ITEMS_")
+    prefixes = ("DEDUP_", "COSMOS_", "PAYMENT_", "ORDERS_", "ORDER_", "LEDGER_", "BALANCES_", "BILLING_", "SHIPPING_",
+                "ITEMS_")  # fmt: skip
     ours = {k: v for k, v in os.environ.items() if k in documented or k.startswith(prefixes)}
     return {**documented, **ours}
 

@@ -20,6 +20,7 @@ MODULES = {
     "topic": "order_topic",
     "sessions": "order_status",
     "batch": "ledger",
+    "balances": "balances",
     "eventhubs": "shipments",
     "schedule": "reminders",
     "queue": "returns",

@@ -11,7 +11,7 @@ param messageTimeToLive string
 param duplicateDetectionWindow string
 @description('Premium and private endpoints only (vnetEnabled): only Premium namespaces take private endpoints.')
 param privateOnly bool = false
-@description('Plain queues besides orders, with its settings: your own consumers\' and the batch recipe\'s ledger.')
+@description('Plain queues besides orders, with its settings: your own consumers\', the batch recipe\'s ledger and the balances recipe\'s balances.')
 param queues array = []
 @description('sessions recipe: the session-enabled order-status queue.')
 param sessionQueue bool = false
@@ -61,7 +61,7 @@ resource orderStatus 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = if (s
   }
 }
 
-// Your consumers' queues, and ledger (the batch trigger) with the batch recipe.
+// Your consumers' queues, ledger (the batch trigger) with the batch recipe, balances with the balances recipe.
 resource moreQueues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = [for name in queues: {
   parent: namespace
   name: name

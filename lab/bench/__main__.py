@@ -92,6 +92,7 @@ from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.stores._transport import pooled_transport
 
 ledger = recipes.module("ledger")  # the batch recipe, wherever it is (recipes/ or, switched on, consumers/)
+balances = recipes.module("balances")  # the balances recipe (read-modify-write), likewise
 hub = recipes.module("shipments")  # the Event Hubs recipe, likewise
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -374,6 +375,53 @@ def batch(lean: bool, size: int = 100) -> Callable[[Bench], Measure]:
     return scenario
 
 
+def read_modify_write(lean: bool, *, pinned: bool = False, duplicates: bool = False,
+                      batch: int = 1) -> Callable[[Bench], Measure]:  # fmt: skip
+    """The balances recipe's handler (recipes/balances.py): each entry read its account's balance
+    and changes it in the marker's transaction. Each call's entries are of one account of their own
+    (no contention: the counts are exact): one entry, or ``batch`` of them folded into one read
+    and the fewest transactions. Entry ids start with their account (``<account>.<n>``), so that the
+    partition derives from the key; ``pinned``: as the recipe ships, the partition taken from the
+    message (``partition_from``) and each new key pinned to it. ``duplicates``: every entry was
+    processed before timing starts, by another instance (no cache)."""
+
+    def scenario(bench: Bench) -> Measure:
+        store = bench.store(lean)
+        where: dict[str, Any] = ({"partition_from": from_body_field("accountId")} if pinned else
+                                 {"partition_for": lambda key: key.id.split(".", 1)[0]})  # fmt: skip
+        flow = consumer(store, handler=balances.entry_handler, schema=balances.SCHEMA,
+                        reads=lambda entry: [balances.BALANCE], **where)  # fmt: skip
+        run, calls = uuid.uuid4().hex[:6], []
+        for start in range(0, bench.n, batch):
+            account = f"{run}-{start}"
+            entries = [{"entryId": f"{account}.{i}", "accountId": account, "direction": "credit", "amount": 1.5}
+                       for i in range(start, min(bench.n, start + batch))]  # fmt: skip
+            calls.append([Delivery(json.dumps(e).encode(), message_id=str(e["entryId"])) for e in entries])
+        if duplicates:
+            for call in calls:
+                consumer(store, handler=balances.entry_handler, schema=balances.SCHEMA,
+                         reads=lambda entry: [balances.BALANCE], **where).process_batch(call)  # fmt: skip
+
+        def process(deliveries: list[Delivery]) -> None:
+            expected = Outcome.DUPLICATE if duplicates else Outcome.PROCESSED
+            assert [r.outcome for r in flow.process_batch(deliveries)] == [expected] * len(deliveries)
+
+        def check() -> int:  # every balance the sum of its account's entries, each entry once
+            wrong = 0
+            for call in calls:
+                account = json.loads(call[0].body)["accountId"]
+                partition = flow.partition_of(flow.identify(call[0])[0], json.loads(call[0].body))
+                found = store.read_entities(partition, "", 2 * len(call) + 2)
+                cents = [e.data["cents"] for e in found if e.name.startswith("entry|")]
+                total = [e.data["cents"] for e in found if e.name == balances.BALANCE]
+                wrong += cents != [150] * len(call) or total != [150 * len(call)] or account not in partition
+            return wrong
+
+        return bench.timed([lambda c=c: process(c) for c in calls], [len(c) for c in calls], check)  # type: ignore[misc]
+
+    return scenario
+
+
 def publishing(handler: Handler, topic: str) -> Handler:
     """The handler's effects, and its payload published to ``topic`` (the outbox) — the same
     for every source, so that the rows compare the sources, not the handlers."""
@@ -498,6 +546,10 @@ SCENARIOS: dict[str, Callable[[Bench], Measure]] = {
     "outbox, all new (lean)": outbox,
     "batch of 100 (SDK)": batch(lean=False),
     "batch of 100 (lean)": batch(lean=True),
+    "read-modify-write, all new (lean)": read_modify_write(lean=True),
+    "read-modify-write, all new, partition from the message (lean)": read_modify_write(lean=True, pinned=True),
+    "read-modify-write, duplicates (lean)": read_modify_write(lean=True, duplicates=True),
+    "read-modify-write, folded batch of 100 (lean)": read_modify_write(lean=True, batch=100),
     **{f"source: {kind}": source(kind) for kind in SOURCES},
     **{f"source: {kind}, outbox": source(kind, outbox=True) for kind in SOURCES if kind != IMPORT},
 }
@@ -664,13 +716,19 @@ def summarize(runs: dict[float, dict[str, list[Measure]]], n: int, repeats: int,
 # instructions per message (lab/bench/instructions.py).
 ATOMIC_FLOOR, TWO_PHASE_FLOOR = 0.5, 1.2
 # Store requests per message where they are deterministic, the expiry index's apart (its share is stated).
-# HTTP: the Idempotency-Key's binding, then the commit. The outbox: the sent mark after the commit; a delivery
-# nobody is sure to redeliver (no delivery count: Event Grid, HTTP, Event Hubs) also parks and unparks its key.
+# HTTP: the Idempotency-Key's binding, then the commit. Read-modify-write: the read (it finds a duplicate's
+# marker), the commit, and the pin of a key to the partition taken from the message; a folded batch of 100 of one
+# account, one read and four transactions (3 operations an entry, the balance once, 100 operations at most).
+# The outbox: the sent mark after the commit; a delivery nobody is sure to redeliver (no delivery count: Event
+# Grid, HTTP, Event Hubs) also parks and unparks its key.
 EXACT = {"atomic, all new (lean)": 1.0, "source: Service Bus queue": 1.0, "source: Event Grid": 1.0,
          "source: HTTP Idempotency-Key": 2.0, "two-phase, all new (lean)": 2.0, "outbox, all new (lean)": 2.0,
          "source: Service Bus queue, outbox": 2.0, "source: Event Grid, outbox": 4.0,
          "source: HTTP Idempotency-Key, outbox": 5.0, "batch of 100 (lean)": 0.04, "source: Storage queue": 1.0,
-         "source: Storage queue, outbox": 2.0}  # fmt: skip
+         "source: Storage queue, outbox": 2.0, "read-modify-write, all new (lean)": 2.0,
+         "read-modify-write, all new, partition from the message (lean)": 3.0,
+         "read-modify-write, duplicates (lean)": 1.0,
+         "read-modify-write, folded batch of 100 (lean)": 0.05}  # fmt: skip
 
 
 def store_requests(row: dict[str, Any]) -> float:

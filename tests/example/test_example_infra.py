@@ -25,7 +25,8 @@ SETTINGS = {
     "COSMOS_DATABASE", "COSMOS_CONTAINER", "COSMOS_DEADLETTER_CONTAINER",
 }  # fmt: skip
 RECIPE_SETTINGS = {"ORDER_TOPIC", "BILLING_SUBSCRIPTION", "SHIPPING_SUBSCRIPTION", "ORDER_ACCEPTED_TOPIC",
-                   "ORDER_STATUS_QUEUE", "LEDGER_QUEUE", "SHIPMENT_HUB", "PAYMENT_API_URL"}  # fmt: skip
+                   "ORDER_STATUS_QUEUE", "LEDGER_QUEUE", "BALANCES_QUEUE", "SHIPMENT_HUB",
+                   "PAYMENT_API_URL"}  # fmt: skip
 ALERTS = ["dedup-conflicts", "dedup-transient-rate", "dedup-duplicate-rate", "dedup-purge-backlog"]
 
 

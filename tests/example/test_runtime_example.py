@@ -89,6 +89,7 @@ EXPECTED: dict[str, tuple[str, dict[str, Any]]] = {  # function: (trigger type, 
         {"topicName": "%ORDER_TOPIC%", "subscriptionName": "%SHIPPING_SUBSCRIPTION%", "dataType": "BINARY"},
     ),
     "ledger_batch": ("serviceBusTrigger", {"queueName": "%LEDGER_QUEUE%", "cardinality": "MANY", "dataType": "BINARY"}),
+    "account_balances": ("serviceBusTrigger", {"queueName": "%BALANCES_QUEUE%", "dataType": "BINARY"}),
     "order_events": ("eventGridTrigger", {}),
     "order_returns": ("queueTrigger", {"queueName": "%RETURNS_QUEUE%", "connection": "StorageQueueConnection"}),
     "price_import": (

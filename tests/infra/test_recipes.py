@@ -43,6 +43,7 @@ RECIPES = [
     "payments",
     "queue",
     "blob-import",
+    "balances",
 ]
 # Fixed so that the private endpoints are counted; every other parameter takes any value.
 NETWORK = {"vnetEnabled": True, "dedupStore": "table"}
@@ -61,6 +62,8 @@ ADDS: dict[str, tuple[dict[str, int], set[str], set[str]]] = {
     "sessions": ({"servicebus.bicep:orderStatus[order-status]": 1, "roles.bicep:queueReceivers": 1},
                  {"ORDER_STATUS_QUEUE"}, set()),
     "batch": ({"servicebus.bicep:moreQueues[ledger]": 1, "roles.bicep:queueReceivers": 1}, {"LEDGER_QUEUE"}, set()),
+    "balances": ({"servicebus.bicep:moreQueues[balances]": 1, "roles.bicep:queueReceivers": 1}, {"BALANCES_QUEUE"},
+                 set()),
     "eventhubs": ({"eventhubs.bicep:namespace": 1, "eventhubs.bicep:shipments": 1, "roles.bicep:hubReceiver": 1,
                    "network.bicep:privateEndpoints": 1, "network.bicep:zoneGroups": 1},
                   {"EventHubConnection__fullyQualifiedNamespace", "EventHubConnection__credential",
