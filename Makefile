@@ -89,7 +89,7 @@ worker: install
 # library, its tests (on tests/app.py) and your consumers; what is left to edit is listed.
 EXAMPLE := consumers/orders.py consumers/order_events.py recipes tests/example lab/order_effects.py \
 	lab/demo.py lab/chaos.py lab/chain.py lab/eventhub.py lab/sessions.py lab/other_triggers.py \
-	lab/soak.py lab/outbox_cost.py lab/queue_chaos.py lab/blob_import_run.py lab/recipe.py lab/findings.py lab/delay_proxy.py lab/bench lab/client docs/requests.http
+	lab/soak.py lab/outbox_cost.py lab/queue_chaos.py lab/balances_chaos.py lab/blob_import_run.py lab/recipe.py lab/findings.py lab/delay_proxy.py lab/bench lab/client docs/requests.http
 # The example's block in infra/main.bicep (through the blank line after it), deleted with it.
 SUBSCRIPTION_BLOCK := \/\/ The example's: the order_events function's subscription
 # Refused while a recipe is switched on: its module in consumers/ (your code by then) may use the example's

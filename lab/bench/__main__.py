@@ -411,9 +411,8 @@ def read_modify_write(lean: bool, *, pinned: bool = False, duplicates: bool = Fa
             for call in calls:
                 account = json.loads(call[0].body)["accountId"]
                 partition = flow.partition_of(flow.identify(call[0])[0], json.loads(call[0].body))
-                found = store.read_entities(partition, "", 2 * len(call) + 2)
-                cents = [e.data["cents"] for e in found if e.name.startswith("entry|")]
-                total = [e.data["cents"] for e in found if e.name == balances.BALANCE]
+                cents = [e.data["cents"] for e in store.read_entities(partition, "entry|", len(call) + 1)]
+                total = [e.data["cents"] for e in store.read_entities(partition, balances.BALANCE, 2)]
                 wrong += cents != [150] * len(call) or total != [150 * len(call)] or account not in partition
             return wrong
 

@@ -12,6 +12,11 @@ Ids reuse the Table encoding (``dedup|<scope>|<id>``; documents by their encoded
 - Several documents: a guard (key, fingerprint), the marker and the documents go into
   one batch; the index of the operation that failed with 409 tells "same payload" (the
   guard) from "different payload" (the marker) in one request, as on Table Storage.
+- Changes of what a handler read (``read_current``: one query of the partition by ids) go
+  into the same batch, each replaced or deleted only at the ``_etag`` read (``ifMatch``), or
+  created; a 412 (or 409, 404) on one of them refuses the batch: ``CONTENDED``. The commits of
+  one call are sent one batch each, a change conditioned on the ``_etag`` the previous batch
+  of the call wrote.
 - Retention is native: markers and guards carry ``ttl``; business documents ``ttl: -1``
   so that the container's ``defaultTtl`` never removes them.
 """
@@ -33,7 +38,7 @@ from azure.cosmos import ContainerProxy, exceptions
 from ..config import DEAD_LETTER_RETENTION
 from ..errors import StoreRefused, VersionConflict
 from ..keys import DedupKey, encode_key, guard_id, marker_id
-from ..messages import Entity, utcnow
+from ..messages import Change, Entity, Stored, utcnow
 from ._azure import store_errors
 from ._base import DedupStore, check_storable, refused
 from ._codec import (
@@ -52,6 +57,7 @@ from ._records import (
     Commit,
     CommitResult,
     CommitStatus,
+    Current,
     DeadLetter,
     Marker,
     State,
@@ -66,6 +72,8 @@ STATE_VERSION = "stateVersion"  # the version of a document written by upsert_if
 STATE_FINGERPRINT = "stateFingerprint"  # and the state_fingerprint of its data
 _ITEM_FIELDS = frozenset({"id", "entity", "ttl", "_rid", "_self", "_etag", "_attachments", "_ts"})
 _TIME = "%Y-%m-%dT%H:%M:%S.%fZ"  # fixed width: string order is time order in queries
+_BY_IDS = "SELECT * FROM c WHERE ARRAY_CONTAINS(@ids, c.id)"
+_BROKEN = "(broken)"  # an entity whose earlier change in this call failed: what follows it is decided again
 
 
 def _time(value: datetime) -> str:
@@ -77,6 +85,8 @@ def _parse_time(value: str | None) -> datetime | None:
 
 
 class CosmosStore(DedupStore):
+    commits_changes = True
+
     def __init__(
         self,
         container: ContainerProxy,
@@ -91,6 +101,9 @@ class CosmosStore(DedupStore):
         self._container = container
         self._dead = dead_letters
         self._pk = partition_field
+        # (partition, id, _etag) -> the marker fields of a document that is its own message's marker, as
+        # read_current found it: a change of it keeps them, so that its message stays a duplicate
+        self._carried: dict[tuple[str, str, str], dict[str, Any]] = {}
 
     @property
     def container(self) -> ContainerProxy:
@@ -108,33 +121,84 @@ class CosmosStore(DedupStore):
 
     def commit_many(self, commits: Sequence[Commit]) -> list[CommitResult]:
         results = []
+        chained: dict[tuple[str, str], str | None] = {}  # (partition, entity): the _etag this call wrote
         for commit in commits:  # one partition key per batch
             try:
-                self.check_effects(commit.effects)
-                results.append(self._commit(commit))
+                self.check_effects([*commit.effects, *(Entity(c.name, c.data) for c in commit.changes if c.data)])
+                result = self._commit(commit, chained)
             except (StoreRefused, TypeError) as exc:  # the data, checked before sending, or the service's answer
-                results.append(refused(exc))
+                result = refused(exc)
+            if result.status is not CommitStatus.NEW:  # its changes were not written: what follows them neither
+                chained.update({(commit.partition, c.name): _BROKEN for c in commit.changes})
+            results.append(result)
         return results
 
-    def _commit(self, commit: Commit) -> CommitResult:
+    def _commit(self, commit: Commit, chained: dict[tuple[str, str], str | None]) -> CommitResult:
         key, partition, fingerprint, effects, expires_at = (commit.key, commit.partition, commit.fingerprint,
                                                             commit.effects, commit.expires_at)  # fmt: skip
         marker = commit.marker(utcnow())
-        if len(effects) == 1 and not effects[0].name.startswith(LIBRARY_RECORD):  # the library's own: never merged
-            return self._commit_document_as_marker(commit, marker, effects[0])
-        if len(effects) + 2 > MAX_BATCH_OPERATIONS:
-            raise ValueError(f"a Cosmos batch holds at most {MAX_BATCH_OPERATIONS - 2} documents")
+        if len(effects) == 1 and not commit.changes and not effects[0].name.startswith(LIBRARY_RECORD):
+            return self._commit_document_as_marker(commit, marker, effects[0])  # the library's own: never merged
+        if len(effects) + len(commit.changes) + 2 > MAX_BATCH_OPERATIONS:
+            raise ValueError(f"a Cosmos batch holds at most {MAX_BATCH_OPERATIONS - 2} documents and changes")
+        versions = [chained.get((partition, change.name), change.etag) for change in commit.changes]
+        if _BROKEN in versions:
+            return CommitResult(CommitStatus.CONTENDED)
         guard = {"id": guard_id(key, fingerprint), self._pk: partition, "kind": GUARD_KIND, "ttl": _ttl(expires_at)}
         operations: list[Any] = [("create", (guard,)), ("create", (self._marker_item(marker),))]
         operations += [("create", (self._document(partition, effect),)) for effect in effects]
+        first_change = len(operations)
+        operations += [self._change(partition, c, v) for c, v in zip(commit.changes, versions, strict=True)]
         try:
             with store_errors():
-                self._container.execute_item_batch(operations, partition_key=partition)
+                answers = self._container.execute_item_batch(operations, partition_key=partition)
         except exceptions.CosmosBatchOperationError as exc:
-            if _status_at(exc, exc.error_index) != 409:
+            status = _status_at(exc, exc.error_index)
+            if exc.error_index >= first_change and status in (409, 404, 412):  # moved since it was read
+                return CommitResult(CommitStatus.CONTENDED)
+            if status != 409:
                 raise
             return self.conflict(commit, guard_exists=exc.error_index == 0)
+        for change, answer in zip(commit.changes, answers[first_change:], strict=True):
+            chained[(partition, change.name)] = None if change.data is None else _etag_of(answer)
         return CommitResult(CommitStatus.NEW, fingerprint)
+
+    def _change(self, partition: str, change: Change, etag: str | None) -> tuple[Any, ...]:
+        """The batch operation of one change: created (no version), or replaced or deleted at ``etag``."""
+        carried = None if etag is None else self._carried.pop((partition, encode_key(change.name), etag), None)
+        if change.data is None:
+            if carried is not None:
+                raise StoreRefused(f"{change.name}: the document is an earlier message's marker on Cosmos DB "
+                                   "(committed alone): it can be changed, not deleted")  # fmt: skip
+            return ("delete", (encode_key(change.name),), {"if_match_etag": etag})
+        document = self._document(partition, Entity(change.name, change.data))
+        if etag is None:
+            return ("create", (document,))
+        return ("replace", (document["id"], {**document, **(carried or {})}), {"if_match_etag": etag})
+
+    def read_current(self, partition: str, keys: Sequence[DedupKey], names: Sequence[str]) -> Current:
+        """One query of the partition per ``rows_per_read`` ids, the ids as a parameter."""
+        markers, documents = {marker_id(key): key for key in keys}, {encode_key(name): name for name in names}
+        wanted, found = [*markers, *documents], {}
+        for start in range(0, len(wanted), self.rows_per_read):
+            ids: list[dict[str, object]] = [{"name": "@ids", "value": wanted[start : start + self.rows_per_read]}]
+            with store_errors():
+                items = self._container.query_items(_BY_IDS, parameters=ids, partition_key=partition)
+                found.update({item["id"]: item for item in items})
+        # documents that are markers (a message committed alone, its one document carrying its marker)
+        carriers = {(item["scope"], item["keyId"], item.get("step") or ""): item for item in found.values()
+                    if item.get("kind") == MARKER_KIND and item.get("entity")}  # fmt: skip
+        if len(self._carried) > 10_000:  # read and never changed: kept for a while, not for ever
+            self._carried.clear()
+        for carrier in carriers.values():
+            self._carried[(partition, carrier["id"], carrier["_etag"])] = {k: carrier[k] for k in
+                                                                          MARKER_FIELDS & carrier.keys()}  # fmt: skip
+        return Current(
+            {key: self._marker_from(marker) for key in keys
+             if (marker := found.get(marker_id(key)) or carriers.get((key.scope, key.id, key.step)))},
+            {name: Stored(name, self._data(found[i]), found[i]["_etag"]) if i in found else Stored(name, None)
+             for i, name in documents.items()},
+        )  # fmt: skip
 
     def _commit_document_as_marker(self, commit: Commit, marker: Marker, effect: Entity) -> CommitResult:
         """The business document, under its own id, carries the marker's fields and never
@@ -256,8 +320,12 @@ class CosmosStore(DedupStore):
         with store_errors():
             items = list(islice(self._container.query_items(query, parameters=[{"name": "@prefix", "value": prefix}],
                                                             partition_key=partition), limit))  # fmt: skip
-        return [Entity(item["entity"], {k: v for k, v in item.items() if k not in _ITEM_FIELDS and k != self._pk})
-                for item in items]  # fmt: skip
+        return [Entity(item["entity"], self._data(item)) for item in items]
+
+    def _data(self, item: dict[str, Any]) -> dict[str, Any]:
+        """A business document's data: its fields less the store's own (and a marker's, when it is one)."""
+        own = _ITEM_FIELDS | MARKER_FIELDS if item.get("kind") == MARKER_KIND else _ITEM_FIELDS
+        return {k: v for k, v in item.items() if k not in own and k != self._pk}
 
     def put_entity(self, partition: str, entity: Entity) -> None:
         check_storable([entity])
@@ -342,6 +410,11 @@ def _from_cosmos(item: dict[str, Any]) -> dict[str, Any]:
 def _ttl(expires_at: datetime) -> int:
     """Cosmos ``ttl`` is in whole seconds from the last write, at least 1."""
     return max(1, math.ceil((expires_at - utcnow()).total_seconds()))
+
+
+def _etag_of(answer: dict[str, Any]) -> str | None:
+    """The _etag a batch operation wrote (its answer's eTag, or its resource body's)."""
+    return answer.get("eTag") or (answer.get("resourceBody") or {}).get("_etag")
 
 
 def _status_at(exc: exceptions.CosmosBatchOperationError, index: int) -> int | None:

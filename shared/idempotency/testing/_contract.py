@@ -496,16 +496,19 @@ class StoreContract:
 
     # -- changes of stored entities, with the marker (stores that ``commits_changes``) ------
 
-    def skip_unless_changing(self, store: DedupStore) -> None:
+    def skip_unless_changing(self, store: DedupStore, *, committed: bool = True) -> None:
+        """Changes need a store that commits them; ``committed``: and transactions that are atomic."""
         if not store.commits_changes:
             pytest.skip(f"{type(store).__name__} does not commit changes of stored entities (commits_changes)")
+        if committed and not self.atomic_batches(store):
+            pytest.skip(self.no_atomic_batches)
 
     def changed(self, store: DedupStore, partition: str, fp: str, *changes: Change) -> CommitResult:
         k = key()
         return store.commit_many([Commit(k, partition, fp, [], None, utcnow() + HOUR, changes=changes)])[0]
 
     def test_what_is_read_comes_with_its_version_and_the_markers_asked_for(self, store: DedupStore) -> None:
-        self.skip_unless_changing(store)
+        self.skip_unless_changing(store, committed=False)
         k = key()
         store.commit(k, k.id, "fp1", [Entity("total", {"n": 1})], None, utcnow() + HOUR)
         current = store.read_current(k.id, [k, key()], ["total", "missing"])
@@ -533,7 +536,6 @@ class StoreContract:
 
     def test_a_refused_change_writes_nothing_of_its_message(self, store: DedupStore) -> None:
         self.skip_unless_changing(store)
-        self.skip_unless_folding(store)
         k, partition = key(), key().id
         store.put_entity(partition, Entity("total", {"n": 1}))
         stale = Change("total", {"n": 2}, store.read_current(partition, [], ["total"]).entities["total"].etag)
@@ -544,7 +546,6 @@ class StoreContract:
 
     def test_commits_of_one_call_changing_one_entity_follow_each_other(self, store: DedupStore) -> None:
         self.skip_unless_changing(store)
-        self.skip_unless_folding(store)
         partition = key().id
         store.put_entity(partition, Entity("total", {"n": 0}))
         etag = store.read_current(partition, [], ["total"]).entities["total"].etag
