@@ -57,6 +57,7 @@ from .stores._records import (
     Commit,
     CommitResult,
     CommitStatus,
+    Current,
     DeadLetter,
     Marker,
     State,
@@ -175,8 +176,8 @@ def dry_run(consumer: IdempotentConsumer, delivery: Delivery) -> tuple[str, str]
             return "duplicate", "this version of the state is stored"
         case Outcome.STALE:
             return "stale", ""
-        case Outcome.CONFLICT:
-            return "conflict", ""
+        case Outcome.CONFLICT:  # e.g. its key completed under another partition (partition_from)
+            return "conflict", why
         case Outcome.IN_FLIGHT:
             return "in_progress", ""
         case Outcome.INVALID:
@@ -216,6 +217,7 @@ class DryRun(DedupStore):
         self._store = store
         self.max_effects = store.max_effects
         self.folds_completions = store.folds_completions
+        self.commits_changes = store.commits_changes
         self.calls: list[str] = []
 
     # -- reads: the store's ------------------------------------------------------------------
@@ -235,6 +237,9 @@ class DryRun(DedupStore):
     def read_entities(self, partition: str, prefix: str, limit: int) -> list[Entity]:
         return self._store.read_entities(partition, prefix, limit)
 
+    def read_current(self, partition: str, keys: Sequence[DedupKey], names: Sequence[str]) -> Current:
+        return self._store.read_current(partition, keys, names)
+
     def scan(self, partition: str | None = None) -> Iterator[StoredItem]:
         return self._store.scan(partition)
 
@@ -245,7 +250,8 @@ class DryRun(DedupStore):
 
     def _commit(self, commit: Commit) -> CommitResult:
         try:
-            self._store.check_effects(commit.effects)  # what the store checks before it sends anything
+            changed = [Entity(change.name, change.data) for change in commit.changes if change.data is not None]
+            self._store.check_effects([*commit.effects, *changed])  # what the store checks before it sends anything
         except (TypeError, StoreRefused) as exc:
             return refused(exc)
         if self._store.get(commit.key, commit.partition) is not None:

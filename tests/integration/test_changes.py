@@ -20,6 +20,7 @@ import pytest
 from lab.azurite import Azurite
 from shared.idempotency import Context, Effects, Entity, IdempotentConsumer, from_body_field
 from shared.idempotency.config import DedupConfig
+from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.messages import Delivery, Outcome
 from shared.idempotency.reasons import Reason
 from shared.idempotency.stores import DedupStore, MemoryStore
@@ -181,3 +182,34 @@ def test_a_batch_folds_on_every_store(store: DedupStore) -> None:
     assert [r.outcome for r in consumer.process_batch(batch)] == [Outcome.PROCESSED] * 40
     assert (counted.reads, counted.commits) == (1, 1)
     assert balances(store, ["a-1"]) == {"a-1": sum(range(40))}
+
+
+def test_a_step_beside_a_change_is_called_once_and_the_change_applied_once(store: DedupStore) -> None:
+    """Two-phase beside a change: the handler calls out (a step), then changes the total. The first
+    commit fails after the call; the redelivery finds the step done (not called again) and commits
+    the change once; a later duplicate runs nothing."""
+    called: list[str] = []
+
+    def notify(key: str) -> dict[str, Any]:
+        called.append(key)
+        return {"sent": True}
+
+    def handler(message: dict[str, Any], context: Context) -> Effects:
+        context.step("notify", notify)
+        return credit(message, context)
+
+    consumer = IdempotentConsumer("totals", store, handler, schema=SCHEMA, reads=lambda message: ["total"],
+                                  key_source=from_body_field("creditId"), partition_from=from_body_field("accountId"),
+                                  config=DedupConfig(transient_wait=timedelta(0)))  # fmt: skip
+    message = {"creditId": "c-1", "accountId": "a-1", "amount": 5}
+    commit_many = store.commit_many
+
+    def unavailable(commits: Sequence[Commit]) -> list[CommitResult]:
+        store.commit_many = commit_many  # type: ignore[method-assign]  # the next one goes through
+        raise StoreUnavailable("503 injected")
+
+    store.commit_many = unavailable  # type: ignore[method-assign]
+    assert consumer.process(delivery(message)).outcome is Outcome.TRANSIENT
+    assert consumer.process(delivery(message, 2)).outcome is Outcome.PROCESSED
+    assert totals(store).process(delivery(message, 3)).outcome is Outcome.DUPLICATE
+    assert len(called) == 1 and balances(store, ["a-1"]) == {"a-1": 5}

@@ -22,7 +22,7 @@ from shared.idempotency.resubmit import UNSTORED, VERDICTS
 from shared.idempotency.stores import DedupStore, app_store
 from tests.functions import fresh_app
 from tests.integration.operators import run_tool
-from tests.integration.resubmit_app.handlers import CALLS, checks_consumer, status_consumer
+from tests.integration.resubmit_app.handlers import CALLS, checks_consumer, status_consumer, totals_consumer
 
 APP = "tests.integration.resubmit_app"
 CUBED = 2**22  # cubed: 2**66, beyond the Int64 every store holds
@@ -111,3 +111,23 @@ def test_versioned_state_is_judged_against_the_version_stored(
     assert [line[1] for line in lines] == ["stale", "duplicate", "new"]
     assert summary == {"duplicate": 1, "new": 1, "stale": 1}
     assert snapshot(azurite) == before
+
+
+def test_changes_of_what_is_stored_are_judged_from_a_real_read_and_never_written(
+    azurite: Azurite, store: DedupStore, tmp_path: Path
+) -> None:
+    """A consumer that reads its account's total and changes it: the dry run reads the marker and the
+    total as processing does (a duplicate, a key reused under another account, a new credit, one
+    whose step has not run), and writes nothing — no marker, no pin, no total, no step called."""
+    totals = totals_consumer(store)
+    assert totals.process(Delivery(body(id="c-1", account="a-1", amount=5))).outcome is Outcome.PROCESSED
+    before = snapshot(azurite)
+    lines, summary = resubmit(
+        tmp_path, "totals", body(id="c-1", account="a-1", amount=5), body(id="c-1", account="a-2", amount=5),
+        body(id="c-2", account="a-1", amount=7), body(id="c-3", account="a-1", amount=1, charge=True),
+    )  # fmt: skip
+    assert [line[:2] for line in lines] == [["c-1", "duplicate"], ["c-1", "conflict"], ["c-2", "new"],
+                                            ["c-3", "new"]]  # fmt: skip
+    assert "key_partition_mismatch" in lines[1][2] and "its step 'charge' calls out first" in lines[3][2]
+    assert summary == {"duplicate": 1, "conflict": 1, "new": 2}
+    assert calls() == [] and snapshot(azurite) == before

@@ -5,7 +5,7 @@ from __future__ import annotations
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.functions import consumer, shared_store
 
-from .handlers import checks_consumer, status_consumer
+from .handlers import checks_consumer, status_consumer, totals_consumer
 
 
 @consumer
@@ -16,3 +16,8 @@ def checks() -> IdempotentConsumer:
 @consumer
 def states() -> IdempotentConsumer:
     return status_consumer(shared_store())
+
+
+@consumer
+def totals() -> IdempotentConsumer:
+    return totals_consumer(shared_store())

@@ -54,6 +54,16 @@ def checks(payload: dict[str, Any], context: Context) -> Effects:
     return Effects([Entity("thing", {"kind": kind})], {"ok": True})
 
 
+def credit(payload: dict[str, Any], context: Context) -> Effects:
+    """A credit changes its account's total (read, then changed at the version read); with
+    ``charge``, a step calls out first."""
+    charged = context.step("charge", call) if payload.get("charge") else None
+    total = context.read("total")
+    balance = (total.data or {}).get("balance", 0) + payload["amount"]
+    return Effects([Entity(f"credit|{payload['id']}", {"amount": payload["amount"], "charge": charged})],
+                   changes=[total.merged({"balance": balance})])  # fmt: skip
+
+
 def status(payload: dict[str, Any], context: Context) -> LatestState:
     return LatestState(Entity("status", {"status": payload["status"]}), int(payload["version"]))
 
@@ -64,3 +74,8 @@ def checks_consumer(store: DedupStore) -> IdempotentConsumer:
 
 def status_consumer(store: DedupStore) -> IdempotentConsumer:
     return IdempotentConsumer("states", store, status, key_source=from_body_field("id"))
+
+
+def totals_consumer(store: DedupStore) -> IdempotentConsumer:
+    return IdempotentConsumer("totals", store, credit, key_source=from_body_field("id"),
+                              partition_from=from_body_field("account"), reads=lambda payload: ["total"])  # fmt: skip
