@@ -213,3 +213,33 @@ def test_a_step_beside_a_change_is_called_once_and_the_change_applied_once(store
     assert consumer.process(delivery(message, 2)).outcome is Outcome.PROCESSED
     assert totals(store).process(delivery(message, 3)).outcome is Outcome.DUPLICATE
     assert len(called) == 1 and balances(store, ["a-1"]) == {"a-1": 5}
+
+
+def test_an_entity_too_hot_for_the_wait_goes_back_as_contended_and_writes_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Another writer changes the total between every read and commit: the message is decided
+    again within its wait (each refusal logged as ``contended``), then goes back to the broker with
+    the reason ``contended`` — nothing written, nothing dead-lettered."""
+    store = MemoryStore()
+    partition = totals(store).identify(delivery({"creditId": "c-1", "accountId": "a-1", "amount": 5}))[1]
+    attempts = 0
+
+    def raced(message: dict[str, Any], context: Context) -> Effects:
+        nonlocal attempts
+        attempts += 1
+        effects = credit(message, context)
+        store.put_entity(partition, Entity("total", {"balance": 1000 + attempts}))  # another writer, meanwhile
+        return effects
+
+    consumer = IdempotentConsumer("totals", store, raced, schema=SCHEMA, reads=lambda message: ["total"],
+                                  key_source=from_body_field("creditId"), partition_from=from_body_field("accountId"),
+                                  config=DedupConfig(transient_wait=timedelta(seconds=0.5)))  # fmt: skip
+    with caplog.at_level("INFO", logger="idempotency"):
+        result = consumer.process(delivery({"creditId": "c-1", "accountId": "a-1", "amount": 5}))
+    assert (result.outcome, result.reason, result.acknowledge) == (Outcome.TRANSIENT, Reason.CONTENDED, False)
+    logged = [getattr(r, "dedup", {}) for r in caplog.records]
+    refusals = [f for f in logged if f.get("reason") == "contended" and "outcome" not in f]
+    assert attempts >= 2 and len(refusals) == attempts  # each attempt refused, each logged
+    assert [f["outcome"] for f in logged if "outcome" in f] == ["transient"]  # then one outcome, its reason contended
+    assert store.read_entities(partition, "credit|", 10) == [] and store.dead_letters("totals") == []
