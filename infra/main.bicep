@@ -269,7 +269,7 @@ var settings = {
   DEDUP_OUTGOING_MAX_BYTES: vnetEnabled ? '1048576' : '262144'
   // Sync functions run on the worker's thread pool (min(32, CPUs + 4) threads by default): every
   // call that waits out a store outage holds one (make check-leases counts them).
-  PYTHON_THREADPOOL_THREAD_COUNT: '192'
+  PYTHON_THREADPOOL_THREAD_COUNT: '256'
   COSMOS_ENDPOINT: (dedupStore == 'cosmos') ? cosmos.outputs.endpoint : ''
   COSMOS_DATABASE: 'dedup'
   COSMOS_CONTAINER: 'records'
