@@ -27,6 +27,10 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class NotListening(RuntimeError):
+    """The emulator exited, or did not listen in time."""
+
+
 def start_listening(tool: str, args: list[str], port: int, timeout: float) -> subprocess.Popen[bytes]:
     """Start an npm-installed emulator and wait until it accepts connections on ``port``."""
     binary = ROOT / "lab" / "node_modules" / ".bin" / tool
@@ -36,7 +40,7 @@ def start_listening(tool: str, args: list[str], port: int, timeout: float) -> su
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"{tool} exited with {process.returncode}")
+            raise NotListening(f"{tool} exited with {process.returncode}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
             return process
@@ -44,7 +48,7 @@ def start_listening(tool: str, args: list[str], port: int, timeout: float) -> su
             time.sleep(0.05)
     process.kill()
     process.wait()
-    raise RuntimeError(f"{tool} did not listen on port {port} within {timeout}s")
+    raise NotListening(f"{tool} did not listen on port {port} within {timeout}s")
 
 
 class Azurite:
@@ -64,12 +68,46 @@ class Azurite:
             f"{self.service.capitalize()}Endpoint=http://127.0.0.1:{self.port}/{ACCOUNT};"
         )
 
-    def start(self, timeout: float = 30.0) -> Azurite:
+    def start(self, timeout: float = 120.0) -> Azurite:
+        """Start it and wait until it listens. A start that fails — the port not released yet after a
+        stop, its data loaded slowly on a loaded machine — is tried again until ``timeout``."""
         storage = ["--location", str(self.location)] if self.location else ["--inMemoryPersistence"]
         where = [f"--{self.service}Host", "127.0.0.1", f"--{self.service}Port", str(self.port)]
         flags = ["--skipApiVersionCheck", "--disableTelemetry", "--silent"]  # the SDKs may speak a newer version
-        self._process = start_listening(f"azurite-{self.service}", [*where, *storage, *flags], self.port, timeout)
-        return self
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                self._process = start_listening(f"azurite-{self.service}", [*where, *storage, *flags], self.port,
+                                                max(left, 1.0))  # fmt: skip
+                return self
+            except NotListening:
+                if left <= 1.0:
+                    raise
+                time.sleep(0.5)
+
+    def outage(self, seconds: float) -> str | None:
+        """Stop it, keep it down ``seconds``, start it again: None, or why it did not come back (a
+        chaos run's fault, reported as its verdict, never a crash of the run)."""
+        self.stop()
+        time.sleep(seconds)
+        try:
+            self.start()
+        except RuntimeError as exc:
+            return f"the store did not come back after a {seconds:g} s outage: {exc}"
+        return None
+
+    def listening(self, timeout: float) -> bool:
+        """Whether it accepts connections within ``timeout`` (a check after a run waits for a restart)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return True
+            except OSError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.1)
 
     def stop(self) -> None:
         """SIGINT, which makes Azurite flush its database. Azurite persists with a 5 s

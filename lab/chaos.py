@@ -31,8 +31,10 @@ import os
 import random
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from lab import blob_import_run as blob_import
 from lab.azurite import Azurite
@@ -110,38 +112,62 @@ def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # the idempotency log is counted, not shown
     config = config_from_env()
+    count = os.environ.get
+    failed: list[str] = []
+
+    def section(name: str, call: Callable[[], bool]) -> None:
+        if not finished(name, call):
+            failed.append(name)
+
     with tempfile.TemporaryDirectory(prefix="chaos-azurite-") as data, Azurite(location=Path(data)) as azurite:
-        report = run(config, azurite, ORDERS)
-        ok = summarise(config, report)
+        section("orders", lambda: summarise(config, run(config, azurite, ORDERS)))
         for name, trouble in trouble_configs(config.seed).items():
             print(f"\n{name}, 16 concurrent calls, no resubmission:")
-            ok = summarise(trouble, run(trouble, azurite, ORDERS)) and ok
-        chain = int(os.environ.get("CHAOS_CHAIN_MESSAGES", "2000"))
-        if chain > 0:
-            ok = summarise_chain(run_chain(ChainConfig(messages=chain, seed=config.seed), azurite)) and ok
-        stream = int(os.environ.get("CHAOS_STREAM_EVENTS", "3000"))
-        if stream > 0:
-            ok = summarise_stream(run_stream(StreamConfig(events=stream, seed=config.seed), azurite)) and ok
+            section(name, lambda trouble=trouble: summarise(trouble, run(trouble, azurite, ORDERS)))  # type: ignore[misc]
+        if (chain := int(count("CHAOS_CHAIN_MESSAGES", "2000"))) > 0:
+            section("outbox", lambda: summarise_chain(run_chain(ChainConfig(chain, seed=config.seed), azurite)))
+        if (stream := int(count("CHAOS_STREAM_EVENTS", "3000"))) > 0:
+            section("Event Hubs", lambda: summarise_stream(run_stream(StreamConfig(stream, seed=config.seed), azurite)))
         balances, accounts, kinds = balances_config()
         for n, kind in enumerate(kinds if balances.messages > 0 else []):
-            entries = run_balances(kind, replace(balances, seed=config.seed, table=f"chaosbalances{n}"), azurite,
-                                   accounts)  # fmt: skip
-            print(f"\nBalances ({kind}): {json.dumps(balances_summary(kind, entries))}")
-            ok = entries.ok and ok
-        orders = int(os.environ.get("CHAOS_SESSION_ORDERS", "500"))
-        if orders > 0:
-            ok = summarise_sessions(run_sessions(SessionConfig(orders=orders, seed=config.seed), azurite)) and ok
-    returns = int(os.environ.get("CHAOS_QUEUE_RETURNS", "2000"))
-    if returns > 0:
-        queue = run_queue(messages=returns, seed=config.seed)
-        print(f"\nStorage queue: {json.dumps(queue)}")
-        ok = not violations(queue) and ok
-    records = int(os.environ.get("CHAOS_IMPORT_RECORDS", "10000"))
-    if records > 0:
-        imported = blob_import.run(records=records)
-        print(f"\nBlob import: {json.dumps(imported)}")
-        ok = not blob_import.violations(imported) and ok
-    return 0 if ok else 1
+            entries = replace(balances, seed=config.seed, table=f"chaosbalances{n}")
+            section(f"balances ({kind})", lambda kind=kind, entries=entries: summarise_balances(  # type: ignore[misc]
+                kind, run_balances(kind, entries, azurite, accounts)))  # fmt: skip
+        if (orders := int(count("CHAOS_SESSION_ORDERS", "500"))) > 0:
+            sessions = SessionConfig(orders, seed=config.seed)
+            section("sessions", lambda: summarise_sessions(run_sessions(sessions, azurite)))
+    if (returns := int(count("CHAOS_QUEUE_RETURNS", "2000"))) > 0:
+        section("Storage queue", lambda: summarise_queue(run_queue(messages=returns, seed=config.seed)))
+    if (records := int(count("CHAOS_IMPORT_RECORDS", "10000"))) > 0:
+        section("blob import", lambda: summarise_import(blob_import.run(records=records)))
+    print(f"\nmake chaos: {'FAILED: ' + ', '.join(failed) if failed else 'every section clean'} (seed {config.seed})")
+    return 1 if failed else 0
+
+
+def finished(name: str, section: Callable[[], bool]) -> bool:
+    """Run one section: whether it finished clean. One that cannot finish (an emulator that does not
+    come back, a check that cannot read) says so in a line, and the run goes on to the next."""
+    try:
+        return section()
+    except Exception as exc:  # noqa: BLE001 - the verdict of the run, never a bare traceback
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        print(f"\nFAILED: {name} could not finish: {type(exc).__name__}: {first}")
+        return False
+
+
+def summarise_balances(kind: str, report: Report) -> bool:
+    print(f"\nBalances ({kind}): {json.dumps(balances_summary(kind, report))}")
+    return report.ok
+
+
+def summarise_queue(queue: dict[str, Any]) -> bool:
+    print(f"\nStorage queue: {json.dumps(queue)}")
+    return not violations(queue)
+
+
+def summarise_import(imported: dict[str, Any]) -> bool:
+    print(f"\nBlob import: {json.dumps(imported)}")
+    return not blob_import.violations(imported)
 
 
 def summarise_sessions(report: SessionReport) -> bool:

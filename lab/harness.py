@@ -87,6 +87,7 @@ class RunConfig:
     table: str = "records"
     payments: bool = False  # charge through a local payment API (two-phase step)
     runtime: str = "process"  # or "worker": the real Functions Python worker (store faults then stay out of reach)
+    check_wait: float = 120.0  # seconds the check after the run waits for a store still coming back
 
 
 @dataclass
@@ -183,6 +184,11 @@ def run(config: RunConfig, azurite: Azurite, target: Target, *, break_store: typ
             runtime.servicebus(target.function, lock.message.body, lock.message.message_id, lock.delivery_count)
 
         _deliver_all(config, azurite, queue, deliver, plan, report)
+        if not azurite.listening(config.check_wait):  # what is stored cannot be read: the verdict says so
+            report.violations.append(f"the store did not answer within {config.check_wait:g} s after the run: "
+                                     "nothing could be checked")  # fmt: skip
+            report.seconds = time.monotonic() - started
+            return report
         applied = target.applied(store)
         if payments is not None:  # one accepted charge per message, and one effect
             charges = payments.charges_per(target.charged_for)
@@ -345,10 +351,11 @@ def _start_trouble(
             return
         while queue.completed < 0.4 * queue.sent - queue.dropped_by_detection and not queue.drained():
             time.sleep(0.01)
-        azurite.stop()
-        time.sleep(config.outage_seconds)
-        azurite.start()
-        report.store_restarts += 1
+        problem = azurite.outage(config.outage_seconds)
+        if problem is None:
+            report.store_restarts += 1
+        else:
+            report.violations.append(problem)
 
     thread = threading.Thread(target=trouble, name="trouble")
     thread.start()

@@ -112,10 +112,8 @@ def _run(table: Azurite, connection: str, name: str, messages: int, instances: i
     def break_the_store() -> None:
         while not done.is_set() and tally.deleted < len(sends) // 3:
             time.sleep(0.05)
-        if not done.is_set():
-            table.stop()
-            time.sleep(outage)
-            table.start()
+        if not done.is_set() and (problem := table.outage(outage)) is not None:
+            errors.append(problem)
 
     threads = [threading.Thread(target=listen, args=(host,)) for host in hosts]
     threads.append(threading.Thread(target=break_the_store))

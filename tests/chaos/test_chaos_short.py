@@ -5,12 +5,13 @@ catch: on the library tests' `items` function (tests/app.py)."""
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-from lab.azurite import Azurite
+from lab.azurite import Azurite, NotListening
 from lab.harness import RunConfig, run
 from shared.idempotency.keys import encode_key
 from shared.idempotency.stores import Commit, CommitResult, CommitStatus, TableStore
@@ -111,3 +112,42 @@ def test_the_checker_catches_double_effects_of_a_consumer_without_markers(
     assert report.double_effects > 0
     assert report.orphans > 0  # effects without markers
     assert not report.ok
+
+
+def test_a_store_that_does_not_come_back_is_the_runs_verdict_not_a_crash(
+    persistent_azurite: Azurite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The emulator never listens again after the outage (as a loaded machine once left it): the
+    deliveries meet a store that is down until the broker gives up, and the run ends with a report
+    that says why — no exception escapes it, nothing is counted as checked."""
+
+    def never(timeout: float = 0) -> Azurite:
+        raise NotListening("azurite-table did not listen (kept down by the test)")
+
+    monkeypatch.setattr(persistent_azurite, "start", never)
+    config = RunConfig(messages=40, workers=4, dup_rate=0.0, seed=3, outage=True, max_delivery_count=2,
+                       transient_wait=0.2, check_wait=1.0, table="keptdown")  # fmt: skip
+    report = run(config, persistent_azurite, ITEMS)
+    assert not report.ok and report.store_restarts == 0
+    assert [v.split(":")[0] for v in report.violations] == [
+        "the store did not come back after a 1.5 s outage",
+        "the store did not answer within 1 s after the run",
+    ]
+    assert report.broker_dead_lettered == 0  # not checked: a report of what could not be read, not a guess
+
+
+def test_a_store_slow_to_come_back_is_waited_out(persistent_azurite: Azurite, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The emulator takes 4 s more to come back than the outage lasts: the deliveries wait it out or
+    go back to the broker, and every message is applied once."""
+    start = persistent_azurite.start
+
+    def slow(timeout: float = 120.0) -> Azurite:
+        time.sleep(4)
+        return start(timeout)
+
+    monkeypatch.setattr(persistent_azurite, "start", slow)
+    config = RunConfig(messages=200, workers=8, dup_rate=0.2, seed=5, outage=True, table="slowback")
+    report = run(config, persistent_azurite, ITEMS)
+    assert report.violations == [] and report.store_restarts == 1
+    assert (report.double_effects, report.lost) == (0, 0)
+    assert report.effects_applied == report.messages - report.dead_lettered
