@@ -63,6 +63,28 @@ class FaultPlan:
         with self._mutex:
             self._throttle_rate, self._throttle_until = rate, time.monotonic() + seconds
 
+    def around(self, kinds: tuple[str, ...], call: Callable[[], Any], refused: Callable[[str], Any],
+               lost: Callable[[], BaseException]) -> Any:  # fmt: skip
+        """``call`` meeting at most one fault of ``kinds``: refused before it (``refused`` answers or
+        raises for ``store_503`` and ``store_timeout``; throttling too), the worker crashed before or
+        after it, the delivery's lock lost meanwhile, or its answer lost once it applied (``lost()``)."""
+        if self.throttled():
+            return refused("store_503")
+        fault = self.draw(kinds)
+        if fault in ("store_503", "store_timeout"):
+            return refused(fault)
+        if fault == "crash_before_commit":
+            raise Crash(fault)
+        if fault == "lock_expiry":  # the lock is lost mid-call: another worker receives the message meanwhile
+            self.lose_lock()
+            time.sleep(self.lock_duration * 0.5)
+        answer = call()
+        if fault == "response_lost":
+            raise lost()
+        if fault == "crash_after_commit":
+            raise Crash(fault)
+        return answer
+
     def throttled(self) -> bool:
         with self._mutex:
             if time.monotonic() >= self._throttle_until or self._rng.random() >= self._throttle_rate:
@@ -102,25 +124,17 @@ class FaultyTransport(PassThrough):
         self.plan = plan
 
     def send(self, request: Any, **kwargs: Any) -> Any:
-        if self.plan.throttled():
-            return status_response(request, 503)
         is_commit = request.method == "POST" and "$batch" in request.url
-        fault = self.plan.draw(STORE_FAULTS if is_commit else STORE_FAULTS[:3])
-        if fault == "store_503":
+
+        def refused(fault: str) -> Any:
+            if fault == "store_timeout":
+                raise ServiceRequestError("injected: connection timed out")
             return status_response(request, 503)
-        if fault == "store_timeout":
-            raise ServiceRequestError("injected: connection timed out")
-        if fault == "crash_before_commit":
-            raise Crash(fault)
-        if fault == "lock_expiry":  # the lock is lost mid-commit: another worker receives the message meanwhile
-            self.plan.lose_lock()
-            time.sleep(self.plan.lock_duration * 0.5)
-        response = self._inner.send(request, **kwargs)
-        if fault == "response_lost":
-            raise ServiceResponseError("injected: the response was lost after the server applied the request")
-        if fault == "crash_after_commit":
-            raise Crash(fault)
-        return response
+
+        return self.plan.around(STORE_FAULTS if is_commit else STORE_FAULTS[:3],
+                                lambda: self._inner.send(request, **kwargs), refused,
+                                lambda: ServiceResponseError("injected: the response was lost after the server "
+                                                             "applied the request"))  # fmt: skip
 
 
 def status_response(request: Any, status: int) -> Any:
@@ -149,24 +163,16 @@ def faulty_calls(store: Any, plan: FaultPlan) -> None:
     fault of ``STORE_FAULTS``, its reads the first three, as their requests would."""
     from shared.idempotency.errors import StoreUnavailable
 
-    def wrapped(call: Callable[..., Any], kinds: tuple[str, ...]) -> Callable[..., Any]:
-        def faulty(*args: Any, **kwargs: Any) -> Any:
-            fault = plan.draw(kinds)
-            if fault in ("store_503", "store_timeout") or plan.throttled():
-                raise StoreUnavailable(f"injected: {fault or 'throttled_503'}")
-            if fault == "crash_before_commit":
-                raise Crash(fault)
-            if fault == "lock_expiry":
-                plan.lose_lock()
-                time.sleep(plan.lock_duration * 0.5)
-            answer = call(*args, **kwargs)
-            if fault == "response_lost":
-                raise StoreUnavailable("injected: the response was lost after the store applied the call")
-            if fault == "crash_after_commit":
-                raise Crash(fault)
-            return answer
+    def refused(fault: str) -> Any:
+        raise StoreUnavailable(f"injected: {fault}")
 
-        return faulty
+    def wrapped(call: Callable[..., Any], kinds: tuple[str, ...]) -> Callable[..., Any]:
+        return lambda *args, **kwargs: plan.around(
+            kinds,
+            lambda: call(*args, **kwargs),
+            refused,
+            lambda: StoreUnavailable("injected: the response was lost after the store applied the call"),
+        )
 
     store.commit_many = wrapped(store.commit_many, STORE_FAULTS)
     for name in ("read_current", "get", "insert"):  # the reads, and the pin of a key to its partition

@@ -166,6 +166,8 @@ def run(config: RunConfig, azurite: Azurite, target: Target, *, break_store: typ
     plan.lose_lock = lambda: queue.lose(running.lock)
     with ExitStack() as stack:
         payments = stack.enter_context(PaymentService(hook=_payment_faults(plan))) if config.payments else None
+        if payments is not None:  # stopped with the run, whichever way it ends: nothing may call it any more
+            stack.callback(os.environ.pop, target.payment_setting, None)
         _configure(timing, payments, target.payment_setting)
         consumer = target.consumer(azurite.connection_string, config.table)
         if isinstance(consumer.store, CosmosStore):  # faults are injected on the Table transport only
@@ -194,16 +196,13 @@ def run(config: RunConfig, azurite: Azurite, target: Target, *, break_store: typ
             charges = payments.charges_per(target.charged_for)
             report.payment_charges = sum(charges.values())
             applied = {key: max(applied.get(key, 0), charges.get(key, 0)) for key in applied.keys() | charges.keys()}
-    if payments is not None:  # stopped with the run: nothing may call it any more
-        os.environ.pop(target.payment_setting, None)
 
     report.sends, report.dropped_by_detection = queue.sent, queue.dropped_by_detection
     report.deliveries, report.lock_expiries, report.locks_lost = queue.deliveries, queue.lock_expiries, queue.locks_lost
     report.faults = plan.injected
     in_play = [logical[i] for i in sorted(accepted)]
     _verify(report, in_play, store, consumer.name, applied, queue)
-    for problem in target.holds(store, in_play):
-        report.violations.append(problem)
+    report.violations += target.holds(store, in_play)
     report.seconds = time.monotonic() - started
     return report
 
