@@ -11,8 +11,10 @@ What it does, as the host does it:
   dequeue, the poison queue (``<queue>-poison``) gets a new message with the same body and the
   original is deleted; before it, Update Message makes it visible again after
   ``visibility_timeout``;
-- a crash (the process dies while the function runs or before it deletes) settles nothing:
-  the lease lapses and the message is dequeued again, by this instance or another.
+- a batch's messages run at once (one invocation each); a crash (the process dies while a
+  function runs) settles nothing it still holds: their leases lapse and they are dequeued again,
+  by this instance or another. A lost delete (its request never reached the service) leaves that
+  one message to come back.
 
 The body goes to the function base64-decoded (host.json ``messageEncoding``: base64, the
 default), as ``azure.functions.QueueMessage`` with the metadata the host sends.
@@ -24,6 +26,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -75,8 +78,8 @@ class Tally:
 
 class QueueHost:
     """One instance's listener on ``queue`` for ``function``. ``faults(stage, message)`` may
-    raise Crash at "invoke" (the process dies while the function runs) or "delete" (after it
-    succeeded, before the delete is acknowledged: the delete is lost)."""
+    raise Crash at "invoke" (the process dies while the function runs; the function may raise it
+    too) or "delete" (after it succeeded, the delete is lost)."""
 
     def __init__(self, connection: str, queue: str, function: Function, *, max_dequeue_count: int = 5,
                  visibility_timeout: timedelta = timedelta(0), lease: timedelta = timedelta(minutes=10),
@@ -98,25 +101,28 @@ class QueueHost:
                 client.create_queue()
 
     def poll(self) -> int:
-        """One Get Messages and every message it returned processed; how many. The host hands a
-        batch's messages to invocations at once, each lease renewed from then on: here they are
-        processed one after the other, each under its renewed lease from the start. A crash
-        ends the batch: the instance died, every message it still held waits for its lease to
-        lapse."""
+        """One Get Messages and every message it returned processed; how many. The messages run
+        at once, as the host dispatches a batch, each under its lease renewed from then on. A
+        crash kills the instance: what it still held waits for its lease to lapse."""
         messages = list(self.queue.receive_messages(max_messages=self.batch_size,
                                                     visibility_timeout=int(self.lease.total_seconds())))  # fmt: skip
+        if not messages:
+            return 0
         leases = [_Renewal(self.queue, message, self.lease) for message in messages]
+        died = threading.Event()
         try:
-            for lease in leases:
-                self.process(lease)
-        except Crash:
-            self.tally.add(crashes=1)
+            with ThreadPoolExecutor(len(leases)) as invocations:
+                list(invocations.map(lambda lease: self.process(lease, died), leases))
         finally:
             for lease in leases:
                 lease.stop()
+        if died.is_set():
+            self.tally.add(crashes=1)
         return len(messages)
 
-    def process(self, lease: _Renewal) -> None:
+    def process(self, lease: _Renewal, died: threading.Event) -> None:
+        """One message of a batch; ``died`` is set once its instance crashed, and from then on
+        the instance settles nothing."""
         message = lease.message
         if (message.dequeue_count or 0) > self.max_dequeue_count:
             self._to_poison(lease.stop())
@@ -126,9 +132,12 @@ class QueueHost:
             self.faults("invoke", message)
             self.function(delivered(message))
         except Crash:
-            raise
+            died.set()
+            return
         except Exception:  # noqa: BLE001 - the function failed: the host retries or poisons
             current = lease.stop()
+            if died.is_set():
+                return
             if (message.dequeue_count or 0) >= self.max_dequeue_count:
                 self._to_poison(current)
             else:
@@ -139,11 +148,13 @@ class QueueHost:
                     self.tally.add(released=1)
             return
         current = lease.stop()
+        if died.is_set():
+            return  # it ran, and its instance died before the delete
         try:
             self.faults("delete", current)
         except Crash:
             self.tally.add(lost_deletes=1)
-            raise
+            return
         if self._delete(current):
             self.tally.add(deleted=1)
 

@@ -173,7 +173,8 @@ def test_a_store_outage_is_waited_out_inside_the_dequeue(queues: Azurite, azurit
 
 
 def test_chaos_competing_instances_crashes_lost_deletes_and_an_outage() -> None:
-    """``make chaos`` runs 2,000 returns with a 30 s outage; this, a short one."""
-    report = queue_chaos(messages=300, instances=4, crash_rate=0.02, lost_delete_rate=0.02, outage=3.0, seed=7)
+    """``make chaos`` runs 2,000 returns with a 30 s outage; this, a short one. Seed 7 crashes an
+    instance at its 37th invocation and loses the 11th delete (a random stream per stage)."""
+    report = queue_chaos(messages=300, instances=4, crash_rate=0.01, lost_delete_rate=0.02, outage=3.0, seed=7)
     assert violations(report) == {}, report
     assert report["applied"] == 300 and report["crashes"] > 0 and report["lost_deletes"] > 0, report
