@@ -10,7 +10,11 @@ What it models, as the service does it:
   no delay;
 - ``max_delivery_count`` → the dead-letter queue with a reason;
 - send-side duplicate detection over a bounded history of MessageIds (Service Bus uses a
-  time window), which drops producer retries that fall inside it and lets later ones through.
+  time window), which drops producer retries that fall inside it and lets later ones through;
+- a sequence number per accepted message, gap-free and increasing (a dropped duplicate takes
+  none), its enqueued time, and peeking by sequence number, on the queue (active or locked) and
+  on its dead-letter queue, where a message keeps its number (``shared.idempotency.audit``'s
+  ``Broker``).
 
 Nothing is ever resubmitted from the dead-letter queue unless a caller says so
 (``resubmit_dead_letters``): that is an operator's act, reported apart.
@@ -23,7 +27,10 @@ import itertools
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from shared.idempotency.audit import Peeked
 
 
 @dataclass
@@ -35,6 +42,8 @@ class QueuedMessage:
     token: int = 0  # the current lock's token; 0 when not locked
     locked_until: float = 0.0
     dead_reason: str | None = None
+    properties: dict[str, str] = field(default_factory=dict)  # application properties
+    enqueued_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     def __lt__(self, other: QueuedMessage) -> bool:  # the ready heap's order: sequence numbers
         return self.seq < other.seq
@@ -62,12 +71,13 @@ class PeekLockQueue:
         self._seq = itertools.count(1)
         self._tokens = itertools.count(1)
         self.dead: list[QueuedMessage] = []
-        self.sent = self.dropped_by_detection = self.deliveries = self.completed = 0
+        self.resubmitted_from: list[int] = []  # the sequence numbers an operator's resubmission took from the DLQ
+        self.sent = self.accepted = self.dropped_by_detection = self.deliveries = self.completed = 0
         self.lock_expiries = self.locks_lost = 0
 
     # -- producer side ---------------------------------------------------------------
 
-    def send(self, message_id: str | None, body: bytes) -> bool:
+    def send(self, message_id: str | None, body: bytes, properties: dict[str, str] | None = None) -> bool:
         """False when duplicate detection dropped the send (as Service Bus does)."""
         with self._cv:
             self.sent += 1
@@ -78,7 +88,8 @@ class PeekLockQueue:
                 self._history[message_id] = None
                 if len(self._history) > self.duplicate_window:
                     self._history.popitem(last=False)
-            heapq.heappush(self._ready, QueuedMessage(next(self._seq), message_id, body))
+            heapq.heappush(self._ready, QueuedMessage(next(self._seq), message_id, body, properties=properties or {}))
+            self.accepted += 1
             self._cv.notify()
             return True
 
@@ -87,8 +98,10 @@ class PeekLockQueue:
         again, long after the detection window (so detection does not drop them)."""
         with self._cv:
             dead, self.dead = self.dead, []
+            self.resubmitted_from += [message.seq for message in dead]  # gone from the DLQ, sent anew
             for message in dead:
                 heapq.heappush(self._ready, QueuedMessage(next(self._seq), message.message_id, message.body))
+                self.accepted += 1
             self._cv.notify_all()
             return len(dead)
 
@@ -147,6 +160,16 @@ class PeekLockQueue:
                 self.lock_expiries += 1
                 self._unlock(lock.message, "lock lost")
 
+    def peek(self, from_sequence: int, count: int) -> list[Peeked]:
+        """The messages still in the queue (locked or not) from ``from_sequence`` on, in order."""
+        with self._cv:
+            held = [*self._ready, *self._locked.values()]
+        return _peeked(held, from_sequence, count)
+
+    def peek_dead_letters(self, from_sequence: int, count: int) -> list[Peeked]:
+        with self._cv:
+            return _peeked(self.dead, from_sequence, count, dead_lettered=True)
+
     def drained(self) -> bool:
         with self._cv:
             self._expire_locks(time.monotonic())
@@ -166,3 +189,8 @@ class PeekLockQueue:
         else:
             heapq.heappush(self._ready, message)  # in its place: no delay, ahead of later messages
         self._cv.notify_all()
+
+
+def _peeked(messages: list[QueuedMessage], start: int, count: int, dead_lettered: bool = False) -> list[Peeked]:
+    found = sorted((m for m in messages if m.seq >= start), key=lambda m: m.seq)[:count]
+    return [Peeked(m.seq, m.enqueued_at, dead_lettered) for m in found]

@@ -8,7 +8,10 @@ Knobs (environment): CHAOS_MESSAGES (5000), CHAOS_WORKERS (8), CHAOS_DUP_RATE (0
 CHAOS_FAULT_RATE (0.05), CHAOS_SEED (random when unset), CHAOS_OUTAGE (1),
 CHAOS_PAYMENTS (0; 1 = charge through a local payment API, a two-phase step), CHAOS_RUNTIME
 (process; worker = deliver through the real Functions Python worker: store faults then cannot
-be injected inside it, delivery faults and the outage still are), CHAOS_TROUBLE_MESSAGES (600;
+be injected inside it, delivery faults and the outage still are), CHAOS_SETTLED_WITHOUT_INVOKE
+(0; 0.005 = the host completes 0.5% of first deliveries without invoking the function, as in
+Azure/azure-functions-host#11879: every run's audit must name exactly those, by sequence
+number, and close its accounting identity on the rest), CHAOS_TROUBLE_MESSAGES (600;
 0 skips the outage and throttling runs), CHAOS_CHAIN_MESSAGES (2000; 0 skips the outbox run:
 orders → order-events → billing + shipping with faults at every hop, lab/chain.py),
 CHAOS_STREAM_EVENTS (3000; 0 skips the Event Hubs run: checkpoints after every batch,
@@ -62,6 +65,7 @@ def config_from_env() -> RunConfig:
         payments=env("CHAOS_PAYMENTS", "0") == "1",
         table="chaosorders",
         runtime=env("CHAOS_RUNTIME", "process"),
+        settled_without_invoke=float(env("CHAOS_SETTLED_WITHOUT_INVOKE", "0")),
     )
 
 
@@ -81,6 +85,8 @@ def as_json(report: Report) -> dict[str, object]:
         "payments": report.config.payments,
         "payment_charges_accepted": report.payment_charges,
         "faults": dict(sorted(report.faults.items())),
+        "settled_without_invoke": len(report.vanished),
+        "audit": report.audit,
         "outcomes": dict(sorted(report.outcomes.items())),
         "lock_expiries": report.lock_expiries,
         "locks_lost": report.locks_lost,
@@ -221,12 +227,24 @@ def summarise(config: RunConfig, report: Report) -> bool:
         f"Effects applied {report.effects_applied}, dead-lettered {report.dead_lettered}, "
         f"double effects {report.double_effects}, lost {report.lost}, orphans {report.orphans}."
     )
+    print(audit_line(report))
     for violation in report.violations:
         print("VIOLATION", violation)
     if not report.ok:
         print(f"FAILED: invariants violated (reproduce with CHAOS_SEED={config.seed})")
     print(json.dumps(as_json(report)))
     return report.ok
+
+
+def audit_line(report: Report) -> str:
+    """The accounting identity of the run, from the audit of what the consumer stored and the queue holds."""
+    a = report.audit
+    if not a:
+        return "Audit: not run."
+    return (f"Audit: received {a['received']} = processed {a['processed']} (canaries {a['canaries']}) + duplicates "
+            f"{a['duplicates']} + refused {a['refused']} + dead-lettered {a['dead_lettered']} + in flight "
+            f"{a['in_flight']} + unaccounted {a['unaccounted']}; settled without invoking the function "
+            f"{len(report.vanished)}.")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -39,7 +39,10 @@ class FaultPlan:
     """``rate``: the share of store requests (and settlements) that meet a fault.
     ``throttle(rate, seconds)``: for a while, that share of store requests is answered
     503 as a throttled service answers. ``lose_lock``: how a ``lock_expiry`` fault takes
-    the current delivery's lock away (the harness knows which delivery runs where)."""
+    the current delivery's lock away (the harness knows which delivery runs where).
+    ``settled_without_invoke``: the share of deliveries the host completes without invoking the
+    function (Azure/azure-functions-host#11879); ``vanished``: each one's sequence number, MessageId
+    and body."""
 
     def __init__(self, rate: float, seed: int, lock_duration: float) -> None:
         self.rate = rate
@@ -50,10 +53,14 @@ class FaultPlan:
         self.lose_lock: Callable[[], None] = lambda: None
         self._throttle_rate = 0.0
         self._throttle_until = 0.0
+        self.settled_without_invoke = 0.0
+        self.vanished: list[tuple[int, str | None, bytes]] = []
 
-    def draw(self, kinds: tuple[str, ...]) -> str | None:
+    def draw(self, kinds: tuple[str, ...], rate: float | None = None) -> str | None:
+        """One of ``kinds`` at the plan's rate (or ``rate``), counted; else None."""
+        rate = self.rate if rate is None else rate
         with self._mutex:
-            if self.rate <= 0 or self._rng.random() >= self.rate:
+            if rate <= 0 or self._rng.random() >= rate:
                 return None
             kind = self._rng.choice(kinds)
             self.injected[kind] += 1

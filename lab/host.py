@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from importlib.util import find_spec
@@ -155,6 +155,9 @@ def servicebus_message(
     *,
     delivery_count: int = 1,
     correlation_id: str | None = None,
+    sequence_number: int | None = None,
+    enqueued_time: datetime | None = None,
+    properties: Mapping[str, Any] | None = None,
 ) -> func.ServiceBusMessage:
     return ServiceBusMessage(
         body=_raw(body),
@@ -162,8 +165,10 @@ def servicebus_message(
         correlation_id=correlation_id,
         delivery_count=delivery_count,
         content_type="application/json",
-        application_properties={},
-        user_properties={},
+        application_properties=dict(properties or {}),
+        user_properties=dict(properties or {}),
+        sequence_number=sequence_number,
+        enqueued_time_utc=enqueued_time,
     )
 
 

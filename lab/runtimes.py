@@ -11,6 +11,8 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from importlib.util import find_spec
 from typing import Any, Protocol
 
@@ -26,16 +28,31 @@ class InvocationFailed(Exception):
 
 
 class Runtime(Protocol):
-    def servicebus(self, function: str, body: bytes, message_id: str | None, delivery_count: int) -> None: ...
+    def servicebus(self, function: str, body: bytes, message_id: str | None, delivery_count: int,
+                   placed: Placed | None = None) -> None: ...  # fmt: skip
 
     def cloudevent(self, function: str, event: Mapping[str, Any]) -> None: ...
 
     def http(self, function: str, path: str, headers: Mapping[str, str], body: bytes) -> tuple[int, dict[str, str]]: ...
 
 
+@dataclass(frozen=True)
+class Placed:
+    """Where the broker placed a Service Bus message: its sequence number, enqueued time and
+    application properties."""
+
+    sequence: int | None
+    enqueued: datetime | None
+    properties: Mapping[str, Any] = field(default_factory=dict)
+
+
 class InProcess:
-    def servicebus(self, function: str, body: bytes, message_id: str | None, delivery_count: int) -> None:
-        _call(function, servicebus_message(body, message_id, delivery_count=delivery_count))
+    def servicebus(self, function: str, body: bytes, message_id: str | None, delivery_count: int,
+                   placed: Placed | None = None) -> None:  # fmt: skip
+        at = placed or Placed(None, None)
+        message = servicebus_message(body, message_id, delivery_count=delivery_count, sequence_number=at.sequence,
+                                     enqueued_time=at.enqueued, properties=at.properties)  # fmt: skip
+        _call(function, message)
 
     def cloudevent(self, function: str, event: Mapping[str, Any]) -> None:
         attributes = {k: v for k, v in event.items() if k != "data"}
@@ -66,8 +83,12 @@ class InWorker:
             raise InvocationFailed(failure)
         return response
 
-    def servicebus(self, function: str, body: bytes, message_id: str | None, delivery_count: int) -> None:
+    def servicebus(self, function: str, body: bytes, message_id: str | None, delivery_count: int,
+                   placed: Placed | None = None) -> None:  # fmt: skip
         message = self.triggers.ServiceBusMessage(body, message_id, delivery_count=delivery_count)
+        if placed is not None and placed.sequence is not None and placed.enqueued is not None:
+            message = replace(message, sequence_number=placed.sequence, enqueued=placed.enqueued,
+                              application_properties=dict(placed.properties))  # fmt: skip
         self._invoke(function, self.triggers.servicebus(self.host.trigger(function), message))
 
     def cloudevent(self, function: str, event: Mapping[str, Any]) -> None:

@@ -15,7 +15,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 from opentelemetry import trace
 
-from . import dead_letters, telemetry, wait
+from . import dead_letters, facts, telemetry, wait
 from .cache import CompletedKeys
 from .config import DedupConfig
 from .errors import DedupError, InvalidMessage
@@ -219,6 +219,8 @@ class IdempotentConsumer:
             result = next(committed) if isinstance(item, Commit) else item
             if dispatch is not None and isinstance(item, Commit) and result.outcome in _COMMITTED:
                 result = dispatch.send(delivery, item, result, retry=retry)
+            if result.outcome is Outcome.DUPLICATE and delivery.sequence is not None:
+                result = self._seen(delivery, result)
             if self._record_refusals and result.outcome in _REFUSALS:
                 result = dead_letters.record(self.store, self.name, delivery, result)
             results.append(result)
@@ -264,6 +266,11 @@ class IdempotentConsumer:
         fp: str | None = None
         context: Context | None = None
         try:
+            if facts.is_canary(delivery):  # no business: its marker is its heartbeat, and the audit's fact
+                key = facts.canary_key(self.name, delivery)
+                return Commit(key, consumer_partition(key.scope, key.id), "canary", [], None,
+                              utcnow() + self._retention, owner, retry, sequence=delivery.sequence,
+                              enqueued_at=delivery.enqueued_at)  # fmt: skip
             payload, key, fp = self._read(delivery)
             self._validate(payload)
             if self._completed.get(key) == fp:
@@ -311,7 +318,8 @@ class IdempotentConsumer:
             changes = view.fold(effects.changes) if effects.changes else ()
             if changes:
                 view.markers[key] = Commit(key, partition, fp, [], None, expires_at).marker(utcnow())  # a later copy
-            return Commit(key, partition, fp, entities, effects.result, expires_at, owner, retry, steps, changes)
+            return Commit(key, partition, fp, entities, effects.result, expires_at, owner, retry, steps, changes,
+                          delivery.sequence, delivery.enqueued_at)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - mapped to exactly one outcome below
             if context is not None:
                 context.settle()  # the steps it called stay completed
@@ -372,6 +380,15 @@ class IdempotentConsumer:
             else:
                 results.append(self._duplicate(item.key, item.partition, item.fingerprint, commit.stored_fingerprint))
         return results
+
+    def _seen(self, delivery: Delivery, result: Result) -> Result:
+        """A duplicate's own delivery, kept for the audit (one small insert); when it cannot be
+        kept, the broker keeps the message: the audit would count it lost."""
+        try:
+            facts.record_duplicate(self.store, self.name, delivery, result, utcnow() + self._retention)
+        except DedupError as exc:
+            return Result(Outcome.TRANSIENT, result.key, Reason.STORE_UNAVAILABLE, str(exc)[:500])
+        return result
 
     def _duplicate(self, key: DedupKey, partition: str, fp: str, stored_fp: str | None) -> Result:
         if not self._replay:

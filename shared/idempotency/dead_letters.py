@@ -20,7 +20,8 @@ def record(store: DedupStore, scope: str, delivery: Delivery, result: Result) ->
     letter = DeadLetter(scope, result.reason or result.outcome.value, result.detail or "", delivery.body,
                         delivery.message_id, delivery.correlation_id, delivery.delivery_count,
                         result.key.id if result.key else None, result.fingerprint,
-                        result.stored_fingerprint)  # fmt: skip
+                        result.stored_fingerprint, sequence=delivery.sequence,
+                        enqueued_at=delivery.enqueued_at)  # fmt: skip
     try:
         store.dead_letter(letter)
     except Exception as exc:  # noqa: BLE001 - whatever failed, the broker keeps the message

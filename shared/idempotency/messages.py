@@ -132,6 +132,11 @@ class Delivery:
     # How many times its source delivers it at most (a Storage queue's maxDequeueCount); None:
     # the consumer's DEDUP_MAX_DELIVERY_COUNT (every Service Bus queue's maxDeliveryCount).
     max_deliveries: int | None = None
+    # Where the broker placed it (Service Bus): its sequence number, gap-free and increasing per
+    # entity (per partition of a partitioned one), and when it was enqueued. Kept on the marker
+    # or record the delivery leaves, for the audit (audit.py) to account for every message.
+    sequence: int | None = None
+    enqueued_at: datetime | None = None
 
     def is_last(self, max_deliveries: int) -> bool:
         """The source's last delivery (``max_deliveries`` unless it says its own): what still

@@ -49,6 +49,8 @@ class Reason(StrEnum):
     ITEMS_FAILED = "items_failed"
     FILE_TOO_LARGE = "file_too_large"  # an import's file, refused whole
     FILE_MALFORMED = "file_malformed"
+    # found by the audit (audit.py), not by a delivery
+    UNACCOUNTED = "unaccounted"  # a sequence number neither the consumer nor the broker holds: lost
 
 
 # What clears by itself, so a delivery waits for it (``wait.py``). A handler's own exception

@@ -178,6 +178,13 @@ class SqliteStore(DedupStore):
         return [m for m in markers if m.state is State.IN_PROGRESS and m.lease_until
                 and m.lease_until < lease_expired_before][:limit]  # fmt: skip
 
+    def sequenced(self, scope: str, since: datetime, until: datetime) -> list[Marker]:
+        with self._transaction() as db:
+            rows = db.execute("SELECT fields, etag FROM items WHERE kind = ?", (MARKER_KIND,)).fetchall()
+        markers = [marker_from(load(fields), "", version) for fields, version in rows]
+        return [m for m in markers if m.enqueued_at is not None and since <= m.enqueued_at < until
+                and m.key.scope.split("|", 1)[0] == scope]  # fmt: skip
+
     # -- versioned state ----------------------------------------------------------------------
 
     def read_state(self, partition: str, name: str) -> StoredState | None:

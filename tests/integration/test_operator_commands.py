@@ -31,6 +31,8 @@ NOT_RUN = {  # the page's other commands, and where they are run instead
     "SMOKE_SERVICEBUS_NAMESPACE is set",
     "lab.purge_cost": "a measurement (make bench): tests/example/test_bench.py runs it small",
     "lab.workbook_picture": "redraws docs/workbook.png: tests/unit/test_entry_points.py runs its --help",
+    "shared.idempotency.audit": "peeks a Service Bus entity: tests/integration/test_audit.py runs it against a "
+    "namespace when AUDIT_SERVICEBUS_CONNECTION is set, and without one as a user would",
 }
 
 

@@ -329,6 +329,33 @@ def test_servicebus_queue_processes_once_and_dead_letters_what_it_refuses(
     assert effects(store, broken)["item"] == 0
 
 
+def test_what_the_consumer_records_keeps_the_brokers_sequence_number_for_the_audit(
+    worker: WorkerHost, store: TableStore
+) -> None:
+    """The host's SequenceNumber and EnqueuedTimeUtc reach the consumer through the worker and
+    are kept where it records each delivery: the marker, a duplicate's own record, the refusal's
+    dead letter, a canary's marker (shared.idempotency.audit reads them back)."""
+    item_id, broken, base = new_id(), new_id(), 2**50 + uuid.uuid4().int % 2**20
+    enqueued = datetime.now(UTC).replace(microsecond=0)
+    sent = {"sequence_number": base, "enqueued": enqueued}
+    assert deliver(worker, "items", an_item(item_id), item_id, **sent) is None
+    resent = {"sequence_number": base + 1, "enqueued": enqueued + timedelta(seconds=1)}
+    assert deliver(worker, "items", an_item(item_id), item_id, **resent) is None  # past duplicate detection
+    assert deliver(worker, "items", b"{", broken, sequence_number=base + 2, enqueued=enqueued) is None
+    canary = {"sequence_number": base + 3, "enqueued": enqueued, "application_properties": {"dedup-canary": "t"}}
+    assert deliver(worker, "items", b"{}", "canary-" + item_id, **canary) is None
+    found = {
+        (m.key.scope, m.sequence): m.enqueued_at  # the other transaction path's run shares the table
+        for m in store.sequenced("items", enqueued - timedelta(seconds=1), enqueued + timedelta(seconds=2))
+        if m.sequence is not None and base <= m.sequence <= base + 3
+    }
+    assert found == {("items", base): enqueued, ("items|seen", base + 1): enqueued + timedelta(seconds=1),
+                     ("items|canary", base + 3): enqueued}  # fmt: skip
+    [refused] = [d for d in store.dead_letters("items") if d.message_id == broken]
+    assert (refused.sequence, refused.enqueued_at) == (base + 2, enqueued)
+    assert effects(store, item_id)["item"] == 1 and effects(store, "canary-" + item_id) == Counter()
+
+
 def test_a_body_field_cannot_replace_the_brokers_message_id(worker: WorkerHost, store: TableStore) -> None:
     """With a string body the host would merge "MessageId" from the JSON into the trigger
     metadata; the binary data type keeps the broker's MessageId as the key."""

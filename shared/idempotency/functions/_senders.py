@@ -125,20 +125,26 @@ def app_sender() -> Sender:
         return FileSender(setting("DEDUP_SENDER_FILE"))
     if name != "servicebus":
         return _imported(name)
+    size = whole("DEDUP_OUTGOING_MAX_BYTES", DEFAULT_MAX_MESSAGE_BYTES)
+    return ServiceBusSender(servicebus_client("the outbox sends"), max_message_bytes=size)
+
+
+def servicebus_client(who: str) -> ServiceBusClient:
+    """A client on the Service Bus trigger's own connection settings (no new secret):
+    ServiceBusConnection (local), or ServiceBusConnection__fullyQualifiedNamespace with the
+    app's managed identity (``__clientId``: a user-assigned one)."""
     from azure.servicebus import ServiceBusClient
 
-    size = whole("DEDUP_OUTGOING_MAX_BYTES", DEFAULT_MAX_MESSAGE_BYTES)
     connection = os.environ.get("ServiceBusConnection")  # noqa: SIM112 - the host's own setting name
     if connection:
-        return ServiceBusSender(ServiceBusClient.from_connection_string(connection), max_message_bytes=size)
+        return ServiceBusClient.from_connection_string(connection)
     namespace = os.environ.get("ServiceBusConnection__fullyQualifiedNamespace")  # noqa: SIM112
     if namespace:
         from azure.identity import DefaultAzureCredential
 
         client_id = os.environ.get("ServiceBusConnection__clientId")  # noqa: SIM112
-        credential = DefaultAzureCredential(managed_identity_client_id=client_id)
-        return ServiceBusSender(ServiceBusClient(namespace, credential), max_message_bytes=size)
-    raise ConfigurationError("the outbox sends with ServiceBusConnection (local) or "
+        return ServiceBusClient(namespace, DefaultAzureCredential(managed_identity_client_id=client_id))
+    raise ConfigurationError(f"{who} with ServiceBusConnection (local) or "
                              "ServiceBusConnection__fullyQualifiedNamespace (managed identity)")  # fmt: skip
 
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import azure.functions as func
 
 from ..messages import Delivery
@@ -40,4 +42,10 @@ def servicebus_delivery(msg: func.ServiceBusMessage) -> Delivery:
         delivery_count=msg.delivery_count,
         traceparent=str(traceparent) if traceparent else None,
         properties=properties,
+        sequence=msg.sequence_number,
+        enqueued_at=_utc(msg.enqueued_time_utc),
     )
+
+
+def _utc(when: datetime | None) -> datetime | None:
+    return when.replace(tzinfo=UTC) if when is not None and when.tzinfo is None else when

@@ -164,6 +164,14 @@ class DedupStore(ABC):
 
     # -- primitives of naturally idempotent writes: no marker ----------------------------
 
+    def sequenced(self, scope: str, since: datetime, until: datetime) -> list[Marker]:
+        """The markers of consumer ``scope`` and of its own scopes (``scope|…``) whose delivery
+        was enqueued in [``since``, ``until``): the audit's facts (audit.py). A filtered scan across
+        partitions: run it from a timer, never on the message path.
+
+        :raises StoreUnavailable: as every primitive."""
+        raise NotImplementedError(f"{type(self).__name__} does not list markers by enqueued time")
+
     @abstractmethod
     def read_state(self, partition: str, name: str) -> StoredState | None:
         """The stored version of entity ``name`` (-1 when it has none), its ETag and the

@@ -27,7 +27,7 @@ ID_LIMIT = 1_024  # characters of an id kept with a dead letter (a property hold
 # Every field a marker may carry (optional ones are left out when empty): a business
 # document that is its own marker (Cosmos DB, one document) must use none of them.
 MARKER_FIELDS = frozenset({"kind", "scope", "keyId", "state", "fingerprint", "createdAt", "expiresAt", "step",
-                           "result", "leaseUntil", "owner", "partition"})  # fmt: skip
+                           "result", "leaseUntil", "owner", "partition", "sequence", "enqueuedAt"})  # fmt: skip
 
 
 def marker_fields(marker: Marker) -> dict[str, Any]:
@@ -48,6 +48,9 @@ def marker_fields(marker: Marker) -> dict[str, Any]:
         "owner": marker.owner,
         # the raw partition, for reconciliation's cross-partition scan of claims
         "partition": marker.partition if marker.claimed else None,
+        # text: a partitioned entity's sequence numbers pass 2**53 (the partition in the high bits)
+        "sequence": None if marker.sequence is None else str(marker.sequence),
+        "enqueuedAt": marker.enqueued_at,
     }
     fields.update({name: value for name, value in optional.items() if value is not None})
     return fields
@@ -65,7 +68,13 @@ def marker_from(fields: Mapping[str, Any], partition: str, version: str | None) 
         result=fields.get("result"),
         owner=fields.get("owner"),
         version=version,
+        sequence=_sequence(fields.get("sequence")),
+        enqueued_at=fields.get("enqueuedAt"),
     )
+
+
+def _sequence(text: str | None) -> int | None:
+    return None if text is None else int(text)
 
 
 def kept(record: DeadLetter) -> DeadLetter:
@@ -100,6 +109,8 @@ def dead_letter_fields(record: DeadLetter, recorded_at: datetime, expires_at: da
         "storedFingerprint": record.stored_fingerprint,
         "bodySize": record.body_size,
         "bodySha256": record.body_sha256,
+        "sequence": None if record.sequence is None else str(record.sequence),
+        "enqueuedAt": record.enqueued_at,
     }
     fields.update({name: value for name, value in optional.items() if value is not None})
     return fields
@@ -135,6 +146,8 @@ def dead_letter_from(fields: Mapping[str, Any], body: bytes) -> DeadLetter:
         recorded_at=fields.get("recordedAt"),
         body_size=fields.get("bodySize"),
         body_sha256=fields.get("bodySha256"),
+        sequence=_sequence(fields.get("sequence")),
+        enqueued_at=fields.get("enqueuedAt"),
     )
 
 

@@ -289,6 +289,23 @@ class CosmosStore(DedupStore):
             items = self._container.query_items(query, parameters=parameters, enable_cross_partition_query=True)
             return [self._marker_from(item) for item in islice(items, limit)]
 
+    def sequenced(self, scope: str, since: datetime, until: datetime) -> list[Marker]:
+        query = (
+            "SELECT * FROM c WHERE c.kind = @kind AND c.enqueuedAt >= @since AND c.enqueuedAt < @until"
+            " AND (c.scope = @scope OR (c.scope > @own AND c.scope < @past))"
+        )  # scope|…: "}" follows "|"
+        parameters: list[dict[str, Any]] = [
+            {"name": "@kind", "value": MARKER_KIND},
+            {"name": "@since", "value": _time(since)},
+            {"name": "@until", "value": _time(until)},
+            {"name": "@scope", "value": scope},
+            {"name": "@own", "value": scope + "|"},
+            {"name": "@past", "value": scope + "}"},
+        ]
+        with store_errors():
+            items = self._container.query_items(query, parameters=parameters, enable_cross_partition_query=True)
+            return [self._marker_from(item) for item in items]
+
     # -- naturally idempotent writes ----------------------------------------------------
 
     def read_state(self, partition: str, name: str) -> StoredState | None:
@@ -403,7 +420,7 @@ def _to_cosmos(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def _from_cosmos(item: dict[str, Any]) -> dict[str, Any]:
-    times = ("createdAt", "expiresAt", "leaseUntil", "recordedAt")
+    times = ("createdAt", "expiresAt", "leaseUntil", "recordedAt", "enqueuedAt")
     return {name: _parse_time(value) if name in times else value for name, value in item.items()}
 
 

@@ -177,6 +177,12 @@ class MemoryStore(DedupStore):
         ]  # fmt: skip
         return found[:limit]
 
+    def sequenced(self, scope: str, since: datetime, until: datetime) -> list[Marker]:
+        self._check()
+        return [replace(item.marker, version=item.etag) for item in list(self._items.values())
+                if item.marker and item.marker.enqueued_at is not None and since <= item.marker.enqueued_at < until
+                and item.marker.key.scope.split("|", 1)[0] == scope]  # fmt: skip
+
     # -- naturally idempotent writes ----------------------------------------------------
 
     def read_state(self, partition: str, name: str) -> StoredState | None:

@@ -37,6 +37,9 @@ class Marker:
     owner: str | None = None  # the claim's token: tells our own lost write from a rival's
     result: JSON = None
     version: str | None = field(default=None, compare=False)  # the store's ETag
+    # The delivery it records, as its broker placed it (Delivery.sequence, .enqueued_at): the audit's facts
+    sequence: int | None = None
+    enqueued_at: datetime | None = None
 
     @property
     def claimed(self) -> bool:
@@ -122,6 +125,8 @@ class DeadLetter:
     # MAX_DEAD_LETTER_BODY): the whole body's length and SHA-256 (hex).
     body_size: int | None = None
     body_sha256: str | None = None
+    sequence: int | None = None  # as on a marker: the delivery's place in its broker, for the audit
+    enqueued_at: datetime | None = None
 
     @property
     def truncated(self) -> bool:
@@ -135,6 +140,8 @@ class DeadLetter:
         digest = hashlib.sha256()
         for part in (self.scope, self.message_id or "", self.key_id or "", self.reason):
             digest.update(part.encode("utf-8", "surrogatepass") + b"\x00")
+        if self.sequence is not None:  # a producer's resend of a refused message is a record of its own
+            digest.update(b"%d\x00" % self.sequence)
         digest.update(self.body)
         return digest.hexdigest()
 
@@ -160,10 +167,13 @@ class Commit(NamedTuple):
     retry: bool = False
     completions: tuple[Marker, ...] = ()
     changes: tuple[Change, ...] = ()
+    sequence: int | None = None  # the delivery's place in its broker (Delivery.sequence), kept on the marker
+    enqueued_at: datetime | None = None
 
     def marker(self, now: datetime) -> Marker:
         return Marker(self.key, self.partition, State.COMPLETED, self.fingerprint, now, self.expires_at,
-                      owner=self.owner, result=self.result)  # fmt: skip
+                      owner=self.owner, result=self.result, sequence=self.sequence,
+                      enqueued_at=self.enqueued_at)  # fmt: skip
 
 
 class StoredState(NamedTuple):

@@ -302,6 +302,36 @@ class TableStore(DedupStore):
         with store_errors():
             return [self._marker_from(entity, entity["Partition"]) for entity in islice(query, limit)]
 
+    def sequenced(self, scope: str, since: datetime, until: datetime) -> list[Marker]:
+        query = self._table.query_entities(
+            "Kind eq @kind and EnqueuedAt ge @since and EnqueuedAt lt @until"
+            " and ( Scope eq @scope or ( Scope gt @own and Scope lt @past ) )",  # scope|…: "}" follows "|"; the
+            # SDK substitutes a parameter only when it stands between spaces
+            parameters={
+                "kind": MARKER_KIND,
+                "since": since,
+                "until": until,
+                "scope": scope,
+                "own": scope + "|",
+                "past": scope + "}",
+            },
+            select=[
+                "Scope",
+                "KeyId",
+                "Step",
+                "State",
+                "Fingerprint",
+                "CreatedAt",
+                "ExpiresAt",
+                "Sequence",
+                "EnqueuedAt",
+                "PartitionKey",
+            ],
+            results_per_page=1000,
+        )
+        with store_errors():
+            return [self._marker_from(entity, entity["PartitionKey"]) for entity in query]
+
     # -- naturally idempotent writes ----------------------------------------------------
 
     def read_state(self, partition: str, name: str) -> StoredState | None:

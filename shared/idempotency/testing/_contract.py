@@ -448,6 +448,29 @@ class StoreContract:
         found = {m.key for m in store.stale_claims(utcnow(), 1000)}
         assert lapsed in found and live not in found
 
+    def test_markers_are_listed_by_their_deliverys_enqueued_time(self, store: DedupStore) -> None:
+        """The audit's facts (``sequenced``): a consumer's markers and those of its own scopes
+        (``scope|…``), by enqueued time; never another consumer's, nor one enqueued outside."""
+        scope, now = f"audited{uuid.uuid4().hex[:8]}", utcnow().replace(microsecond=0)
+
+        def commit(k: DedupKey, sequence: int, minutes: int) -> None:
+            store.commit_many([Commit(k, k.id, "fp", [], None, now + HOUR, sequence=2**60 + sequence,
+                                      enqueued_at=now + timedelta(minutes=minutes))])  # fmt: skip
+
+        commit(DedupKey(scope, "a"), 1, 0)
+        commit(DedupKey(f"{scope}|seen", "2"), 2, 1)
+        commit(DedupKey(scope, "early"), 3, -10)
+        commit(DedupKey(scope, "late"), 4, 10)
+        commit(DedupKey(scope + "2", "other"), 5, 0)  # another consumer whose name starts alike
+        store.commit(DedupKey(scope, "unplaced"), "unplaced", "fp", [], None, now + HOUR)
+        try:
+            found = store.sequenced(scope, now - timedelta(minutes=5), now + timedelta(minutes=5))
+        except NotImplementedError as exc:
+            pytest.skip(f"{exc}: the audit (shared.idempotency.audit) needs it")
+        assert sorted((m.key.scope, m.key.id, m.sequence) for m in found) == [
+            (scope, "a", 2**60 + 1), (f"{scope}|seen", "2", 2**60 + 2)]  # fmt: skip
+        assert {m.enqueued_at for m in found} == {now, now + timedelta(minutes=1)}
+
     def test_an_unreachable_store_is_transient(self) -> None:
         store = self.unreachable_store()
         k = key()

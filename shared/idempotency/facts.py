@@ -1,0 +1,38 @@
+"""What a consumer keeps of each Service Bus delivery for the audit (audit.py), beside what it
+records anyway: a duplicate's own record, and a canary's marker. The marker and the dead-letter
+record carry the delivery's sequence number themselves (``Delivery.sequence``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from .keys import DedupKey, consumer_partition
+from .messages import Delivery, Result, utcnow
+from .stores._base import DedupStore
+from .stores._records import Marker, State
+
+CANARY_PROPERTY = "dedup-canary"  # an application property: the message is a canary, not business
+DUPLICATES = "seen"  # scope suffix of a duplicate's own record: ``<consumer>|seen``
+CANARIES = "canary"  # scope suffix of a canary's marker: ``<consumer>|canary``
+
+
+def is_canary(delivery: Delivery) -> bool:
+    return CANARY_PROPERTY in delivery.properties
+
+
+def canary_key(scope: str, delivery: Delivery) -> DedupKey:
+    return DedupKey(f"{scope}|{CANARIES}", delivery.message_id or str(delivery.sequence))
+
+
+def record_duplicate(store: DedupStore, scope: str, delivery: Delivery, result: Result, expires_at: datetime) -> None:
+    """Keep a duplicate's own delivery for the audit: one conditional insert keyed by its
+    sequence number (the same delivery again writes nothing). A redelivery of the message the
+    marker records costs it too: the consumer cannot tell without reading the marker.
+
+    :raises StoreUnavailable: the fact may be missing: the delivery must go back to the broker."""
+    if delivery.sequence is None or result.key is None:
+        return
+    key = DedupKey(f"{scope}|{DUPLICATES}", str(delivery.sequence))
+    store.insert(Marker(key, consumer_partition(key.scope, key.id), State.COMPLETED, result.fingerprint or "",
+                        utcnow(), expires_at, result={"key": result.key.id}, sequence=delivery.sequence,
+                        enqueued_at=delivery.enqueued_at))  # fmt: skip

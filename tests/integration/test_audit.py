@@ -1,0 +1,213 @@
+"""The audit (shared.idempotency.audit) accounts for every sequence number a Service Bus queue
+gave, from what the consumer stored on the real stores and what the queue still holds (the
+broker model, lab/broker.py): processed, duplicates (a producer's resend past duplicate
+detection), refused, dead-lettered by the broker, in flight — and names what is nowhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from lab.azurite import Azurite
+from lab.broker import PeekLockQueue
+from shared.idempotency import Context, Effects, Entity, IdempotentConsumer
+from shared.idempotency.audit import Account, ServiceBusPeek, account, checkpoint, report, save
+from shared.idempotency.config import DedupConfig
+from shared.idempotency.facts import CANARY_PROPERTY
+from shared.idempotency.messages import Delivery, Outcome
+from shared.idempotency.reasons import Reason
+from shared.idempotency.stores import DedupStore, MemoryStore
+from tests.functions import fresh_app
+from tests.integration.operators import run_tool
+
+SCHEMA = {"type": "object", "required": ["orderId"], "properties": {"orderId": {"type": "string"}}}
+
+
+def handler(order: dict[str, Any], context: Context) -> Effects:
+    return Effects([Entity(f"order|{order['orderId']}", order)])
+
+
+def consumer(store: DedupStore) -> IdempotentConsumer:
+    return IdempotentConsumer("audited", store, handler, schema=SCHEMA, config=DedupConfig(transient_wait=timedelta(0)))
+
+
+class Run:
+    """A queue and the consumer it feeds: what is delivered is processed and completed."""
+
+    def __init__(self, store: DedupStore) -> None:
+        self.store, self.consumer = store, consumer(store)
+        self.queue = PeekLockQueue(lock_duration=30, max_delivery_count=2, duplicate_window=100)
+        self.started = datetime.now(UTC)
+
+    def send(self, message_id: str, body: Any, **properties: str) -> None:
+        assert self.queue.send(message_id, json.dumps(body).encode(), properties)
+
+    def deliver(self, *, skip: bool = False, fail: bool = False) -> Outcome | None:
+        """The next message: processed (``skip``: completed without it, as a host that lost the
+        invocation; ``fail``: abandoned, as a function that raised)."""
+        lock = self.queue.receive(timeout=0)
+        assert lock is not None
+        if skip or fail:
+            self.queue.complete(lock) if skip else self.queue.abandon(lock, "failed")
+            return None
+        m = lock.message
+        delivery = Delivery(m.body, m.message_id, delivery_count=lock.delivery_count, properties=m.properties,
+                            sequence=m.seq, enqueued_at=m.enqueued_at)  # fmt: skip
+        result = self.consumer.process(delivery)
+        assert result.acknowledge, result
+        self.queue.complete(lock)
+        return result.outcome
+
+    def audit(self, after: int = 0) -> Account:
+        hour = timedelta(hours=1)
+        return account(self.store, "audited", self.queue, after=after, since=self.started - hour,
+                       until=datetime.now(UTC) + hour)  # fmt: skip
+
+
+def test_every_sequence_number_is_accounted_for_once_on_every_store(store: DedupStore) -> None:
+    run = Run(store)
+    run.send("o-1", {"orderId": "o-1"})  # 1 processed
+    run.send("o-2", {"orderId": "o-2"})  # 2 lost: completed, never processed
+    run.send("o-bad", {"nope": 1})  # 3 refused (schema): a dead-letter record
+    run.send("o-4", {"orderId": "o-4"})  # 4 fails twice: the broker's dead-letter queue
+    run.send("canary-1", {}, **{CANARY_PROPERTY: "timer"})  # 5 the canary
+    run.queue.duplicate_window = 0  # the producer's resend comes after the detection window
+    run.send("o-1", {"orderId": "o-1"})  # 6 a duplicate with a number of its own
+    run.send("o-7", {"orderId": "o-7"})  # 7 still in the queue
+    assert [run.deliver(), run.deliver(skip=True), run.deliver(), run.deliver(fail=True)] == [
+        Outcome.PROCESSED, None, Outcome.INVALID, None]  # fmt: skip
+    assert run.deliver(fail=True) is None  # o-4 again: MaxDeliveryCountExceeded
+    assert [run.deliver(), run.deliver()] == [Outcome.PROCESSED, Outcome.DUPLICATE]  # the canary, the resend
+    found = run.audit()
+    assert (found.first, found.last, found.received) == (1, 7, 7)
+    assert found.counts == {"processed": 2, "duplicates": 1, "refused": 1, "dead_lettered": 1, "in_flight": 1}
+    assert found.canaries == 1 and [seq for seq, _ in found.unaccounted] == [2] and not found.closes
+    assert found.unaccounted[0][1] is not None  # bounded by the number before it
+    assert run.audit(after=2).closes and run.audit(after=2).received == 5  # the next window starts after it
+
+
+def test_a_redelivery_of_a_processed_message_counts_once() -> None:
+    run = Run(MemoryStore())
+    run.send("o-1", {"orderId": "o-1"})
+    lock = run.queue.receive(timeout=0)
+    assert lock is not None
+    delivery = Delivery(lock.message.body, "o-1", delivery_count=1, sequence=lock.message.seq,
+                        enqueued_at=lock.message.enqueued_at)  # fmt: skip
+    assert run.consumer.process(delivery).outcome is Outcome.PROCESSED
+    again = Delivery(
+        delivery.body, "o-1", delivery_count=2, sequence=delivery.sequence, enqueued_at=delivery.enqueued_at
+    )
+    assert run.consumer.process(again).outcome is Outcome.DUPLICATE  # its settlement was lost: delivered again
+    run.queue.complete(lock)
+    found = run.audit()
+    assert (found.received, found.counts["processed"], found.counts["duplicates"], found.closes) == (1, 1, 0, True)
+
+
+def test_a_loss_at_the_end_of_a_window_is_found_once_a_later_message_is_seen() -> None:
+    run = Run(MemoryStore())
+    run.send("o-1", {"orderId": "o-1"})
+    run.send("o-2", {"orderId": "o-2"})
+    run.deliver()
+    run.deliver(skip=True)
+    assert run.audit().received == 1 and run.audit().closes  # nothing after it yet: the window ends at 1
+    run.send("canary-1", {}, **{CANARY_PROPERTY: "timer"})
+    run.deliver()
+    assert [seq for seq, _ in run.audit().unaccounted] == [2]
+
+
+def test_a_duplicate_that_cannot_be_recorded_goes_back_to_the_broker() -> None:
+    store = MemoryStore()
+    run = Run(store)
+    run.send("o-1", {"orderId": "o-1"})
+    run.deliver()
+    store.available = False
+    delivery = Delivery(b'{"orderId": "o-1"}', "o-1", delivery_count=1, sequence=9, enqueued_at=datetime.now(UTC))
+    result = run.consumer.process(delivery)
+    assert (result.outcome, result.reason) == (Outcome.TRANSIENT, Reason.STORE_UNAVAILABLE)
+
+
+@pytest.mark.parametrize("sequence", [None, 5])
+def test_a_duplicate_costs_one_small_insert_only_with_a_sequence_number(sequence: int | None) -> None:
+    store = MemoryStore()
+    c = consumer(store)
+    first = Delivery(b'{"orderId": "o-1"}', "o-1", sequence=None if sequence is None else 4,
+                     enqueued_at=datetime.now(UTC))  # fmt: skip
+    assert c.process(first).outcome is Outcome.PROCESSED
+    again = Delivery(first.body, "o-1", sequence=sequence, enqueued_at=datetime.now(UTC))
+    assert c.process(again).outcome is Outcome.DUPLICATE
+    seen = [item for item in store.scan() if item.key is not None and item.key.scope == "audited|seen"]
+    assert [item.key.id for item in seen if item.key is not None] == ([] if sequence is None else ["5"])
+
+
+def test_a_saved_window_is_where_the_next_audit_starts_and_its_losses_are_recorded_once(store: DedupStore) -> None:
+    run = Run(store)
+    for n in range(1, 5):
+        run.send(f"o-{n}", {"orderId": f"o-{n}"})
+    for skip in (False, True, False, False):  # 2 never reaches the function
+        run.deliver(skip=skip)
+    until = datetime.now(UTC) + timedelta(hours=1)
+    found = run.audit()
+    report(store, found)
+    save(store, found, until)
+    assert checkpoint(store, "audited") == (4, until)
+    [record] = [d for d in store.dead_letters("audited") if d.reason == Reason.UNACCOUNTED]
+    assert (record.sequence, record.body) == (2, b"")
+    again = run.audit()  # the same window read again: the record of a loss is not a refusal
+    assert [seq for seq, _ in again.unaccounted] == [2] and again.counts["refused"] == 0
+    run.send("o-5", {"orderId": "o-5"})
+    run.deliver()
+    after = run.audit(after=4)
+    assert (after.first, after.last, after.closes) == (5, 5, True)
+
+
+# -- the operator's command (docs/operations.md), as a user runs it ------------------------------
+
+AZURE = os.environ.get("AUDIT_SERVICEBUS_CONNECTION")  # a namespace to peek: the test sends to AUDIT_SERVICEBUS_QUEUE
+ON_AZURE = pytest.mark.skipif(not AZURE, reason="peeking needs Service Bus itself (there is no local emulator here): "
+                              "set AUDIT_SERVICEBUS_CONNECTION and AUDIT_SERVICEBUS_QUEUE (a queue with duplicate "
+                              "detection, nothing reading it) to run it")  # fmt: skip
+
+
+def test_the_command_without_a_service_bus_connection_says_so_in_one_line(azurite: Azurite) -> None:
+    with fresh_app(azurite):
+        done = run_tool("shared.idempotency.audit", "--consumer", "items", "--queue", "items",
+                        "--consumers", "tests.app", ServiceBusConnection="",
+                        ServiceBusConnection__fullyQualifiedNamespace="")  # fmt: skip
+    assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done.stderr
+    assert "ServiceBusConnection" in done.stderr
+
+
+@ON_AZURE
+def test_on_service_bus_a_dropped_resend_takes_no_sequence_number_and_the_command_accounts_for_a_queue(
+    azurite: Azurite,
+) -> None:
+    """What only the service can tell: a send that duplicate detection drops takes no sequence
+    number (else every dropped resend would be a gap, and the audit would report it lost), and a
+    dead-lettered message keeps its number. Then the command, as written, on that queue."""
+    from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+    queue = os.environ["AUDIT_SERVICEBUS_QUEUE"]
+    client = ServiceBusClient.from_connection_string(str(AZURE))
+    ids = [f"audit-{uuid.uuid4().hex}" for _ in range(2)]
+    peek = ServiceBusPeek(client, queue)
+    with client, client.get_queue_sender(queue) as sender:
+        start = max((p.sequence for p in peek.peek(0, 250)), default=0)
+        for message_id in (ids[0], ids[0], ids[1]):  # the second, a resend inside the detection window
+            sender.send_messages(ServiceBusMessage(b"{}", message_id=message_id))
+        with client.get_queue_receiver(queue, max_wait_time=5) as receiver:
+            numbers = {m.message_id: m.sequence_number or 0 for m in receiver.peek_messages(250, sequence_number=start)}
+            for message in receiver.receive_messages(max_message_count=250, max_wait_time=5):
+                if message.message_id == ids[1]:
+                    receiver.dead_letter_message(message, reason="audit test")
+        dead = [p.sequence for p in peek.peek_dead_letters(numbers[ids[0]], 250)]
+    assert numbers[ids[1]] - numbers[ids[0]] == 1, numbers  # the dropped resend took no number
+    assert numbers[ids[1]] in dead  # dead-lettered, it keeps its number
+    with fresh_app(azurite):
+        done = run_tool("shared.idempotency.audit", "--consumer", "items", "--queue", queue, "--settle", "PT0S",
+                        "--consumers", "tests.app", ServiceBusConnection=str(AZURE))  # fmt: skip
+    assert done.returncode in (0, 1) and json.loads(done.stdout.splitlines()[-1])["consumer"] == "items", done.stderr
