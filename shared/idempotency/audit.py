@@ -13,8 +13,10 @@ settled without the function being invoked, a resend dropped as a duplicate of a
 
 The window is a range of sequence numbers: after the last one a previous audit closed, up to the
 highest one found enqueued before ``until``. A loss at the very end of a window is found once a
-later message is seen: the canary (``facts.is_canary``) sends one through every entity every few
-minutes, so no window's tail stays open for long.
+later message is seen: a canary (a message with the application property ``dedup-canary``,
+``facts.is_canary``), recorded without running the handler, closes an entity's window. One
+sequence is audited per entity: a partitioned entity numbers each partition on its own (its
+high bits), which this does not split yet.
 
     received = processed + duplicates + refused + dead-lettered + in flight + unaccounted
 
