@@ -47,7 +47,7 @@ from lab.balances_chaos import summary as balances_summary
 from lab.chain import ChainConfig, ChainReport, run_chain
 from lab.demo import ORDERS
 from lab.eventhub import StreamConfig, StreamReport, run_stream
-from lab.harness import Report, RunConfig, run
+from lab.harness import Report, RunConfig, audit_line, run
 from lab.queue_chaos import run as run_queue
 from lab.queue_chaos import violations
 from lab.sessions import SessionConfig, SessionReport, run_sessions
@@ -234,17 +234,6 @@ def summarise(config: RunConfig, report: Report) -> bool:
         print(f"FAILED: invariants violated (reproduce with CHAOS_SEED={config.seed})")
     print(json.dumps(as_json(report)))
     return report.ok
-
-
-def audit_line(report: Report) -> str:
-    """The accounting identity of the run, from the audit of what the consumer stored and the queue holds."""
-    a = report.audit
-    if not a:
-        return "Audit: not run."
-    return (f"Audit: received {a['received']} = processed {a['processed']} (canaries {a['canaries']}) + duplicates "
-            f"{a['duplicates']} + refused {a['refused']} + dead-lettered {a['dead_lettered']} + in flight "
-            f"{a['in_flight']} + unaccounted {a['unaccounted']}; settled without invoking the function "
-            f"{len(report.vanished)}.")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from consumers import orders
 from lab import other_triggers, runtimes, workload
 from lab.azurite import Azurite
 from lab.cosmos_emulator import CosmosEmulator, use_cosmos_emulator
-from lab.harness import Report, RunConfig, Target, run
+from lab.harness import Report, RunConfig, Target, audit_line, run
 from lab.order_effects import effects_by_order
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.stores import DedupStore
@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         with runtimes.started(runtime) as functions:
             triggers = other_triggers.drive(functions)
     print(summary(report))
+    print(audit_line(report))
     print(triggers.summary())
     provider.shutdown()  # exports once, now: the JSON line must stay the last
     for violation in report.violations:

@@ -474,6 +474,17 @@ def _verify(
         violation("orphan", problem)
 
 
+def audit_line(report: Report) -> str:
+    """The accounting identity of the run, from the audit of what the consumer stored and the queue holds."""
+    a = report.audit
+    if not a:
+        return "Audit: not run."
+    return (f"Audit: received {a['received']} = processed {a['processed']} (canaries {a['canaries']}) + duplicates "
+            f"{a['duplicates']} + refused {a['refused']} + dead-lettered {a['dead_lettered']} + in flight "
+            f"{a['in_flight']} + unaccounted {a['unaccounted']}; settled without invoking the function "
+            f"{len(report.vanished)}.")  # fmt: skip
+
+
 def orphans(store: DedupStore, scope: str, applied: dict[str, int]) -> list[str]:
     """Half-written state: a marker without its effects, effects without their marker, a
     fingerprint guard without its marker."""

@@ -47,6 +47,8 @@ def test_make_demo_as_a_user_runs_it_reports_figures_that_add_up() -> None:
     assert last["deliveries"] == int(found.group(1)) and last["double_effects"] == last["lost"] == 0
     refused = outcomes.get("invalid", 0) + outcomes.get("conflict", 0)
     assert f"{last['dead_lettered']} messages dead-lettered with a reason (the {refused} invalid" in done.stdout
+    audit = re.search(r"^Audit: received (\d+) = processed (\d+) .* unaccounted 0;", done.stdout, re.MULTILINE)
+    assert audit and int(audit[1]) >= int(audit[2]) > 0, done.stdout  # every sequence number accounted for
     api_line = next(line for line in done.stdout.splitlines() if line.startswith("POST /api/orders:"))
     assert ("off" in api_line) == ("orders_api" not in switched_on()), api_line
 
