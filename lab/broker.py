@@ -16,8 +16,11 @@ What it models, as the service does it:
   on its dead-letter queue, where a message keeps its number (``shared.idempotency.audit``'s
   ``Broker``).
 
-Nothing is ever resubmitted from the dead-letter queue unless a caller says so
-(``resubmit_dead_letters``): that is an operator's act, reported apart.
+Nothing is ever resubmitted from the dead-letter queue unless a caller says so: that is an
+operator's act, reported apart — with the template's tool (``dead_letter_queue``, as
+shared.idempotency.resend uses Service Bus: a new MessageId, the key in a property) or with
+another tool that sends each message again under its own MessageId (``resubmit_dead_letters``),
+which duplicate detection drops inside its window, as the service does.
 """
 
 from __future__ import annotations
@@ -27,10 +30,13 @@ import itertools
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from shared.idempotency.audit import Peeked
+from shared.idempotency.resend import Parked
 
 
 @dataclass
@@ -71,7 +77,6 @@ class PeekLockQueue:
         self._seq = itertools.count(1)
         self._tokens = itertools.count(1)
         self.dead: list[QueuedMessage] = []
-        self.resubmitted_from: list[int] = []  # the sequence numbers an operator's resubmission took from the DLQ
         self.sent = self.accepted = self.dropped_by_detection = self.deliveries = self.completed = 0
         self.lock_expiries = self.locks_lost = 0
 
@@ -94,16 +99,16 @@ class PeekLockQueue:
             return True
 
     def resubmit_dead_letters(self) -> int:
-        """What an operator does after an incident: send every dead-lettered message
-        again, long after the detection window (so detection does not drop them)."""
+        """What another tool does (Service Bus Explorer's resend): every dead-lettered message
+        sent again under its own MessageId and taken from the DLQ; how many the queue accepted
+        (inside the detection window, none: dropped, silently)."""
         with self._cv:
             dead, self.dead = self.dead, []
-            self.resubmitted_from += [message.seq for message in dead]  # gone from the DLQ, sent anew
-            for message in dead:
-                heapq.heappush(self._ready, QueuedMessage(next(self._seq), message.message_id, message.body))
-                self.accepted += 1
-            self._cv.notify_all()
-            return len(dead)
+            return sum(self.send(m.message_id, m.body, m.properties) for m in dead)
+
+    def dead_letter_queue(self) -> DeadLetters:
+        """The DLQ as the template's resubmission takes it (shared.idempotency.resend)."""
+        return DeadLetters(self)
 
     # -- consumer side ---------------------------------------------------------------
 
@@ -189,6 +194,25 @@ class PeekLockQueue:
         else:
             heapq.heappush(self._ready, message)  # in its place: no delay, ahead of later messages
         self._cv.notify_all()
+
+
+class DeadLetters:
+    """A queue's DLQ as ``shared.idempotency.resend.DeadLetterQueue``."""
+
+    def __init__(self, queue: PeekLockQueue) -> None:
+        self._queue = queue
+
+    def receive(self, count: int) -> list[Parked]:
+        with self._queue._cv:
+            return [Parked(m.seq, m.enqueued_at, m.message_id, m.body, dict(m.properties), m)
+                    for m in self._queue.dead[:count]]  # fmt: skip
+
+    def send(self, body: bytes, message_id: str, properties: Mapping[str, Any]) -> None:
+        self._queue.send(message_id, body, {k: str(v) for k, v in properties.items()})
+
+    def complete(self, parked: Parked) -> None:
+        with self._queue._cv:
+            self._queue.dead.remove(parked.lock)
 
 
 def _peeked(messages: list[QueuedMessage], start: int, count: int, dead_lettered: bool = False) -> list[Peeked]:

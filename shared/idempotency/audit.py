@@ -5,7 +5,8 @@ Service Bus gives each accepted message a sequence number, gap-free and increasi
 (per partition of a partitioned one). What a consumer leaves for each delivery keeps it
 (``Delivery.sequence``, ``enqueued_at``): the marker of a processed message (in the commit's
 own write: no extra request), the record of a refused one (its dead letter), a duplicate's own
-small record (``facts.record_duplicate``: one insert, only for duplicates), a canary's marker.
+small record (``facts.record_duplicate``: one insert, only for duplicates), a canary's marker,
+and the record a resubmission (resend.py) keeps of a dead-lettered message it sent again.
 What the consumer never saw is found where the broker still holds it, by peeking by sequence
 number: active (locked or not), scheduled, deferred, or in the dead-letter queue. A number in
 the window found nowhere is **unaccounted**: lost between the broker and the consumer (a message
@@ -48,11 +49,10 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 import isodate
-from azure.core.exceptions import AzureError
 from opentelemetry import metrics
 
-from .errors import ConfigurationError, DedupError
-from .facts import CANARIES, DUPLICATES
+from .errors import ConfigurationError
+from .facts import CANARIES, DUPLICATES, RESENT
 from .keys import consumer_partition
 from .messages import Entity, utcnow
 from .reasons import Reason
@@ -147,7 +147,8 @@ def account(store: DedupStore, consumer: str, broker: Broker, *, after: int, sin
         found(peeked.sequence, Found.DEAD_LETTERED, peeked.enqueued_at)
     for marker in store.sequenced(consumer, since, until):
         suffix = marker.key.scope[len(consumer) + 1 :]
-        found(marker.sequence, Found.DUPLICATE if suffix == DUPLICATES else Found.PROCESSED, marker.enqueued_at)
+        how = {DUPLICATES: Found.DUPLICATE, RESENT: Found.DEAD_LETTERED}.get(suffix, Found.PROCESSED)
+        found(marker.sequence, how, marker.enqueued_at)
         if suffix == CANARIES and marker.sequence is not None:
             canaries.add(marker.sequence)
     for letter in store.dead_letters(consumer):
@@ -261,7 +262,7 @@ def report(store: DedupStore, found: Account) -> None:
 def main(argv: list[str] | None = None) -> int:
     from .functions._senders import servicebus_client
     from .functions.registry import declared_consumer
-    from .resubmit import printable
+    from .resubmit import one_line_errors
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--consumer", required=True, help="the consumer's name (its marker scope)")
@@ -269,13 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queue", help="the queue it reads")
     parser.add_argument("--topic", help="the topic it reads, with --subscription")
     parser.add_argument("--subscription", help="its subscription")
-    parser.add_argument("--settle", default="PT15M", help="how long ago the window ends (ISO 8601 duration)")
+    parser.add_argument("--settle", default="PT15M", type=_duration, help="how long ago the window ends (ISO 8601)")
     parser.add_argument("--save", action="store_true", help="record the window's end: the next audit starts there")
     args = parser.parse_args(argv)
-    try:
+    with one_line_errors("audit"):
         consumer = declared_consumer(args.consumer, args.consumers)
         broker = ServiceBusPeek(servicebus_client("the audit peeks"), args.queue, args.topic, args.subscription)
-        until = utcnow() - isodate.parse_duration(args.settle)
+        until = utcnow() - args.settle
         saved = checkpoint(consumer.store, consumer.name)
         after, since = saved if saved else (0, until - timedelta(days=30))
         found = account(consumer.store, consumer.name, broker, after=after, since=since, until=until)
@@ -284,16 +285,17 @@ def main(argv: list[str] | None = None) -> int:
         report(consumer.store, found)
         if args.save:
             save(consumer.store, found, until)
-    except (ConfigurationError, ImportError, ValueError, isodate.ISO8601Error) as exc:
-        print(f"audit: error: {printable(str(exc))}", file=sys.stderr)
-        return 2
-    except (DedupError, AzureError) as exc:
-        print(f"audit: error: {printable(str(exc).splitlines()[0])}", file=sys.stderr)
-        return 2
     for sequence, near in found.unaccounted:
         print(f"{sequence}\tunaccounted\tenqueued at or after {near.isoformat() if near else 'an unknown time'}")
     print(json.dumps(found.summary()))
     return 1 if found.unaccounted else 0
+
+
+def _duration(text: str) -> timedelta:
+    try:
+        return isodate.parse_duration(text)  # type: ignore[no-any-return]
+    except (isodate.ISO8601Error, ValueError):
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 duration: {text!r}") from None
 
 
 def _from_lowest(found: Account) -> Account:

@@ -1,11 +1,13 @@
 """What a consumer keeps of each Service Bus delivery for the audit (audit.py), beside what it
 records anyway: a duplicate's own record, and a canary's marker. The marker and the dead-letter
-record carry the delivery's sequence number themselves (``Delivery.sequence``)."""
+record carry the delivery's sequence number themselves (``Delivery.sequence``). And what a
+resubmission keeps (resend.py): the number of each dead-lettered message it sent again."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
+from .config import retention
 from .keys import DedupKey, consumer_partition
 from .messages import Delivery, Result, utcnow
 from .stores._base import DedupStore
@@ -14,6 +16,10 @@ from .stores._records import Marker, State
 CANARY_PROPERTY = "dedup-canary"  # an application property: the message is a canary, not business
 DUPLICATES = "seen"  # scope suffix of a duplicate's own record: ``<consumer>|seen``
 CANARIES = "canary"  # scope suffix of a canary's marker: ``<consumer>|canary``
+RESENT = "resent"  # scope suffix of a resubmitted message's record: ``<consumer>|resent``
+# An application property: the dedup key of a message sent again under a new MessageId (resend.py),
+# taken by the Service Bus trigger as its MessageId
+KEY_PROPERTY = "dedup-key"
 
 
 def is_canary(delivery: Delivery) -> bool:
@@ -36,3 +42,12 @@ def record_duplicate(store: DedupStore, scope: str, delivery: Delivery, result: 
     store.insert(Marker(key, consumer_partition(key.scope, key.id), State.COMPLETED, result.fingerprint or "",
                         utcnow(), expires_at, result={"key": result.key.id}, sequence=delivery.sequence,
                         enqueued_at=delivery.enqueued_at))  # fmt: skip
+
+
+def record_resent(store: DedupStore, scope: str, sequence: int, enqueued_at: datetime | None) -> None:
+    """A dead-lettered message sent again (resend.py): its number leaves the dead-letter queue,
+    and this record, kept as long as markers (DEDUP_RETENTION), keeps it there for the audit
+    (one insert; the same again writes nothing)."""
+    key = DedupKey(f"{scope}|{RESENT}", str(sequence))
+    store.insert(Marker(key, consumer_partition(key.scope, key.id), State.COMPLETED, "", utcnow(),
+                        utcnow() + retention(), sequence=sequence, enqueued_at=enqueued_at))  # fmt: skip

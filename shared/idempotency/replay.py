@@ -19,13 +19,10 @@ import json
 import sys
 from collections import Counter
 
-from azure.core.exceptions import AzureError
-
-from .errors import ConfigurationError, DedupError
 from .functions.registry import declared_consumer
 from .messages import Delivery
 from .reasons import Reason
-from .resubmit import printable
+from .resubmit import one_line_errors, printable
 
 TRUNCATED = "truncated"  # a record keeping only the head of a body too large for it: never replayed
 
@@ -35,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--consumer", required=True, help="the consumer's name (its marker scope)")
     parser.add_argument("--consumers", default="consumers", help="the module that declares the app's consumers")
     args = parser.parse_args(argv)
-    try:
+    with one_line_errors("replay", unreachable="cannot read the store: "):
         consumer = declared_consumer(args.consumer, args.consumers)
         parked = [r for r in consumer.store.dead_letters(consumer.name) if r.reason == Reason.PARKED]
         outcomes: Counter[str] = Counter()
@@ -49,12 +46,6 @@ def main(argv: list[str] | None = None) -> int:
                                                correlation_id=record.correlation_id))  # fmt: skip
             outcomes[result.outcome.value] += 1
             print(f"{printable(record.message_id or '')}\t{result.outcome.value}\t{printable(result.reason or '')}")
-    except (ConfigurationError, ImportError) as exc:
-        print(f"replay: error: {printable(str(exc))}", file=sys.stderr)
-        return 2
-    except (DedupError, AzureError) as exc:
-        print(f"replay: error: cannot read the store: {printable(str(exc).splitlines()[0])}", file=sys.stderr)
-        return 2
     print(json.dumps({"parked": len(parked), **outcomes}))
     return 1 if outcomes["transient"] or outcomes["in_flight"] or outcomes[TRUNCATED] else 0
 

@@ -28,6 +28,7 @@ import json
 import logging
 import sys
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -93,6 +94,20 @@ def printable(text: str) -> str:
     if text.isprintable() and "\\" not in text:
         return text
     return "".join(c if c.isprintable() and c != "\\" else _ESCAPES.get(c) or _escape(ord(c)) for c in text)
+
+
+@contextmanager
+def one_line_errors(tool: str, unreachable: str = "") -> Iterator[None]:
+    """An operator's tool that cannot run (a setting, an import, the store or the broker out of
+    reach) says why in one line on stderr and exits 2: never a traceback."""
+    try:
+        yield
+    except (ConfigurationError, ImportError) as exc:
+        print(f"{tool}: error: {printable(str(exc))}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except (DedupError, AzureError) as exc:
+        print(f"{tool}: error: {unreachable}{printable(str(exc).splitlines()[0])}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _escape(code: int) -> str:

@@ -15,12 +15,16 @@ import pytest
 
 from lab.azurite import Azurite
 from lab.broker import PeekLockQueue
+from lab.host import servicebus_message
 from shared.idempotency import Context, Effects, Entity, IdempotentConsumer
 from shared.idempotency.audit import Account, ServiceBusPeek, account, checkpoint, report, save
 from shared.idempotency.config import DedupConfig
 from shared.idempotency.facts import CANARY_PROPERTY
+from shared.idempotency.functions._servicebus import servicebus_delivery
+from shared.idempotency.keys import DedupKey
 from shared.idempotency.messages import Delivery, Outcome
 from shared.idempotency.reasons import Reason
+from shared.idempotency.resend import resend
 from shared.idempotency.stores import DedupStore, MemoryStore
 from tests.functions import fresh_app
 from tests.integration.operators import run_tool
@@ -55,9 +59,10 @@ class Run:
         if skip or fail:
             self.queue.complete(lock) if skip else self.queue.abandon(lock, "failed")
             return None
-        m = lock.message
-        delivery = Delivery(m.body, m.message_id, delivery_count=lock.delivery_count, properties=m.properties,
-                            sequence=m.seq, enqueued_at=m.enqueued_at)  # fmt: skip
+        m = lock.message  # as the trigger hands it over (servicebus_delivery: the dedup-key property too)
+        delivery = servicebus_delivery(servicebus_message(m.body, m.message_id, delivery_count=lock.delivery_count,
+                                                          sequence_number=m.seq, enqueued_time=m.enqueued_at,
+                                                          properties=m.properties))  # fmt: skip
         result = self.consumer.process(delivery)
         assert result.acknowledge, result
         self.queue.complete(lock)
@@ -165,6 +170,33 @@ def test_a_saved_window_is_where_the_next_audit_starts_and_its_losses_are_record
     assert (after.first, after.last, after.closes) == (5, 5, True)
 
 
+def test_a_resend_under_the_same_message_id_is_dropped_and_the_templates_resubmission_loses_nothing(
+    store: DedupStore,
+) -> None:
+    """Inside the duplicate-detection window the queue drops a resend that reuses a MessageId,
+    as Service Bus does (silently): another tool's resubmission loses the message, and the audit
+    names it. The template's (shared.idempotency.resend) sends it under a new MessageId with its
+    key in a property: applied once, and its first number accounted for as dead-lettered."""
+    run = Run(store)
+    run.send("o-1", {"orderId": "o-1"})
+    run.send("o-2", {"orderId": "o-2"})
+    for _ in range(2):  # two deliveries each, both failed: the broker dead-letters them
+        run.deliver(fail=True)
+        run.deliver(fail=True)
+    assert [m.message_id for m in run.queue.dead] == ["o-1", "o-2"]
+    other_tool = run.queue.dead_letter_queue().receive(1)[0]
+    run.queue.dead.remove(other_tool.lock)
+    assert run.queue.send(other_tool.message_id, other_tool.body) is False  # dropped: o-1 is gone
+    [(parked, new_id)] = resend(store, "audited", run.queue.dead_letter_queue(), 10)
+    assert (parked.message_id, run.queue.dead) == ("o-2", []) and new_id != "o-2"
+    assert run.deliver() is Outcome.PROCESSED
+    assert [e.data["orderId"] for e in store.read_entities(run.consumer.partition_of(
+        DedupKey("audited", "o-2")), "order|", 10)] == ["o-2"]  # fmt: skip
+    found = run.audit()
+    assert (found.received, found.counts["processed"], found.counts["dead_lettered"]) == (3, 1, 1)
+    assert [seq for seq, _ in found.unaccounted] == [1]  # what the other tool lost
+
+
 # -- the operator's command (docs/operations.md), as a user runs it ------------------------------
 
 AZURE = os.environ.get("AUDIT_SERVICEBUS_CONNECTION")  # a namespace to peek: the test sends to AUDIT_SERVICEBUS_QUEUE
@@ -173,11 +205,11 @@ ON_AZURE = pytest.mark.skipif(not AZURE, reason="peeking needs Service Bus itsel
                               "detection, nothing reading it) to run it")  # fmt: skip
 
 
-def test_the_command_without_a_service_bus_connection_says_so_in_one_line(azurite: Azurite) -> None:
+@pytest.mark.parametrize("tool", ["shared.idempotency.audit", "shared.idempotency.resend"])
+def test_the_commands_without_a_service_bus_connection_say_so_in_one_line(azurite: Azurite, tool: str) -> None:
     with fresh_app(azurite):
-        done = run_tool("shared.idempotency.audit", "--consumer", "items", "--queue", "items",
-                        "--consumers", "tests.app", ServiceBusConnection="",
-                        ServiceBusConnection__fullyQualifiedNamespace="")  # fmt: skip
+        done = run_tool(tool, "--consumer", "items", "--queue", "items", "--consumers", "tests.app",
+                        ServiceBusConnection="", ServiceBusConnection__fullyQualifiedNamespace="")  # fmt: skip
     assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done.stderr
     assert "ServiceBusConnection" in done.stderr
 
@@ -210,4 +242,10 @@ def test_on_service_bus_a_dropped_resend_takes_no_sequence_number_and_the_comman
     with fresh_app(azurite):
         done = run_tool("shared.idempotency.audit", "--consumer", "items", "--queue", queue, "--settle", "PT0S",
                         "--consumers", "tests.app", ServiceBusConnection=str(AZURE))  # fmt: skip
-    assert done.returncode in (0, 1) and json.loads(done.stdout.splitlines()[-1])["consumer"] == "items", done.stderr
+        assert done.returncode in (0, 1) and json.loads(done.stdout.splitlines()[-1])["consumer"] == "items", (
+            done.stderr
+        )
+        resent = run_tool("shared.idempotency.resend", "--consumer", "items", "--queue", queue, "--consumers",
+                          "tests.app", ServiceBusConnection=str(AZURE))  # fmt: skip
+    assert resent.returncode == 0 and json.loads(resent.stdout.splitlines()[-1])["resent"] >= 1, resent.stderr
+    assert any(line.endswith("\t" + ids[1]) for line in resent.stdout.splitlines())  # under its key, a new id

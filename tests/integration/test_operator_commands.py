@@ -33,6 +33,9 @@ NOT_RUN = {  # the page's other commands, and where they are run instead
     "lab.workbook_picture": "redraws docs/workbook.png: tests/unit/test_entry_points.py runs its --help",
     "shared.idempotency.audit": "peeks a Service Bus entity: tests/integration/test_audit.py runs it against a "
     "namespace when AUDIT_SERVICEBUS_CONNECTION is set, and without one as a user would",
+    "shared.idempotency.resend": "receives from a Service Bus DLQ: tests/integration/test_audit.py runs it against a "
+    "namespace when AUDIT_SERVICEBUS_CONNECTION is set, without one as a user would, and its function on the "
+    "queue model",
 }
 
 

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import azure.functions as func
 
+from ..facts import KEY_PROPERTY
 from ..messages import Delivery
 from ._settle import Consumer, acknowledge_or_retry
 
@@ -31,13 +32,15 @@ def on_servicebus_batch(consumer: Consumer, messages: list[func.ServiceBusMessag
 
 
 def servicebus_delivery(msg: func.ServiceBusMessage) -> Delivery:
-    """Only the producer's MessageId may become the key; delivery count and the rest
-    go to logs and dead-letter records."""
+    """Only the producer's MessageId may become the key — or, for a message sent again under a
+    new MessageId (resend.py), the original's, in its ``dedup-key`` property; delivery count
+    and the rest go to logs and dead-letter records."""
     properties = dict(msg.application_properties or {})
     traceparent = properties.get("traceparent") or properties.get("Diagnostic-Id")
+    resent_as = properties.get(KEY_PROPERTY)
     return Delivery(
         body=msg.get_body(),
-        message_id=msg.message_id or None,
+        message_id=str(resent_as) if resent_as else msg.message_id or None,
         correlation_id=msg.correlation_id or None,
         delivery_count=msg.delivery_count,
         traceparent=str(traceparent) if traceparent else None,
