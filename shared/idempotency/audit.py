@@ -121,8 +121,9 @@ class Account:
 
     def summary(self) -> dict[str, object]:
         return {"consumer": self.consumer, "first": self.first, "last": self.last, "received": self.received,
-                **self.counts, "canaries": self.canaries, "unaccounted": len(self.unaccounted),
-                "closes": self.closes, "lost": [seq for seq, _ in self.unaccounted][:100]}  # fmt: skip
+                **{str(how): n for how, n in self.counts.items()}, "canaries": self.canaries,
+                "unaccounted": len(self.unaccounted), "closes": self.closes,
+                "lost": [seq for seq, _ in self.unaccounted][:100]}  # fmt: skip
 
 
 def account(store: DedupStore, consumer: str, broker: Broker, *, after: int, since: datetime, until: datetime,
