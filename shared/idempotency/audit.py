@@ -276,11 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with one_line_errors("audit"):
         consumer = declared_consumer(args.consumer, args.consumers)
-        broker = ServiceBusPeek(servicebus_client("the audit peeks"), args.queue, args.topic, args.subscription)
         until = utcnow() - args.settle
         saved = checkpoint(consumer.store, consumer.name)
         after, since = saved if saved else (0, until - timedelta(days=30))
-        found = account(consumer.store, consumer.name, broker, after=after, since=since, until=until)
+        with servicebus_client("the audit peeks") as client:
+            broker = ServiceBusPeek(client, args.queue, args.topic, args.subscription)
+            found = account(consumer.store, consumer.name, broker, after=after, since=since, until=until)
         if saved is None:  # the first audit knows nothing before the lowest number it finds
             found = _from_lowest(found)
         report(consumer.store, found)

@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with one_line_errors("resend"):
         consumer = declared_consumer(args.consumer, args.consumers)
-        done = resend(consumer.store, consumer.name, ServiceBusDeadLetters(servicebus_client("resend"), args.queue),
-                      args.max)  # fmt: skip
+        with servicebus_client("resend") as client:
+            done = resend(consumer.store, consumer.name, ServiceBusDeadLetters(client, args.queue), args.max)
     for parked, new_id in done:
         key = parked.properties.get(facts.KEY_PROPERTY) or parked.message_id or ""
         print(f"{parked.sequence}\t{new_id}\t{printable(str(key))}")
