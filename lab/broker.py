@@ -207,8 +207,8 @@ class DeadLetters:
             return [Parked(m.seq, m.enqueued_at, m.message_id, m.body, dict(m.properties), m)
                     for m in self._queue.dead[:count]]  # fmt: skip
 
-    def send(self, body: bytes, message_id: str, properties: Mapping[str, Any]) -> None:
-        self._queue.send(message_id, body, {k: str(v) for k, v in properties.items()})
+    def send(self, body: bytes, message_id: str, properties: Mapping[str, Any], fields: Mapping[str, Any]) -> None:
+        self._queue.send(message_id, body, {k: str(v) for k, v in properties.items()})  # the model keeps no fields
 
     def complete(self, parked: Parked) -> None:
         with self._queue._cv:

@@ -36,7 +36,7 @@ from lab.payment_service import PaymentService
 from lab.runtimes import Placed
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.audit import account
-from shared.idempotency.facts import CANARY_PROPERTY
+from shared.idempotency.facts import CANARY_PREFIX, CANARY_PROPERTY
 from shared.idempotency.keys import DedupKey, marker_id
 from shared.idempotency.resend import resend
 from shared.idempotency.stores import CosmosStore, DedupStore, MemoryStore, TableStore
@@ -367,7 +367,7 @@ def _close_with_a_canary(config: RunConfig, queue: PeekLockQueue, deliver: Deliv
     """What the app's canary timer does every few minutes: a message after the run's last, so
     that the audit's window closes on it (a loss at the very end is a gap before it). Delivered
     without faults: one lost would leave the tail to the next canary, which a run does not have."""
-    queue.send(f"canary-{config.seed}", b"{}", {CANARY_PROPERTY: "harness"})
+    queue.send(f"{CANARY_PREFIX}{config.seed}", b"{}", {CANARY_PROPERTY: "harness"})
     _run_workers(config, queue, deliver, FaultPlan(0.0, config.seed, config.lock_duration))
 
 

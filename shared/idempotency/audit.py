@@ -29,11 +29,11 @@ unaccounted is 0.
     python -m shared.idempotency.audit --consumer billing --topic order-events --subscription billing
 
 The window starts after the consumer's checkpoint (the last audit saved with ``--save``; the
-first audit starts at the lowest number it finds) and ends ``--settle`` (PT15M) ago. One line per
-unaccounted number, then the account as JSON; each unaccounted number is also recorded (a
-dead-letter record, reason ``unaccounted``), logged as an ERROR and counted in the
-``dedup.audit`` metric with the rest of the identity. Exit 1 when some are unaccounted, 2 when it
-cannot run (settings, store, broker, unknown consumer).
+first audit starts at the lowest number the consumer recorded in the last 7 days) and ends
+``--settle`` (PT15M) ago. One line per unaccounted number, then the account as JSON; each
+unaccounted number is also recorded (a dead-letter record, reason ``unaccounted``), logged as an
+ERROR and counted in the ``dedup.audit`` metric with the rest of the identity. Exit 1 when some
+are unaccounted, 2 when it cannot run (settings, store, broker, unknown consumer).
 """
 
 from __future__ import annotations
@@ -146,18 +146,16 @@ def account(store: DedupStore, consumer: str, broker: Broker, *, after: int, sin
         found(peeked.sequence, Found.IN_FLIGHT, peeked.enqueued_at)
     for peeked in _all(broker.peek_dead_letters, after + 1, page):
         found(peeked.sequence, Found.DEAD_LETTERED, peeked.enqueued_at)
-    for marker in store.sequenced(consumer, since, until):
+    # every fact from ``since`` on: an enqueued time can be later than a higher number's (a
+    # scheduled message, a node that changed owner), so ``until`` only chooses the last number
+    for marker in store.sequenced(consumer, since, utcnow() + timedelta(days=1)):
         suffix = marker.key.scope[len(consumer) + 1 :]
         how = {DUPLICATES: Found.DUPLICATE, RESENT: Found.DEAD_LETTERED}.get(suffix, Found.PROCESSED)
         found(marker.sequence, how, marker.enqueued_at)
         if suffix == CANARIES and marker.sequence is not None:
             canaries.add(marker.sequence)
     for letter in store.dead_letters(consumer):
-        if (
-            letter.reason != Reason.UNACCOUNTED
-            and letter.enqueued_at is not None
-            and since <= letter.enqueued_at < until
-        ):
+        if letter.reason != Reason.UNACCOUNTED and letter.enqueued_at is not None and since <= letter.enqueued_at:
             found(letter.sequence, Found.REFUSED, letter.enqueued_at)
     closed = [seq for seq, (_, enqueued) in where.items() if enqueued is None or enqueued < until]
     result = Account(consumer, after + 1, max(closed, default=after))
@@ -278,12 +276,11 @@ def main(argv: list[str] | None = None) -> int:
         consumer = declared_consumer(args.consumer, args.consumers)
         until = utcnow() - args.settle
         saved = checkpoint(consumer.store, consumer.name)
-        after, since = saved if saved else (0, until - timedelta(days=30))
+        first_since = until - FIRST_WINDOW
+        after, since = saved or (_first_recorded(consumer.store, consumer.name, first_since), first_since)
         with servicebus_client("the audit peeks") as client:
             broker = ServiceBusPeek(client, args.queue, args.topic, args.subscription)
             found = account(consumer.store, consumer.name, broker, after=after, since=since, until=until)
-        if saved is None:  # the first audit knows nothing before the lowest number it finds
-            found = _from_lowest(found)
         report(consumer.store, found)
         if args.save:
             save(consumer.store, found, until)
@@ -300,19 +297,17 @@ def _duration(text: str) -> timedelta:
         raise argparse.ArgumentTypeError(f"not an ISO 8601 duration: {text!r}") from None
 
 
-def _from_lowest(found: Account) -> Account:
-    """Without a checkpoint, what comes before the lowest number found is not the audit's to judge."""
-    lowest = min((seq for seq, _ in found.unaccounted), default=None)
-    if lowest != found.first:
-        return found
-    run = 0
-    for seq, _ in found.unaccounted:
-        if seq != found.first + run:
-            break
-        run += 1
-    found.unaccounted = found.unaccounted[run:]
-    found.first += run
-    return found
+FIRST_WINDOW = timedelta(days=7)  # what the first audit reads back: within the shortest retention (dead letters')
+
+
+def _first_recorded(store: DedupStore, consumer: str, since: datetime) -> int:
+    """Where the first audit starts: before the lowest number the consumer recorded since then.
+    Nothing before it is the audit's to judge (an older message still in the DLQ is not a gap)."""
+    numbers = [m.sequence for m in store.sequenced(consumer, since, utcnow() + timedelta(days=1))]
+    numbers += [
+        d.sequence for d in store.dead_letters(consumer) if d.enqueued_at is not None and d.enqueued_at >= since
+    ]
+    return min((n for n in numbers if n is not None), default=1) - 1
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ from .messages import Delivery, Result, utcnow
 from .stores._base import DedupStore
 from .stores._records import Marker, State
 
-CANARY_PROPERTY = "dedup-canary"  # an application property: the message is a canary, not business
+CANARY_PROPERTY = "dedup-canary"  # an application property: the message is a canary, not business ...
+CANARY_PREFIX = "dedup-canary-"  # ... when its MessageId starts so too: a property set by mistake skips no handler
 DUPLICATES = "seen"  # scope suffix of a duplicate's own record: ``<consumer>|seen``
 CANARIES = "canary"  # scope suffix of a canary's marker: ``<consumer>|canary``
 RESENT = "resent"  # scope suffix of a resubmitted message's record: ``<consumer>|resent``
@@ -23,11 +24,11 @@ KEY_PROPERTY = "dedup-key"
 
 
 def is_canary(delivery: Delivery) -> bool:
-    return CANARY_PROPERTY in delivery.properties
+    return CANARY_PROPERTY in delivery.properties and (delivery.message_id or "").startswith(CANARY_PREFIX)
 
 
 def canary_key(scope: str, delivery: Delivery) -> DedupKey:
-    return DedupKey(f"{scope}|{CANARIES}", delivery.message_id or str(delivery.sequence))
+    return DedupKey(f"{scope}|{CANARIES}", delivery.message_id or "")
 
 
 def record_duplicate(store: DedupStore, scope: str, delivery: Delivery, result: Result, expires_at: datetime) -> None:

@@ -12,8 +12,9 @@ the dead-letter queue, and the next run resends it under the same key (a duplica
 
 Ask first what each message would do: ``python -m shared.idempotency.resubmit``. One line per
 message (sequence number, the new MessageId, the key), then a JSON summary; exit 2 when it
-cannot run (settings, store, Service Bus, unknown consumer). Queues only: a subscription's dead
-letters sent back to their topic would reach every subscription.
+cannot run (settings, store, Service Bus, unknown consumer). The copy keeps the body, the
+application properties, and the session id, correlation id, subject and content type. Queues
+only: a subscription's dead letters sent back to their topic would reach every subscription.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Parked(NamedTuple):
     body: bytes
     properties: Mapping[str, Any]
     lock: Any  # what ``complete`` needs
+    fields: Mapping[str, Any] = {}  # kept as sent: session_id, correlation_id, subject, content_type
 
 
 class DeadLetterQueue(Protocol):
@@ -49,7 +51,7 @@ class DeadLetterQueue(Protocol):
 
     def receive(self, count: int) -> list[Parked]: ...
 
-    def send(self, body: bytes, message_id: str, properties: Mapping[str, Any]) -> None: ...
+    def send(self, body: bytes, message_id: str, properties: Mapping[str, Any], fields: Mapping[str, Any]) -> None: ...
 
     def complete(self, parked: Parked) -> None: ...
 
@@ -61,7 +63,7 @@ def resend(store: DedupStore, consumer: str, queue: DeadLetterQueue, count: int)
         key = parked.properties.get(facts.KEY_PROPERTY) or parked.message_id
         new_id = f"resent-{uuid.uuid4().hex}"
         properties = {**parked.properties, **({facts.KEY_PROPERTY: key} if key else {})}
-        queue.send(parked.body, new_id, properties)
+        queue.send(parked.body, new_id, properties, parked.fields)
         facts.record_resent(store, consumer, parked.sequence, parked.enqueued_at)
         queue.complete(parked)
         done.append((parked, new_id))
@@ -81,10 +83,10 @@ class ServiceBusDeadLetters:
         found = self._receiver.receive_messages(max_message_count=count, max_wait_time=5)
         return [_parked(m) for m in found]
 
-    def send(self, body: bytes, message_id: str, properties: Mapping[str, Any]) -> None:
+    def send(self, body: bytes, message_id: str, properties: Mapping[str, Any], fields: Mapping[str, Any]) -> None:
         from azure.servicebus import ServiceBusMessage
 
-        sent = ServiceBusMessage(body, message_id=message_id, application_properties=dict(properties))  # type: ignore[arg-type]  # what the DLQ gave
+        sent = ServiceBusMessage(body, message_id=message_id, application_properties=dict(properties), **fields)  # type: ignore[arg-type]  # what the DLQ gave
         self._sender.send_messages(sent)
 
     def complete(self, parked: Parked) -> None:
@@ -94,8 +96,10 @@ class ServiceBusDeadLetters:
 def _parked(message: ServiceBusReceivedMessage) -> Parked:
     properties = {(k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else v)
                   for k, v in (message.application_properties or {}).items()}  # fmt: skip
-    when = message.enqueued_time_utc
-    return Parked(message.sequence_number or 0, when, message.message_id, b"".join(message.body), properties, message)
+    names = ("session_id", "correlation_id", "subject", "content_type")
+    fields = {name: value for name in names if (value := getattr(message, name)) is not None}
+    return Parked(message.sequence_number or 0, message.enqueued_time_utc, message.message_id, b"".join(message.body),
+                  properties, message, fields)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -80,7 +80,7 @@ def test_every_sequence_number_is_accounted_for_once_on_every_store(store: Dedup
     run.send("o-2", {"orderId": "o-2"})  # 2 lost: completed, never processed
     run.send("o-bad", {"nope": 1})  # 3 refused (schema): a dead-letter record
     run.send("o-4", {"orderId": "o-4"})  # 4 fails twice: the broker's dead-letter queue
-    run.send("canary-1", {}, **{CANARY_PROPERTY: "timer"})  # 5 the canary
+    run.send("dedup-canary-1", {}, **{CANARY_PROPERTY: "timer"})  # 5 the canary
     run.queue.duplicate_window = 0  # the producer's resend comes after the detection window
     run.send("o-1", {"orderId": "o-1"})  # 6 a duplicate with a number of its own
     run.send("o-7", {"orderId": "o-7"})  # 7 still in the queue
@@ -120,9 +120,20 @@ def test_a_loss_at_the_end_of_a_window_is_found_once_a_later_message_is_seen() -
     run.deliver()
     run.deliver(skip=True)
     assert run.audit().received == 1 and run.audit().closes  # nothing after it yet: the window ends at 1
-    run.send("canary-1", {}, **{CANARY_PROPERTY: "timer"})
+    run.send("dedup-canary-1", {}, **{CANARY_PROPERTY: "timer"})
     run.deliver()
     assert [seq for seq, _ in run.audit().unaccounted] == [2]
+
+
+def test_a_business_message_with_the_canary_property_but_not_its_id_runs_its_handler() -> None:
+    """A property set by mistake never skips a handler: a canary is its property and its id."""
+    run = Run(MemoryStore())
+    run.send("o-1", {"orderId": "o-1"}, **{CANARY_PROPERTY: "by mistake"})
+    assert run.deliver() is Outcome.PROCESSED
+    found = run.audit()
+    assert (found.counts["processed"], found.canaries) == (1, 0)
+    assert [e.data["orderId"] for e in run.store.read_entities(run.consumer.partition_of(
+        DedupKey("audited", "o-1")), "order|", 10)] == ["o-1"]  # fmt: skip
 
 
 def test_a_duplicate_that_cannot_be_recorded_goes_back_to_the_broker() -> None:

@@ -343,7 +343,7 @@ def test_what_the_consumer_records_keeps_the_brokers_sequence_number_for_the_aud
     assert deliver(worker, "items", an_item(item_id), item_id, **resent) is None  # past duplicate detection
     assert deliver(worker, "items", b"{", broken, sequence_number=base + 2, enqueued=enqueued) is None
     canary = {"sequence_number": base + 3, "enqueued": enqueued, "application_properties": {"dedup-canary": "t"}}
-    assert deliver(worker, "items", b"{}", "canary-" + item_id, **canary) is None
+    assert deliver(worker, "items", b"{}", "dedup-canary-" + item_id, **canary) is None
     found = {
         (m.key.scope, m.sequence): m.enqueued_at  # the other transaction path's run shares the table
         for m in store.sequenced("items", enqueued - timedelta(seconds=1), enqueued + timedelta(seconds=2))
@@ -353,7 +353,7 @@ def test_what_the_consumer_records_keeps_the_brokers_sequence_number_for_the_aud
                      ("items|canary", base + 3): enqueued}  # fmt: skip
     [refused] = [d for d in store.dead_letters("items") if d.message_id == broken]
     assert (refused.sequence, refused.enqueued_at) == (base + 2, enqueued)
-    assert effects(store, item_id)["item"] == 1 and effects(store, "canary-" + item_id) == Counter()
+    assert effects(store, item_id)["item"] == 1 and effects(store, "dedup-canary-" + item_id) == Counter()
 
 
 def test_a_body_field_cannot_replace_the_brokers_message_id(worker: WorkerHost, store: TableStore) -> None:
