@@ -44,5 +44,6 @@ ensure_telemetry()
 if not {"azure_functions_worker", "azure_functions_runtime"}.isdisjoint(sys.modules):
     check_app_settings()
 app = func.FunctionApp()
-for blueprint in [*consumers.blueprints(), *housekeeping(consumers.needs())]:
+blueprints = consumers.blueprints()
+for blueprint in [*blueprints, *housekeeping(consumers.needs(), watched=blueprints)]:
     app.register_functions(blueprint)

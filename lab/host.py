@@ -82,7 +82,8 @@ def indexed() -> tuple[Any, ...]:
 @functools.cache
 def _indexed() -> tuple[Any, ...]:
     everything = func.FunctionApp()
-    for blueprint in [*consumers.blueprints(), *(m.bp for m in others()), *housekeeping(NEEDS)]:
+    consumed = [*consumers.blueprints(), *(m.bp for m in others())]
+    for blueprint in [*consumed, *housekeeping(NEEDS, watched=consumed)]:
         everything.register_functions(blueprint)
     root = logging.getLogger()
     level = root.level

@@ -500,6 +500,21 @@ def policy_violations(infra: Path = INFRA, recipes: Sequence[str] | None = None)
         found.append(f"{kind.rsplit('/', 1)[1][:-1]} {name!r}: the app has no receive role on it (roles.bicep)")
     for kind, name in sorted(received - entities):
         found.append(f"{kind.rsplit('/', 1)[1][:-1]} {name!r}: a receive role, but infra does not deploy it")
+    # The canary timer sends through each queue the app receives from, and each topic whose
+    # subscriptions it receives from: a Data Sender role of the app on each of those entities.
+    sent: set[str] = set()
+    for assignment in by_type("Microsoft.Authorization/roleAssignments"):
+        if ("serviceBusDataSender" in _text(assignment.properties.get("roleDefinitionId"))
+                and assignment.properties.get("principalId") == "principalId"):  # fmt: skip
+            scoped = scopes.get((assignment.file, str(_scope_symbol(assignment.config.get("scope")))))
+            sent |= set(scoped.names) if scoped else set()
+    topics_read = {r.config.get("parent") for r in by_type(SUBSCRIPTION_TYPE)}
+    for kind, name in sorted(received):
+        through = name if kind.endswith("/queues") else next(
+            (n for t in by_type("Microsoft.ServiceBus/namespaces/topics") if t.symbol in topics_read for n in t.names),
+            name)  # fmt: skip
+        require(through in sent, f"{kind.rsplit('/', 1)[1][:-1]} {name!r}: the canary cannot be sent through it "
+                "(no Data Sender role of the app on it, roles.bicep)")  # fmt: skip
     # Each Storage queue consumed (not a <queue>-poison) is processed through a role on that queue.
     processed = {name for assignment in by_type("Microsoft.Authorization/roleAssignments")
                  if "storageQueueDataMessageProcessor" in _text(assignment.properties.get("roleDefinitionId"))

@@ -76,6 +76,15 @@ var coreAlerts = [
     query: 'customMetrics | where name in ("dedup.outcomes", "dedup.duplicates") | summarize total = sumif(valueSum, name == "dedup.outcomes"), duplicates = sumif(valueSum, name == "dedup.duplicates") | where total >= 100 | project value = 100.0 * duplicates / total'
   }
   {
+    // The audit (audit_consumers, hourly): a sequence number neither the consumer nor the broker holds.
+    name: 'dedup-unaccounted'
+    description: 'The audit found messages lost between Service Bus and the consumer: their dead-letter records (reason unaccounted) name each sequence number.'
+    severity: 1
+    window: 'PT1H'
+    threshold: 0
+    query: 'customMetrics | where name == "dedup.audit" and tostring(customDimensions.found) == "unaccounted" | summarize value = sum(valueSum)'
+  }
+  {
     name: 'dedup-purge-backlog'
     description: 'Every purge run of the last hour (one per 5 min) stopped with work left: expired markers pile up faster than they are deleted.'
     severity: 3
@@ -162,6 +171,53 @@ resource rules 'Microsoft.Insights/scheduledQueryRules@2023-03-15-preview' = [fo
     actions: { actionGroups: actions }
   }
 }]
+
+// The canary's heartbeat (shared/idempotency/canary.py): send_canaries logs canary.sent for each
+// Service Bus entity every interval, each consumer logs canary.seen for each canary it commits.
+// One row per (entity, consumer) that stalled: no canary seen for two intervals while they were
+// sent, none ever seen since the first was sent two intervals ago, or none sent for two
+// intervals (the app or its timer stopped). A day of logs: an entity or consumer removed on
+// purpose raises it until its last heartbeat is a day old.
+var canaryHeartbeatQuery = '''
+let interval = 5m;
+let events = traces
+| extend event = tostring(customDimensions.dedup_event), entity = tostring(customDimensions.dedup_entity), consumer = tostring(customDimensions.dedup_consumer)
+| where event in ("canary.sent", "canary.seen");
+let sent = events | where event == "canary.sent" | summarize firstSent = min(timestamp), lastSent = max(timestamp) by entity;
+let seen = events | where event == "canary.seen" | summarize lastSeen = max(timestamp) by entity, consumer;
+sent
+| join kind=leftouter seen on entity
+| where lastSent < ago(2 * interval) or (firstSent < ago(2 * interval) and (isnull(lastSeen) or lastSeen < ago(2 * interval)))
+| summarize value = count()
+'''
+
+resource canaryHeartbeat 'Microsoft.Insights/scheduledQueryRules@2023-03-15-preview' = {
+  name: 'dedup-canary-heartbeat'
+  location: location
+  tags: tags
+  properties: {
+    description: 'A Service Bus entity\'s consumer saw no canary for two intervals (10 minutes): it stopped, or its host settles messages without invoking it. Or the canaries stopped being sent (the app is down).'
+    severity: 1
+    enabled: true
+    scopes: [appInsights.id]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'PT5M'
+    overrideQueryTimeRange: 'P1D'
+    criteria: {
+      allOf: [
+        {
+          query: canaryHeartbeatQuery
+          timeAggregation: 'Maximum'
+          metricMeasureColumn: 'value'
+          operator: 'GreaterThan'
+          threshold: 0
+          failingPeriods: { numberOfEvaluationPeriods: 1, minFailingPeriodsToAlert: 1 }
+        }
+      ]
+    }
+    actions: { actionGroups: actions }
+  }
+}
 
 // Messages the brokers dead-lettered: the consumer records why before the last delivery.
 resource serviceBusDeadLetters 'Microsoft.Insights/metricAlerts@2018-03-01' = {

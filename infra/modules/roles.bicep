@@ -146,8 +146,9 @@ resource subscriptionReceivers 'Microsoft.Authorization/roleAssignments@2022-04-
   }
 }]
 
-// The outbox: the app publishes OrderAccepted to the order topic, and nowhere else.
-resource outboxSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (outbox) {
+// The order topic: the outbox publishes OrderAccepted there, and the canary timer sends its
+// canary through it to the subscriptions the app reads. One assignment for both.
+resource orderTopicSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (outbox || !empty(topicSubscriptions)) {
   name: guid(orderEventsTopic.id, principalId, roleIds.serviceBusDataSender)
   scope: orderEventsTopic
   properties: {
@@ -156,6 +157,28 @@ resource outboxSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = if 
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.serviceBusDataSender)
   }
 }
+
+// The canary timer (send_canaries) sends through each queue the app receives from: Data Sender
+// on each of those queues, nowhere else.
+resource canarySender 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(ordersQueue.id, principalId, roleIds.serviceBusDataSender)
+  scope: ordersQueue
+  properties: {
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.serviceBusDataSender)
+  }
+}
+
+resource queueCanarySenders 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (name, i) in receiveQueues: {
+  name: guid(queues[i].id, principalId, roleIds.serviceBusDataSender)
+  scope: queues[i]
+  properties: {
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.serviceBusDataSender)
+  }
+}]
 
 // The shipment stream: receive from that hub only (checkpoints go to the app's own blobs).
 resource hubReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(shipmentHubName)) {

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import platform
 import random
@@ -64,7 +65,7 @@ from jsonschema import Draft202012Validator
 import recipes
 from consumers.order_events import SHIPPED, SHIPPED_SCHEMA, shipment_handler
 from consumers.orders import SCHEMA, order_handler
-from lab import outbox_cost, purge_cost
+from lab import audit_cost, outbox_cost, purge_cost
 from lab.azurite import Azurite
 from lab.bench import instructions, worker
 from lab.broker import PeekLockQueue
@@ -513,9 +514,11 @@ def source(kind: str, outbox: bool = False) -> Callable[[Bench], Measure]:
         else:  # Service Bus queue: MessageId = orderId
             flow = consumer(store, handler=publishing(order_handler(), topic.name) if outbox else order_handler(),
                             **options)  # fmt: skip
+            now = datetime.now(UTC)  # numbered as Service Bus numbers them: the marker keeps them (issue 57)
             messages = [ServiceBusMessage(body=json.dumps(b).encode(), message_id=b["orderId"], delivery_count=1,
                                           content_type="application/json", application_properties={},
-                                          user_properties={}) for b in bodies]  # fmt: skip
+                                          user_properties={}, sequence_number=i + 1, enqueued_time_utc=now)
+                        for i, b in enumerate(bodies)]  # fmt: skip
             calls = [lambda m=m: flow.process(servicebus_delivery(m)) for m in messages]  # type: ignore[misc]
             stored = "order"
 
@@ -591,16 +594,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[purge] {purge['sustainable_messages_per_s']:.0f} messages/s sustainable", file=sys.stderr)
         sweep = outbox_cost.sustained(azurite, int(os.environ.get("BENCH_SWEEP_PARKED", "500")), runs=2)
         print(f"[outbox sweep] {sweep['sustainable_per_s']:.0f} parked deliveries/s sustainable", file=sys.stderr)
+        audited = audit_cost.measure(azurite, int(os.environ.get("BENCH_AUDIT_MESSAGES", audit_cost.PER)))
+        print(f"[audit] {audited['store_requests_per_10000']} store requests per 10,000 messages", file=sys.stderr)
         through = worker.measure(int(os.environ.get("BENCH_WORKER_MESSAGES", worker.MESSAGES)), concurrency,
                                  int(os.environ.get("BENCH_WORKER_ROUNDS", worker.ROUNDS)),
                                  azurite=azurite)  # fmt: skip
         print(f"[worker] {through.get('ratio', through.get('skipped'))}", file=sys.stderr)
         counted = instruction_counts(azurite)
     report = summarize(runs, n, repeats, concurrency, pairs)
-    report["purge"], report["outbox_sweep"], report["worker"] = purge, sweep, through
+    report["purge"], report["outbox_sweep"], report["worker"], report["audit"] = purge, sweep, through, audited
     report["instructions"] = counted
     report["targets"].update(purge_targets(purge))
     report["targets"].update(sweep_targets(sweep))
+    report["targets"].update(audit_targets(audited))
     report["targets"].update(worker_targets(through))
     report["targets"].update(instruction_targets(counted))
     report["run"] = provenance(time.monotonic() - started)
@@ -812,6 +818,17 @@ def sweep_targets(sweep: dict[str, Any]) -> dict[str, bool]:
     }
 
 
+def audit_targets(audited: dict[str, Any]) -> dict[str, bool]:
+    """The audit reads each fact once, a page of 1,000 at a time (a tenth more facts than
+    messages: the duplicates' records), with 4 requests a run besides (checkpoint read and save,
+    the dead letters, a last page); it peeks the queue and its DLQ once each when they are empty."""
+    bound = math.ceil(audited["received"] * 1.1 / 1000) + 4
+    return {
+        f"audit: the identity closes on a window of {audited['messages']} messages, in <= {bound} store requests "
+        "and 2 peeks": audited["closes"] and audited["store_requests"] <= bound and audited["peeks"] <= 2,
+    }
+
+
 def worker_targets(through: dict[str, Any]) -> dict[str, bool]:
     """Through the real Functions Python worker (lab/bench/worker.py); a skip is a miss, with its reason."""
     name = (
@@ -895,6 +912,12 @@ def write(report: dict[str, Any]) -> None:
                   f"whose send failed, median of {len(sweep['runs'])} runs): {sweep['parked_per_s']:.0f} parked keys/s "
                   f"while it runs, {sweep['requests_per_parked']:.2f} store requests per key; sustainable (4 min of "
                   f"every 5): {sweep['sustainable_per_s']:.0f} parked deliveries/s"]  # fmt: skip
+    if "audit" in report:
+        audited = report["audit"]
+        lines += ["", f"**The audit** (Azurite, no delay proxy; one window of {audited['messages']} messages, a tenth "
+                  f"of them delivered twice, after a saved checkpoint): {audited['store_requests']} store requests and "
+                  f"{audited['peeks']} peeks, {audited['store_requests_per_10000']:.1f} requests per 10,000 messages; "
+                  f"the identity {'closes' if audited['closes'] else 'does NOT close'}"]  # fmt: skip
     through = report.get("worker") or {}
     if "ratio" in through:
         lines += ["", f"**Through the real Functions Python worker** (one worker, {through['concurrency']} concurrent "

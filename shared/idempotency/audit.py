@@ -66,6 +66,8 @@ log = logging.getLogger("idempotency")
 _accounted = metrics.get_meter("idempotency").create_counter(
     "dedup.audit", description="Sequence numbers an audit accounted for, by where it found them (unaccounted: lost)"
 )
+SETTLE = timedelta(minutes=15)  # how long ago a window ends: what is still being delivered is not judged yet
+FIRST_WINDOW = timedelta(days=7)  # what the first audit reads back: within the shortest retention (dead letters')
 
 
 class Found(StrEnum):
@@ -118,6 +120,14 @@ class Account:
     @property
     def closes(self) -> bool:
         return not self.unaccounted and sum(self.counts.values()) == self.received
+
+    def line(self) -> str:
+        """The identity in one line (the audit timer's log)."""
+        c = self.counts
+        return (f"{self.consumer} {self.first}..{self.last}: received {self.received} = processed {c[Found.PROCESSED]} "
+                f"(canaries {self.canaries}) + duplicates {c[Found.DUPLICATE]} + refused {c[Found.REFUSED]} + "
+                f"dead-lettered {c[Found.DEAD_LETTERED]} + in flight {c[Found.IN_FLIGHT]} + unaccounted "
+                f"{len(self.unaccounted)}")  # fmt: skip
 
     def summary(self) -> dict[str, object]:
         return {"consumer": self.consumer, "first": self.first, "last": self.last, "received": self.received,
@@ -258,6 +268,33 @@ def report(store: DedupStore, found: Account) -> None:
                   extra={"dedup": {"consumer": found.consumer, "outcome": "unaccounted"}})  # fmt: skip
 
 
+def run(store: DedupStore, consumer: str, broker: Broker, *, settle: timedelta = SETTLE, keep: bool) -> Account:
+    """The window after the consumer's checkpoint (or its first, FIRST_WINDOW back), up to
+    ``settle`` ago, accounted for and reported; ``keep``: its end saved as the next checkpoint."""
+    until = utcnow() - settle
+    saved = checkpoint(store, consumer)
+    first_since = until - FIRST_WINDOW
+    after, since = saved or (_first_recorded(store, consumer, first_since), first_since)
+    found = account(store, consumer, broker, after=after, since=since, until=until)
+    report(store, found)
+    if keep:
+        save(store, found, until)
+    return found
+
+
+def audited(setting: str) -> list[tuple[str, tuple[str | None, str | None, str | None]]]:
+    """DEDUP_AUDIT read: ``consumer=queue`` or ``consumer=topic/subscription``, comma-separated;
+    each pair as (consumer, (queue, topic, subscription)), what ``ServiceBusPeek`` takes."""
+    pairs: list[tuple[str, tuple[str | None, str | None, str | None]]] = []
+    for item in filter(None, (part.strip() for part in setting.split(","))):
+        consumer, _, entity = (part.strip() for part in item.partition("="))
+        topic, slash, subscription = entity.partition("/")
+        if not consumer or not entity or (slash and not (topic and subscription)) or "/" in subscription:
+            raise ConfigurationError(f"DEDUP_AUDIT: {item!r} is not consumer=queue or consumer=topic/subscription")
+        pairs.append((consumer, (None, topic, subscription) if slash else (entity, None, None)))
+    return pairs
+
+
 def main(argv: list[str] | None = None) -> int:
     from .functions._senders import servicebus_client
     from .functions.registry import declared_consumer
@@ -269,21 +306,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queue", help="the queue it reads")
     parser.add_argument("--topic", help="the topic it reads, with --subscription")
     parser.add_argument("--subscription", help="its subscription")
-    parser.add_argument("--settle", default="PT15M", type=_duration, help="how long ago the window ends (ISO 8601)")
+    parser.add_argument("--settle", default=SETTLE, type=_duration, help="how long ago the window ends (ISO 8601)")
     parser.add_argument("--save", action="store_true", help="record the window's end: the next audit starts there")
     args = parser.parse_args(argv)
     with one_line_errors("audit"):
         consumer = declared_consumer(args.consumer, args.consumers)
-        until = utcnow() - args.settle
-        saved = checkpoint(consumer.store, consumer.name)
-        first_since = until - FIRST_WINDOW
-        after, since = saved or (_first_recorded(consumer.store, consumer.name, first_since), first_since)
         with servicebus_client("the audit peeks") as client:
             broker = ServiceBusPeek(client, args.queue, args.topic, args.subscription)
-            found = account(consumer.store, consumer.name, broker, after=after, since=since, until=until)
-        report(consumer.store, found)
-        if args.save:
-            save(consumer.store, found, until)
+            found = run(consumer.store, consumer.name, broker, settle=args.settle, keep=args.save)
     for sequence, near in found.unaccounted:
         print(f"{sequence}\tunaccounted\tenqueued at or after {near.isoformat() if near else 'an unknown time'}")
     print(json.dumps(found.summary()))
@@ -295,9 +325,6 @@ def _duration(text: str) -> timedelta:
         return isodate.parse_duration(text)  # type: ignore[no-any-return]
     except (isodate.ISO8601Error, ValueError):
         raise argparse.ArgumentTypeError(f"not an ISO 8601 duration: {text!r}") from None
-
-
-FIRST_WINDOW = timedelta(days=7)  # what the first audit reads back: within the shortest retention (dead letters')
 
 
 def _first_recorded(store: DedupStore, consumer: str, since: datetime) -> int:

@@ -15,7 +15,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 from opentelemetry import trace
 
-from . import dead_letters, facts, telemetry, wait
+from . import canary, dead_letters, facts, telemetry, wait
 from .cache import CompletedKeys
 from .config import DedupConfig
 from .errors import DedupError, InvalidMessage
@@ -196,6 +196,8 @@ class IdempotentConsumer:
                     if dispatch is not None and result.key is not None and not dispatch.left(result.key):
                         dispatch.leave(result.key, self.partition_of(result.key, _payload(delivery)))
                 telemetry.record(self.name, delivery, result, (time.perf_counter() - started) * 1000, span)
+                if result.outcome in _COMMITTED and facts.is_canary(delivery):
+                    canary.seen(self.name, delivery)
         finally:
             for span in spans:
                 span.end()

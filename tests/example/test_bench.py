@@ -14,10 +14,10 @@ from urllib.parse import urlsplit
 import pytest
 from azure.data.tables import TableServiceClient
 
-from lab import outbox_cost, purge_cost
+from lab import audit_cost, outbox_cost, purge_cost
 from lab.azurite import Azurite
 from lab.bench import instructions
-from lab.bench.__main__ import EXACT, PAIRS, ROOT, SCENARIOS, Bench, paired, provenance
+from lab.bench.__main__ import EXACT, PAIRS, ROOT, SCENARIOS, Bench, audit_targets, paired, provenance
 from lab.delay_proxy import delayed
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores._expiry import SETTLE
@@ -148,3 +148,13 @@ def test_the_results_say_which_run_wrote_them() -> None:
     assert run["commit"] == (head.stdout.strip() or "unknown")
     assert (run["python"], run["cores"], run["seconds"]) == (platform.python_version(), os.cpu_count(), 125)
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", run["date"]) and isinstance(run["uncommitted_changes"], bool)
+
+
+def test_the_audit_closes_its_window_in_a_page_per_thousand_facts_and_two_peeks(azurite: Azurite) -> None:
+    """The bench's audit row at a size that takes seconds: 1,200 messages (and the tenth delivered
+    twice) need 2 pages of facts, plus the run's 4 requests."""
+    audited = audit_cost.measure(azurite, 1200)
+    assert audited["closes"] and audited["received"] == 1201  # the canary too
+    assert audited["peeks"] == 2
+    assert audited["store_requests"] <= 2 + 4, audited
+    assert all(audit_targets(audited).values()), audited

@@ -116,7 +116,8 @@ def declared_functions(modules: Sequence[ModuleType] = (), needs: Iterable[str] 
     and every recipe, with the needs of the documented settings (none)."""
     app = func.FunctionApp()
     modules = modules or list(dict.fromkeys([*consumers.modules(), *recipes.every()]))  # a recipe on is both
-    for blueprint in [*(m.bp for m in modules), *housekeeping(needs)]:
+    blueprints = [m.bp for m in modules]
+    for blueprint in [*blueprints, *housekeeping(needs, watched=blueprints)]:
         app.register_functions(blueprint)
     return {str(f.get_function_name()) for f in app.get_functions()}
 
@@ -126,13 +127,14 @@ def test_the_default_app_indexes_its_consumers_and_the_housekeeping_they_need(
 ) -> None:
     """No recipe switched on: the worker indexes what consumers/ declares and the timers its
     consumers need — as the template ships, the Service Bus and Event Grid consumers and the
-    markers' purge and sweep, nothing else."""
+    markers' purge and sweep, the canary and the audit (it reads Service Bus), nothing else."""
     with WorkerHost(default_runtime, app_settings(store_server, table)) as host:
         host.start_app()
         indexed = set(host.functions)
     assert indexed == declared_functions(consumers.modules(), consumers.needs())
     if {m.__name__ for m in consumers.modules()} == {"consumers.orders", "consumers.order_events"}:  # as shipped
-        assert indexed == {"orders", "order_events", "purge_markers", "sweep_markers"}
+        assert indexed == {"orders", "order_events", "purge_markers", "sweep_markers", "send_canaries",
+                           "audit_consumers"}  # fmt: skip
 
 
 def test_the_worker_indexes_and_loads_every_function(worker: WorkerHost) -> None:

@@ -55,14 +55,18 @@ NETWORK = {"vnetEnabled": True, "dedupStore": "table"}
 # brings the queue service, its connection and the poison-queue alert) is not added again.
 ADDS: dict[str, tuple[dict[str, int], set[str], set[str]]] = {
     "topic": ({"servicebus.bicep:orderEvents[order-events]": 1, "servicebus.bicep:subscriptions[billing]": 1,
-               "servicebus.bicep:subscriptions[shipping]": 1, "roles.bicep:subscriptionReceivers": 2},
+               "servicebus.bicep:subscriptions[shipping]": 1, "roles.bicep:subscriptionReceivers": 2,
+               "roles.bicep:orderTopicSender": 1},
               {"ORDER_TOPIC", "BILLING_SUBSCRIPTION", "SHIPPING_SUBSCRIPTION"}, set()),
-    "outbox": ({"servicebus.bicep:orderEvents[order-events]": 1, "roles.bicep:outboxSender": 1},
+    "outbox": ({"servicebus.bicep:orderEvents[order-events]": 1, "roles.bicep:orderTopicSender": 1},
                {"ORDER_ACCEPTED_TOPIC"}, {"dedup-outbox-backlog", "dedup-outbox-sweep-behind"}),
-    "sessions": ({"servicebus.bicep:orderStatus[order-status]": 1, "roles.bicep:queueReceivers": 1},
+    "sessions": ({"servicebus.bicep:orderStatus[order-status]": 1, "roles.bicep:queueReceivers": 1,
+                 "roles.bicep:queueCanarySenders": 1},
                  {"ORDER_STATUS_QUEUE"}, set()),
-    "batch": ({"servicebus.bicep:moreQueues[ledger]": 1, "roles.bicep:queueReceivers": 1}, {"LEDGER_QUEUE"}, set()),
-    "balances": ({"servicebus.bicep:moreQueues[balances]": 1, "roles.bicep:queueReceivers": 1}, {"BALANCES_QUEUE"},
+    "batch": ({"servicebus.bicep:moreQueues[ledger]": 1, "roles.bicep:queueReceivers": 1,
+                 "roles.bicep:queueCanarySenders": 1}, {"LEDGER_QUEUE"}, set()),
+    "balances": ({"servicebus.bicep:moreQueues[balances]": 1, "roles.bicep:queueReceivers": 1,
+                 "roles.bicep:queueCanarySenders": 1}, {"BALANCES_QUEUE"},
                  set()),
     "eventhubs": ({"eventhubs.bicep:namespace": 1, "eventhubs.bicep:shipments": 1, "roles.bicep:hubReceiver": 1,
                    "network.bicep:privateEndpoints": 1, "network.bicep:zoneGroups": 1},
@@ -122,12 +126,15 @@ def test_main_declares_the_event_hubs_namespace_only_under_its_recipe() -> None:
     }
 
 
+SHARED = {"roles.bicep:orderTopicSender"}  # one role assignment, whichever of topic and outbox deploys it
+
+
 def expected(recipe: str, to: list[str]) -> tuple[dict[str, int], set[str], set[str]]:
     """What ``recipe`` adds to the deployment with ``to`` on: ADDS, less what it has already."""
     resources, names, rules = ADDS[recipe]
     before = deployed(to, NETWORK)
     new_rules = rules - set(alerts(to))
-    return ({**{key: n for key, n in resources.items() if not (key.endswith("]") and before[key])},
+    return ({**{key: n for key, n in resources.items() if not ((key.endswith("]") or key in SHARED) and before[key])},
              **({"alerts.bicep:rules": len(new_rules)} if new_rules else {})},
             names - settings(to), new_rules)  # fmt: skip
 
@@ -143,7 +150,8 @@ def test_each_recipe_adds_its_resources_settings_and_alerts(recipe: str) -> None
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_each_recipe_adds_the_same_beside_every_other(recipe: str) -> None:
     """Switched on last, each adds what it adds alone — but what another already deployed
-    (topic and outbox share the one topic, queue and blob-import the poison-queue alert)."""
+    (topic and outbox share the one topic and its sender role, queue and blob-import the
+    poison-queue alert)."""
     others = [name for name in RECIPES if name != recipe]
     resources, added_settings, _ = expected(recipe, others)
     assert added([recipe], to=others) == resources

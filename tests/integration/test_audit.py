@@ -5,6 +5,7 @@ detection), refused, dead-lettered by the broker, in flight — and names what i
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import uuid
@@ -260,3 +261,60 @@ def test_on_service_bus_a_dropped_resend_takes_no_sequence_number_and_the_comman
                           "tests.app", ServiceBusConnection=str(AZURE))  # fmt: skip
     assert resent.returncode == 0 and json.loads(resent.stdout.splitlines()[-1])["resent"] >= 1, resent.stderr
     assert any(line.endswith("\t" + ids[1]) for line in resent.stdout.splitlines())  # under its key, a new id
+
+
+def test_the_audit_timer_audits_each_consumer_its_setting_names_and_saves_its_window(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``audit_consumers`` (``audit_now``) on the broker model: the consumer named, its queue
+    peeked, a loss recorded and the window saved; a consumer the app does not declare is said,
+    not fatal."""
+    from shared.idempotency import audit as audit_module
+    from shared.idempotency.functions import _housekeeping as timers
+
+    store = MemoryStore()
+    run = Run(store)
+    for n in range(1, 4):
+        run.send(f"o-{n}", {"orderId": f"o-{n}"})
+    for skip in (False, True, False):  # 2 never reaches the function
+        run.deliver(skip=skip)
+
+    class Client:
+        def __enter__(self) -> Client:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    peeked: list[tuple[Any, ...]] = []
+
+    def peek(client: Client, queue: str | None, topic: str | None, subscription: str | None) -> PeekLockQueue:
+        peeked.append((queue, topic, subscription))
+        return run.queue
+
+    monkeypatch.setattr(timers, "declared", lambda: [run.consumer])  # the app's consumers
+    monkeypatch.setattr(timers, "servicebus_client", lambda who: Client())
+    monkeypatch.setattr(audit_module, "ServiceBusPeek", peek)
+    monkeypatch.setattr(audit_module, "run", functools.partial(audit_module.run, settle=timedelta(0)))
+    timers.audit_now("gone=elsewhere, audited=orders")
+    assert peeked == [("orders", None, None)]
+    assert [d.sequence for d in store.dead_letters("audited") if d.reason == Reason.UNACCOUNTED] == [2]
+    assert checkpoint(store, "audited") is not None and checkpoint(store, "audited")[0] == 3  # type: ignore[index]
+    assert "DEDUP_AUDIT names consumer 'gone', which the app does not declare" in caplog.text
+
+
+@pytest.mark.parametrize("setting", ["orders", "=q", "a=", "a=t/", "a=/s", "a=t/s/x"])
+def test_a_dedup_audit_setting_that_names_no_entity_is_refused_in_one_line(setting: str) -> None:
+    from shared.idempotency.audit import audited
+    from shared.idempotency.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="consumer=queue or consumer=topic/subscription"):
+        audited(setting)
+
+
+def test_a_dedup_audit_setting_names_queues_and_subscriptions() -> None:
+    from shared.idempotency.audit import audited
+
+    assert audited(" orders=orders ,billing=order-events/billing,") == [
+        ("orders", ("orders", None, None)), ("billing", (None, "order-events", "billing"))]  # fmt: skip
+    assert audited("") == []

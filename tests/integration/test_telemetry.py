@@ -160,7 +160,7 @@ def test_every_alert_and_chart_reads_telemetry_the_code_emits(azurite: Azurite) 
     names = {name for name, _ in emitted}
     pairs = {(name, key, str(value)) for name, attributes in emitted for key, value in attributes}
     found = [query for query in queries() if not query.startswith("traces ")]  # the host's logs: below
-    assert len(found) == 7 + 5
+    assert len(found) == 8 + 5
     for query in found:
         wanted = {n.strip('"') for group in NAMES.findall(query) for n in group.split(", ")}
         assert wanted and wanted <= names, (query, wanted - names)
@@ -175,6 +175,7 @@ def emit_every_alerted_situation(azurite: Azurite) -> None:
     from datetime import timedelta
     from types import SimpleNamespace
 
+    from shared.idempotency.audit import Account, report
     from shared.idempotency.messages import utcnow
     from shared.idempotency.outbox import Outbox
     from shared.idempotency.reconcile import escalate_stale_claims
@@ -198,6 +199,7 @@ def emit_every_alerted_situation(azurite: Azurite) -> None:
     store.insert(Marker(key, "p", State.IN_PROGRESS, "fp", long_ago, utcnow() + timedelta(days=1),
                         lease_until=long_ago, owner="o"))  # fmt: skip
     escalate_stale_claims(store, timedelta(minutes=1))  # an escalation
+    report(store, Account("alerts", 1, 1, unaccounted=[(1, utcnow())]))  # an audit's loss
 
     class Down:
         def send(self, messages: Any) -> None:

@@ -186,7 +186,8 @@ def declared_functions(modules: Sequence[ModuleType] | None = None, needs: Itera
         modules = [*consumers.modules(), library_app]
         needs = {*needs, *consumers.needs(), *library_app.NEEDS}
     app = func.FunctionApp()
-    for blueprint in [*(m.bp for m in modules), *housekeeping(needs)]:
+    blueprints = [m.bp for m in modules]
+    for blueprint in [*blueprints, *housekeeping(needs, watched=blueprints)]:
         app.register_functions(blueprint)
     return {str(f.get_function_name()) for f in app.get_functions()}
 

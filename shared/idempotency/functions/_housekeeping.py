@@ -1,11 +1,13 @@
 """The store's housekeeping as Functions Blueprints, each registered once per app by what its
 consumers need (``housekeeping``): the markers' purge always; the reconciliation of two-phase
-claims for steps; the outbox's sweep for consumers that send. They work on the app's shared
-store and its consumers' senders."""
+claims for steps; the outbox's sweep for consumers that send; the canary and the audit for the
+Service Bus entities the app's triggers read. They work on the app's shared store and its
+consumers' senders."""
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import astuple
@@ -14,13 +16,17 @@ from datetime import timedelta
 import azure.functions as func
 from opentelemetry import metrics
 
+from .. import audit, canary
 from ..config import DEFAULT_OUTBOX_SWEEP_BUDGET, DEFAULT_PURGE_BUDGET, DEFAULT_PURGE_TIME, duration, whole
 from ..consumer import IdempotentConsumer
+from ..errors import ConfigurationError
 from ..messages import utcnow
 from ..outbox import Sender
 from ..reconcile import escalate_stale_claims
 from ._app import declared, shared_store
+from ._senders import servicebus_client
 
+log = logging.getLogger("idempotency")
 _purges = metrics.get_meter("idempotency").create_counter(
     "dedup.purge.runs", description="Purge runs, by whether they spent their whole budget (a backlog)"
 )
@@ -33,14 +39,86 @@ outbox = func.Blueprint()  # type: ignore[no-untyped-call]
 NEEDS = {"steps": claims, "outbox": outbox}
 
 
-def housekeeping(needs: Iterable[str] = ()) -> list[func.Blueprint]:
+def housekeeping(needs: Iterable[str] = (), watched: Iterable[func.Blueprint] = ()) -> list[func.Blueprint]:
     """The timers an app registers: ``purge_markers`` and ``sweep_markers`` always (markers
     expire); ``reconcile_claims`` when a consumer makes two-phase steps (``"steps"``);
-    ``dispatch_outbox`` when one sends (``"outbox"``)."""
+    ``dispatch_outbox`` when one sends (``"outbox"``); ``send_canaries`` and ``audit_consumers``
+    when the ``watched`` Blueprints (the app's consumers) have Service Bus triggers."""
     wanted = set(needs)
     if wanted - NEEDS.keys():
         raise ValueError(f"housekeeping needs {sorted(wanted - NEEDS.keys())}: known are {sorted(NEEDS)}")
-    return [markers, *(NEEDS[name] for name in sorted(wanted))]
+    entities = servicebus_entities(watched)
+    return [markers, *(NEEDS[name] for name in sorted(wanted)), *([watching(entities)] if entities else [])]
+
+
+def servicebus_entities(blueprints: Iterable[func.Blueprint]) -> list[canary.Entity]:
+    """The queues and topics the Blueprints' Service Bus triggers read, each once. Read from the
+    trigger bindings as declared (the list ``register_functions`` itself takes), without
+    building the functions: building sets defaults on HTTP triggers, which is the app's to do."""
+    found: list[canary.Entity] = []
+    for blueprint in blueprints:
+        for builder in blueprint._function_builders:
+            for binding in builder._function.get_bindings():
+                if binding.type != "serviceBusTrigger":
+                    continue
+                declared_as = binding.get_dict_repr()
+                entity = canary.Entity("queue" if "queueName" in declared_as else "topic",
+                                       declared_as.get("queueName") or declared_as["topicName"],
+                                       bool(declared_as.get("isSessionsEnabled")))  # fmt: skip
+                if entity not in found:
+                    found.append(entity)
+    return found
+
+
+def _resolved(entity: canary.Entity) -> canary.Entity:
+    """``%NAME%`` read from the app setting NAME, as the host reads the trigger's."""
+    if entity.name.startswith("%") and entity.name.endswith("%"):
+        name = os.environ.get(entity.name.strip("%"))
+        if not name:
+            raise ConfigurationError(f"the canary sends to the {entity.kind} in app setting {entity.name.strip('%')}, "
+                                     "which is not set")  # fmt: skip
+        return entity._replace(name=name)
+    return entity
+
+
+def watching(entities: list[canary.Entity]) -> func.Blueprint:
+    """The canary and the audit timers of an app whose triggers read ``entities``."""
+    timers = func.Blueprint()  # type: ignore[no-untyped-call]
+
+    @timers.function_name("send_canaries")
+    @timers.timer_trigger(arg_name="timer", schedule="0 */5 * * * *", use_monitor=True)
+    def send_canaries(timer: func.TimerRequest) -> None:
+        """Every 5 minutes (canary.INTERVAL): a canary through each Service Bus queue and topic
+        the app's triggers read, for the ``dedup-canary-heartbeat`` alert."""
+        resolved = [_resolved(entity) for entity in entities]
+        with servicebus_client("the canary timer sends") as client:
+            canary.send(canary.ServiceBusCanaries(client), resolved)
+
+    @timers.function_name("audit_consumers")
+    @timers.timer_trigger(arg_name="timer", schedule="0 20 * * * *", use_monitor=True)
+    def audit_consumers(timer: func.TimerRequest) -> None:
+        """Hourly: the audit of each consumer DEDUP_AUDIT names (``audit_now``)."""
+        audit_now(os.environ.get("DEDUP_AUDIT", ""))
+
+    return timers
+
+
+def audit_now(setting: str) -> None:
+    """The audit (audit.py) of each ``consumer=queue`` or ``consumer=topic/subscription`` of
+    DEDUP_AUDIT, from its saved window on, up to 15 minutes ago; what it finds unaccounted is
+    recorded, logged and counted (the ``dedup-unaccounted`` alert). Nothing when it is empty."""
+    pairs = audit.audited(setting)
+    if not pairs:
+        return
+    consumers = {built.name: built for built in declared()}
+    with servicebus_client("the audit peeks") as client:
+        for name, entity in pairs:
+            if name not in consumers:  # the example removed, its setting kept: said, the others audited
+                log.error("dedup audit: DEDUP_AUDIT names consumer %r, which the app does not declare (%s): not "
+                          "audited", name, ", ".join(sorted(consumers)))  # fmt: skip
+                continue
+            found = audit.run(consumers[name].store, name, audit.ServiceBusPeek(client, *entity), keep=True)
+            log.info("dedup audit: %s", found.line())
 
 
 @claims.function_name("reconcile_claims")
@@ -62,7 +140,7 @@ def purge_markers(timer: func.TimerRequest) -> None:
     except Exception:
         _purges.add(1, {"budget_spent": "true"})  # a run that failed left its work: the backlog alert counts it
         raise
-    logging.getLogger("idempotency").info("dedup purge: scanned=%d deleted=%d requests=%d", *astuple(purge))
+    log.info("dedup purge: scanned=%d deleted=%d requests=%d", *astuple(purge))
     left = purge.deleted >= budget or time.monotonic() >= deadline
     _purges.add(1, {"budget_spent": str(left).lower()})  # true: it stopped with work left (a backlog, alert)
 
@@ -73,7 +151,7 @@ def sweep_markers(timer: func.TimerRequest) -> None:
     """Weekly: the full scan for expired markers the index missed (an instance that died with
     notes unwritten), at most DEDUP_PURGE_BUDGET records."""
     swept = shared_store().sweep_expired(utcnow(), whole("DEDUP_PURGE_BUDGET", DEFAULT_PURGE_BUDGET))
-    logging.getLogger("idempotency").info("dedup sweep: scanned=%d deleted=%d requests=%d", *astuple(swept))
+    log.info("dedup sweep: scanned=%d deleted=%d requests=%d", *astuple(swept))
 
 
 FIRST_SWEEP = timedelta(days=2)  # how far back a sweep without a cursor reads: 48 hourly reads, once
@@ -97,7 +175,7 @@ def dispatch_outbox(timer: func.TimerRequest) -> None:
     for first in stores.values():
         swept = first.outbox(senders[first.name]).sweep(utcnow(), since=FIRST_SWEEP, budget=budget,
                                                         deadline=deadline, senders=senders)  # fmt: skip
-        logging.getLogger("idempotency").info("dedup outbox sweep: parked=%d sent=%d failed=%d reads=%d left=%s",
+        log.info("dedup outbox sweep: parked=%d sent=%d failed=%d reads=%d left=%s",
                                               *astuple(swept))  # fmt: skip
         left = left or swept.left
     if stores:

@@ -1,0 +1,88 @@
+"""The canary: every few minutes the ``send_canaries`` timer sends a small message through each
+Service Bus queue and topic the app's triggers read; each consumer recognises it
+(``facts.is_canary``), commits its marker without running the handler, and logs a heartbeat.
+Both ends log an event that the ``dedup-canary-heartbeat`` alert reads
+(infra/modules/alerts.bicep): it fires when a consumer has seen no canary of its entity for two
+intervals while canaries were sent, when none of an entity's canaries was ever seen, or when the
+canaries stopped being sent. A consumer that stopped, or a host that settles without invoking
+the function (Azure/azure-functions-host#11879), is found within two intervals, with no
+business message needed.
+
+Cost per entity: 288 messages a day (one every 5 minutes); each is one send, one delivery and
+one marker write (its store request), and 2 log records. A topic's canary reaches each of its
+subscriptions (a subscription with a SQL filter must let ``dedup-canary`` through)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+from .facts import CANARY_PREFIX, CANARY_PROPERTY
+from .messages import Delivery
+
+if TYPE_CHECKING:
+    from azure.servicebus import ServiceBusClient
+
+log = logging.getLogger("idempotency")
+INTERVAL = timedelta(minutes=5)  # the timer's schedule, and the alert's ``interval`` (a test holds them equal)
+SENT, SEEN = "canary.sent", "canary.seen"  # the heartbeat's two events (customDimensions.dedup_event)
+
+
+class Entity(NamedTuple):
+    """What a Service Bus trigger reads: a queue, or a topic (through one of its subscriptions)."""
+
+    kind: str  # "queue" or "topic"
+    name: str
+    sessions: bool = False  # a session-enabled entity takes only messages with a session id
+
+
+class Sender(Protocol):
+    def send(self, entity: Entity, message_id: str, properties: dict[str, str]) -> None: ...
+
+
+def send(sender: Sender, entities: Iterable[Entity]) -> None:
+    """One canary to each entity, named in its ``dedup-canary`` property (what its consumers
+    log). An entity that cannot be sent to is logged and its heartbeat stops (the alert); the
+    others are still sent, and the first error is raised at the end."""
+    failed: list[Exception] = []
+    for entity in entities:
+        try:
+            sender.send(entity, f"{CANARY_PREFIX}{uuid.uuid4().hex}", {CANARY_PROPERTY: entity.name})
+        except Exception as exc:
+            log.exception("dedup canary: could not send to %s %r", entity.kind, entity.name)
+            failed.append(exc)
+            continue
+        log.info("dedup canary sent entity=%r", entity.name, extra={"dedup_event": SENT, "dedup_entity": entity.name})
+    if failed:
+        raise failed[0]
+
+
+def seen(consumer: str, delivery: Delivery) -> None:
+    """A consumer's heartbeat: it committed (or met again) a canary of this entity."""
+    entity = str(delivery.properties.get(CANARY_PROPERTY, ""))
+    log.info("dedup canary seen consumer=%r entity=%r", consumer, entity,
+             extra={"dedup_event": SEEN, "dedup_entity": entity, "dedup_consumer": consumer})  # fmt: skip
+
+
+class ServiceBusCanaries:
+    """Sends canaries with the app's Service Bus client (the triggers' connection settings)."""
+
+    def __init__(self, client: ServiceBusClient) -> None:
+        self._client = client
+
+    def send(self, entity: Entity, message_id: str, properties: dict[str, str]) -> None:
+        from azure.servicebus import ServiceBusMessage
+
+        if entity.kind == "queue":
+            sender = self._client.get_queue_sender(queue_name=entity.name)
+        else:
+            sender = self._client.get_topic_sender(topic_name=entity.name)
+        carried: dict[str | bytes, Any] = {name: value for name, value in properties.items()}
+        message = ServiceBusMessage(b"{}", message_id=message_id, application_properties=carried,
+                                    session_id=CANARY_PREFIX if entity.sessions else None,
+                                    content_type="application/json")  # fmt: skip
+        with sender:
+            sender.send_messages(message)

@@ -1,0 +1,300 @@
+"""The canary through every Service Bus entity an app reads, and its heartbeat alert evaluated as
+Azure Monitor evaluates it: the template's own log records, exported by the Azure Monitor
+OpenTelemetry exporter to a local ingestion endpoint, become the rows of ``traces``; the alert's
+query text, read from infra/modules/alerts.bicep, runs on them in a KQL engine (duckdb-kql).
+Time is the one thing simulated: each timer tick's records are placed one interval after the
+previous tick's."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import azure.functions as func
+import duckdb_kql
+import pytest
+
+from lab.broker import PeekLockQueue
+from lab.host import servicebus_message
+from shared.idempotency import Effects, Entity, IdempotentConsumer
+from shared.idempotency.canary import INTERVAL
+from shared.idempotency.functions import _housekeeping as timers
+from shared.idempotency.functions import housekeeping, on_servicebus
+from shared.idempotency.stores import MemoryStore
+
+ALERTS = Path(__file__).resolve().parents[2] / "infra" / "modules" / "alerts.bicep"
+
+
+def heartbeat_rule() -> tuple[str, timedelta]:
+    """The alert's query text, and the time range it reads (overrideQueryTimeRange)."""
+    text = ALERTS.read_text()
+    query = re.search(r"var canaryHeartbeatQuery = '''\n(.*?)'''", text, re.S)
+    lookback = re.search(r"resource canaryHeartbeat .*?overrideQueryTimeRange: 'P(\d+)D'", text, re.S)
+    assert query and lookback, "alerts.bicep: the heartbeat rule's query or time range moved: update this test"
+    return query.group(1), timedelta(days=int(lookback.group(1)))
+
+
+class Ingestion(BaseHTTPRequestHandler):
+    """Application Insights' ingestion endpoint (``/v2.1/track``): keeps what it is sent."""
+
+    received: list[dict[str, Any]]
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        items = json.loads(body)
+        self.received.extend(items if isinstance(items, list) else [items])
+        answer = json.dumps({"itemsReceived": len(items), "itemsAccepted": len(items), "errors": []}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def exported(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+    """The ``idempotency`` logger's records at INFO, as Application Insights receives them."""
+    from azure.monitor.opentelemetry.exporter import AzureMonitorLogExporter
+    from opentelemetry.instrumentation.logging.handler import LoggingHandler  # the distro's, on Azure
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+
+    monkeypatch.setenv("APPLICATIONINSIGHTS_STATSBEAT_DISABLED_ALL", "true")  # no calls home
+    monkeypatch.setenv("APPLICATIONINSIGHTS_SDKSTATS_DISABLED", "true")  # nor its own counts, to the endpoint
+    received: list[dict[str, Any]] = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Track", (Ingestion,), {"received": received}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    exporter = AzureMonitorLogExporter(
+        connection_string="InstrumentationKey=00000000-0000-0000-0000-000000000000;"
+        f"IngestionEndpoint=http://127.0.0.1:{server.server_port}/",
+        disable_offline_storage=True,
+    )
+    provider = LoggerProvider()
+    provider.add_log_record_processor(SimpleLogRecordProcessor(exporter))  # exported as logged: no waiting
+    handler = LoggingHandler(level=logging.INFO, logger_provider=provider)
+    logger = logging.getLogger("idempotency")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield received
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        provider.shutdown()
+        server.shutdown()
+
+
+class ToTheModel:
+    """The Service Bus client's senders the canary timer opens, onto the broker model's queues."""
+
+    def __init__(self, queues: dict[str, PeekLockQueue]) -> None:
+        self.queues = queues
+
+    def __enter__(self) -> ToTheModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def get_queue_sender(self, queue_name: str) -> Any:
+        queue = self.queues[queue_name]
+
+        class Sender:
+            def __enter__(self) -> Sender:
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                pass
+
+            def send_messages(self, message: Any) -> None:
+                properties = {str(k): str(v) for k, v in (message.application_properties or {}).items()}
+                queue.send(message.message_id, b"".join(message.body), properties)
+
+        return Sender()
+
+
+class App:
+    """An app of two Service Bus consumers (queues named by app settings, as a user writes
+    them) and the timers ``housekeeping`` registers for them, indexed as the worker does."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.queues = {name: PeekLockQueue(30.0, 10, 1000) for name in ("invoices", "refunds")}
+        bp = func.Blueprint()  # type: ignore[no-untyped-call]
+        store = MemoryStore()
+        for name in self.queues:
+            monkeypatch.setenv(f"{name.upper()}_QUEUE", name)
+            flow = IdempotentConsumer(name, store, lambda payload, context: Effects([Entity("e", {})]))
+            self._trigger(bp, name, flow)
+        app = func.FunctionApp()
+        for blueprint in [bp, *housekeeping(watched=[bp])]:
+            app.register_functions(blueprint)
+        self.functions: dict[str, Callable[..., Any]] = {
+            str(fn.get_function_name()): fn.get_user_function() for fn in app.get_functions()
+        }
+        monkeypatch.setattr(timers, "servicebus_client", lambda who: ToTheModel(self.queues))
+
+    @staticmethod
+    def _trigger(bp: func.Blueprint, name: str, flow: IdempotentConsumer) -> None:
+        @bp.function_name(name)
+        @bp.service_bus_queue_trigger(arg_name="msg", queue_name=f"%{name.upper()}_QUEUE%",
+                                      connection="ServiceBusConnection")  # fmt: skip
+        def receive(msg: func.ServiceBusMessage) -> None:
+            on_servicebus(lambda: flow, msg)
+
+    def tick(self) -> None:
+        self.functions["send_canaries"](SimpleNamespace(past_due=False))
+
+    def drain(self, name: str) -> None:
+        queue = self.queues[name]
+        while (lock := queue.receive(0)) is not None:
+            m = lock.message
+            self.functions[name](servicebus_message(m.body, m.message_id, delivery_count=lock.delivery_count,
+                                                    sequence_number=m.seq, enqueued_time=m.enqueued_at,
+                                                    properties=m.properties))  # fmt: skip
+            assert queue.complete(lock)
+
+
+def alert_value(received: list[dict[str, Any]], rounds: list[int], evaluated_at: int) -> int:
+    """The heartbeat query's ``value`` when the rule runs half an interval after tick
+    ``evaluated_at``: each record placed at its tick, on the rule's time range."""
+    query, lookback = heartbeat_rule()
+    now = datetime.now(UTC)
+    con = duckdb_kql.connect()
+    con.sql("CREATE TABLE traces (timestamp TIMESTAMPTZ, message VARCHAR, severityLevel INTEGER, "
+            "customDimensions JSON)")  # fmt: skip
+    for envelope, tick in zip(received, rounds, strict=True):
+        if envelope["name"] != "Microsoft.ApplicationInsights.Message" or tick > evaluated_at:
+            continue
+        at = now - (evaluated_at - tick) * INTERVAL - INTERVAL / 2
+        if at > now - lookback:
+            data = envelope["data"]["baseData"]
+            con.execute("INSERT INTO traces VALUES (?, ?, ?, ?)",
+                        [at, data["message"], data.get("severityLevel"), json.dumps(data["properties"])])  # fmt: skip
+    [(value,)] = duckdb_kql.kql(con, query).fetchall()
+    return int(value)
+
+
+def run(app: App, exported: list[dict[str, Any]], ticks: int, sends: Callable[[int], bool],
+        running: Callable[[int], set[str]]) -> list[int]:  # fmt: skip
+    """``ticks`` timer intervals: the timer sends when ``sends(tick)``, then the consumers
+    ``running(tick)`` take their queue's messages; the alert's value after each tick."""
+    rounds: list[int] = []
+    for tick in range(ticks):
+        before = len(exported)
+        if sends(tick):
+            app.tick()
+        for name in running(tick):
+            app.drain(name)
+        rounds += [tick] * (len(exported) - before)
+    return [alert_value(exported, rounds, tick) for tick in range(ticks)]
+
+
+BOTH = {"invoices", "refunds"}
+
+
+def test_a_stopped_consumer_raises_the_heartbeat_alert_within_two_intervals(
+    monkeypatch: pytest.MonkeyPatch, exported: list[dict[str, Any]]
+) -> None:
+    """refunds' consumer stops after tick 2: its last heartbeat is 2.5 intervals old at tick 4's
+    evaluation, the first to fire; invoices' consumer never raises it."""
+    app = App(monkeypatch)
+    values = run(app, exported, 7, lambda tick: True, lambda tick: BOTH if tick <= 2 else {"invoices"})
+    assert values == [0, 0, 0, 0, 1, 1, 1]
+    assert len(app.queues["refunds"]._ready) == 4  # the canaries its stopped consumer left
+
+
+def test_the_alert_fires_for_an_entity_whose_canaries_nobody_ever_saw(
+    monkeypatch: pytest.MonkeyPatch, exported: list[dict[str, Any]]
+) -> None:
+    app = App(monkeypatch)
+    assert run(app, exported, 4, lambda tick: True, lambda tick: {"invoices"}) == [0, 0, 1, 1]
+
+
+def test_the_alert_fires_for_every_entity_when_the_canaries_stop_being_sent(
+    monkeypatch: pytest.MonkeyPatch, exported: list[dict[str, Any]]
+) -> None:
+    """The app down (its timer with it): the heartbeats stop everywhere."""
+    app = App(monkeypatch)
+    assert run(app, exported, 6, lambda tick: tick <= 1, lambda tick: BOTH) == [0, 0, 0, 2, 2, 2]
+
+
+def test_each_canary_is_one_message_and_its_heartbeat_names_the_entity_and_consumer(
+    monkeypatch: pytest.MonkeyPatch, exported: list[dict[str, Any]]
+) -> None:
+    app = App(monkeypatch)
+    app.tick()
+    app.tick()
+    for name in BOTH:
+        app.drain(name)
+        assert app.queues[name].accepted == 2  # one per tick and entity
+    events = [(e["data"]["baseData"]["properties"].get("dedup_event"), e["data"]["baseData"]["properties"].get(
+        "dedup_entity"), e["data"]["baseData"]["properties"].get("dedup_consumer")) for e in exported]  # fmt: skip
+    assert sorted(events) == sorted([("canary.sent", name, None) for name in BOTH] * 2
+                                    + [("canary.seen", name, name) for name in BOTH] * 2)  # fmt: skip
+
+
+def test_the_timer_the_alert_and_the_module_agree_on_the_interval() -> None:
+    query, _ = heartbeat_rule()
+    [minutes] = re.findall(r"let interval = (\d+)m;", query)
+    assert timedelta(minutes=int(minutes)) == INTERVAL
+    [timer] = [fn for fn in _indexed(housekeeping(watched=[_one_queue()])) if fn.get_function_name() == "send_canaries"]
+    schedule = timer.get_trigger().get_dict_repr()["schedule"]
+    assert schedule == f"0 */{int(INTERVAL.total_seconds() // 60)} * * * *"
+
+
+def _one_queue() -> func.Blueprint:
+    bp = func.Blueprint()  # type: ignore[no-untyped-call]
+
+    @bp.service_bus_queue_trigger(arg_name="msg", queue_name="q", connection="ServiceBusConnection")
+    def q(msg: func.ServiceBusMessage) -> None: ...
+
+    return bp
+
+
+def _indexed(blueprints: list[func.Blueprint]) -> list[Any]:
+    app = func.FunctionApp()
+    for blueprint in blueprints:
+        app.register_functions(blueprint)
+    return list(app.get_functions())
+
+
+def test_the_canary_goes_through_each_queue_and_topic_the_triggers_read_and_only_with_service_bus() -> None:
+    from shared.idempotency.canary import Entity as Through
+
+    bp = func.Blueprint()  # type: ignore[no-untyped-call]
+
+    @bp.service_bus_queue_trigger(arg_name="msg", queue_name="%A_QUEUE%", connection="ServiceBusConnection")
+    def a(msg: func.ServiceBusMessage) -> None: ...
+
+    @bp.service_bus_topic_trigger(arg_name="msg", topic_name="t", subscription_name="one",
+                                  connection="ServiceBusConnection")  # fmt: skip
+    def b(msg: func.ServiceBusMessage) -> None: ...
+
+    @bp.service_bus_topic_trigger(arg_name="msg", topic_name="t", subscription_name="two",
+                                  connection="ServiceBusConnection")  # fmt: skip
+    def c(msg: func.ServiceBusMessage) -> None: ...
+
+    @bp.service_bus_queue_trigger(arg_name="msg", queue_name="s", connection="ServiceBusConnection",
+                                  is_sessions_enabled=True)  # fmt: skip
+    def d(msg: func.ServiceBusMessage) -> None: ...
+
+    assert timers.servicebus_entities([bp]) == [Through("queue", "%A_QUEUE%"), Through("topic", "t"),
+                                                Through("queue", "s", sessions=True)]  # fmt: skip
+    names = {fn.get_function_name() for fn in _indexed([bp, *housekeeping(watched=[bp])])}
+    assert {"send_canaries", "audit_consumers"} <= names
+    assert not {"send_canaries", "audit_consumers"} & {fn.get_function_name() for fn in _indexed(housekeeping())}
