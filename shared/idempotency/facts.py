@@ -39,16 +39,20 @@ def record_duplicate(store: DedupStore, scope: str, delivery: Delivery, result: 
     :raises StoreUnavailable: the fact may be missing: the delivery must go back to the broker."""
     if delivery.sequence is None or result.key is None:
         return
-    key = DedupKey(f"{scope}|{DUPLICATES}", str(delivery.sequence))
-    store.insert(Marker(key, consumer_partition(key.scope, key.id), State.COMPLETED, result.fingerprint or "",
-                        utcnow(), expires_at, result={"key": result.key.id}, sequence=delivery.sequence,
-                        enqueued_at=delivery.enqueued_at))  # fmt: skip
+    _record(store, f"{scope}|{DUPLICATES}", delivery.sequence, delivery.enqueued_at, expires_at,
+            fingerprint=result.fingerprint or "", result={"key": result.key.id})  # fmt: skip
 
 
 def record_resent(store: DedupStore, scope: str, sequence: int, enqueued_at: datetime | None) -> None:
     """A dead-lettered message sent again (resend.py): its number leaves the dead-letter queue,
     and this record, kept as long as markers (DEDUP_RETENTION), keeps it there for the audit
     (one insert; the same again writes nothing)."""
-    key = DedupKey(f"{scope}|{RESENT}", str(sequence))
-    store.insert(Marker(key, consumer_partition(key.scope, key.id), State.COMPLETED, "", utcnow(),
-                        utcnow() + retention(), sequence=sequence, enqueued_at=enqueued_at))  # fmt: skip
+    _record(store, f"{scope}|{RESENT}", sequence, enqueued_at, utcnow() + retention())
+
+
+def _record(store: DedupStore, scope: str, sequence: int, enqueued_at: datetime | None, expires_at: datetime,
+            fingerprint: str = "", result: dict[str, str] | None = None) -> None:  # fmt: skip
+    """A fact of one sequence number: a completed marker of its own, inserted once."""
+    key = DedupKey(scope, str(sequence))
+    store.insert(Marker(key, consumer_partition(key.scope, key.id), State.COMPLETED, fingerprint, utcnow(),
+                        expires_at, result=result, sequence=sequence, enqueued_at=enqueued_at))  # fmt: skip

@@ -24,6 +24,7 @@ def test_the_documented_local_settings_pass(monkeypatch: pytest.MonkeyPatch) -> 
         ({"DEDUP_STORAGE_CONNECTION": ""}, ["DEDUP_STORAGE_CONNECTION"]),
         ({"DEDUP_STORE": "cosmos"}, ["COSMOS_ENDPOINT"]),
         ({"DEDUP_SENDER": "file"}, ["DEDUP_SENDER_FILE"]),
+        ({"DEDUP_AUDIT": "orders"}, ["DEDUP_AUDIT: 'orders'"]),
         (
             {"DEDUP_RETENTION": "30 days", "DEDUP_LEASE": "soon", "DEDUP_SENDER": "x:y"},
             ["DEDUP_RETENTION", "DEDUP_LEASE", "DEDUP_SENDER"],

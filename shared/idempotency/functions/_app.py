@@ -13,12 +13,14 @@ every consumer on a store of your choice (an in-memory one in unit tests).
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Generic, TypeVar
 
+from ..audit import audited
 from ..config import (
     DEFAULT_OUTBOX_SWEEP_BUDGET,
     DEFAULT_PURGE_BUDGET,
@@ -138,7 +140,8 @@ def check_app_settings() -> None:
     found = problems()
     timers = (lambda: duration("DEDUP_STALE_AFTER", "PT1H"), lambda: whole("DEDUP_PURGE_BUDGET", DEFAULT_PURGE_BUDGET),
               lambda: duration("DEDUP_PURGE_TIME", DEFAULT_PURGE_TIME),
-              lambda: whole("DEDUP_OUTBOX_SWEEP_BUDGET", DEFAULT_OUTBOX_SWEEP_BUDGET), max_bytes_setting)  # fmt: skip
+              lambda: whole("DEDUP_OUTBOX_SWEEP_BUDGET", DEFAULT_OUTBOX_SWEEP_BUDGET), max_bytes_setting,
+              lambda: audited(os.environ.get("DEDUP_AUDIT", "")))  # fmt: skip
     for check in (dead_letter_retention, check_store_settings, check_sender_settings, *timers):
         try:
             check()
