@@ -266,6 +266,7 @@ var settings = {
     withTopic ? ['billing=${serviceBus.outputs.topicName}/billing', 'shipping=${serviceBus.outputs.topicName}/shipping'] : [],
     withBatch ? ['ledger=ledger'] : [], withBalances ? ['balances=balances'] : []), ',')
   DEDUP_STORE: dedupStore
+  EVENTGRID_TOPIC_ENDPOINT: eventGrid.outputs.endpoint // the canary's Event Grid topic (send_canaries)
   DEDUP_STORAGE_ENDPOINT: storage.outputs.tableEndpoint
   DEDUP_RETENTION: 'P${dedupRetentionDays}D'
   DEDUP_MAX_DELIVERY_COUNT: '${maxDeliveryCount}' // the last delivery records why before the broker dead-letters

@@ -455,6 +455,8 @@ def policy_violations(infra: Path = INFRA, recipes: Sequence[str] | None = None)
                 f"{sub.symbol}: not delivered to the function")  # fmt: skip
         require("retryPolicy" in sub.properties, f"{sub.symbol}: no retry policy")
         require("deadLetterWithResourceIdentity" in sub.properties, f"{sub.symbol}: no dead-lettering")
+        require("dedup.canary" in _text(sub.properties.get("filter")),
+                f"{sub.symbol}: the canary's event type (dedup.canary) is filtered out")  # fmt: skip
 
     types = {(path.name, symbol): spec["type"] for path in bicep_files(infra)  # declared or existing
              for symbol, spec in parse(path).get("resources", {}).items()}  # fmt: skip

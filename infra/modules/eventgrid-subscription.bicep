@@ -35,7 +35,7 @@ resource subscription 'Microsoft.EventGrid/topics/eventSubscriptions@2022-06-15'
         maxEventsPerBatch: 1
       }
     }
-    filter: { includedEventTypes: eventTypes }
+    filter: { includedEventTypes: concat(eventTypes, ['dedup.canary']) } // and the app's canary (canary.py)
     retryPolicy: {
       maxDeliveryAttempts: maxDeliveryAttempts
       eventTimeToLiveInMinutes: eventTimeToLiveInMinutes

@@ -180,6 +180,17 @@ resource queueCanarySenders 'Microsoft.Authorization/roleAssignments@2022-04-01'
   }
 }]
 
+// The canary timer publishes its CloudEvent to the app's Event Grid topic, and nowhere else.
+resource canaryPublisher 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(topic.id, principalId, roleIds.eventGridDataSender)
+  scope: topic
+  properties: {
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleIds.eventGridDataSender)
+  }
+}
+
 // The shipment stream: receive from that hub only (checkpoints go to the app's own blobs).
 resource hubReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(shipmentHubName)) {
   name: guid(shipmentHub.id, principalId, roleIds.eventHubsDataReceiver)

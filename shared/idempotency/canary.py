@@ -1,5 +1,6 @@
 """The canary: every few minutes the ``send_canaries`` timer sends a small message through each
-Service Bus queue and topic the app's triggers read; each consumer recognises it
+Service Bus queue and topic the app's triggers read, and a CloudEvent to the Event Grid topic
+(EVENTGRID_TOPIC_ENDPOINT) when it has Event Grid triggers; each consumer recognises it
 (``facts.is_canary``), commits its marker without running the handler, and logs a heartbeat.
 Both ends log an event that the ``dedup-canary-heartbeat`` alert reads
 (infra/modules/alerts.bicep): it fires when a consumer has seen no canary of its entity for two
@@ -10,7 +11,9 @@ business message needed.
 
 Cost per entity: 288 messages a day (one every 5 minutes); each is one send, one delivery and
 one marker write (its store request), and 2 log records. A topic's canary reaches each of its
-subscriptions (a subscription with a SQL filter must let ``dedup-canary`` through)."""
+subscriptions (a subscription with a SQL filter must let ``dedup-canary`` through); an Event
+Grid canary reaches each subscription that includes the ``dedup.canary`` event type (infra's
+do). HTTP routes get none: a request that does not reach the app fails at its caller."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from .facts import CANARY_PREFIX, CANARY_PROPERTY
+from .facts import CANARY_PREFIX, CANARY_PROPERTY, CANARY_SOURCE, CANARY_TYPE
 from .messages import Delivery
 
 if TYPE_CHECKING:
@@ -34,7 +37,7 @@ SENT, SEEN = "canary.sent", "canary.seen"  # the heartbeat's two events (customD
 class Entity(NamedTuple):
     """What a Service Bus trigger reads: a queue, or a topic (through one of its subscriptions)."""
 
-    kind: str  # "queue" or "topic"
+    kind: str  # "queue" or "topic" (Service Bus), "eventgrid" (name: the topic's endpoint)
     name: str
     sessions: bool = False  # a session-enabled entity takes only messages with a session id
 
@@ -86,3 +89,17 @@ class ServiceBusCanaries:
                                     content_type="application/json")  # fmt: skip
         with sender:
             sender.send_messages(message)
+
+
+class EventGridCanaries:
+    """Publishes canaries to an Event Grid topic with the app's identity (Event Grid Data Sender)."""
+
+    def send(self, entity: Entity, message_id: str, properties: dict[str, str]) -> None:
+        from azure.core.messaging import CloudEvent
+        from azure.eventgrid import EventGridPublisherClient
+        from azure.identity import DefaultAzureCredential
+
+        event = CloudEvent(source=CANARY_SOURCE, type=CANARY_TYPE, id=message_id,
+                           data={"entity": properties[CANARY_PROPERTY]})  # fmt: skip
+        with EventGridPublisherClient(entity.name, DefaultAzureCredential()) as client:
+            client.send(event)

@@ -16,6 +16,7 @@ from .stores._records import Marker, State
 CANARY_PROPERTY = "dedup-canary"  # an application property: the message is a canary, not business ...
 CANARY_PREFIX = "dedup-canary-"  # ... when its MessageId starts so too: a property set by mistake skips no handler
 DUPLICATES = "seen"  # scope suffix of a duplicate's own record: ``<consumer>|seen``
+CANARY_TYPE, CANARY_SOURCE = "dedup.canary", "/dedup/canary"  # an Event Grid canary: a CloudEvent of these
 CANARIES = "canary"  # scope suffix of a canary's marker: ``<consumer>|canary``
 RESENT = "resent"  # scope suffix of a resubmitted message's record: ``<consumer>|resent``
 # An application property: the dedup key of a message sent again under a new MessageId (resend.py),

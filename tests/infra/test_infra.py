@@ -111,6 +111,8 @@ BREAKAGES = [
      "roleIds.serviceBusDataSender)\n  scope: ordersQueue\n", "queue 'ledger': the canary cannot be sent through it"),
     ("modules/roles.bicep", "if (outbox || !empty(topicSubscriptions))", "if (outbox && empty(topicSubscriptions))",
      "subscription 'billing': the canary cannot be sent through it"),
+    ("modules/eventgrid-subscription.bicep", "concat(eventTypes, ['dedup.canary'])", "eventTypes",
+     "the canary's event type (dedup.canary) is filtered out"),
     ("modules/servicebus.bicep", "    publicNetworkAccess: privateOnly ? 'Disabled' : 'Enabled'\n", "",
      "public network access not tied to vnetEnabled"),
     ("modules/eventhubs.bicep", "disableLocalAuth: true", "disableLocalAuth: false", "Event Hubs local (SAS) auth"),

@@ -25,10 +25,10 @@ import pytest
 
 from lab.broker import PeekLockQueue
 from lab.host import servicebus_message
-from shared.idempotency import Effects, Entity, IdempotentConsumer
+from shared.idempotency import Effects, Entity, IdempotentConsumer, canary
 from shared.idempotency.canary import INTERVAL
 from shared.idempotency.functions import _housekeeping as timers
-from shared.idempotency.functions import housekeeping, on_servicebus
+from shared.idempotency.functions import housekeeping, on_eventgrid, on_servicebus
 from shared.idempotency.stores import MemoryStore
 
 ALERTS = Path(__file__).resolve().parents[2] / "infra" / "modules" / "alerts.bicep"
@@ -111,6 +111,9 @@ class ToTheModel:
     def __exit__(self, *exc: object) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
     def get_queue_sender(self, queue_name: str) -> Any:
         queue = self.queues[queue_name]
 
@@ -128,9 +131,28 @@ class ToTheModel:
         return Sender()
 
 
+class ToTheTopic:
+    """Event Grid's side: what the canary timer publishes, pushed to the app's Event Grid function."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def send(self, entity: Any, message_id: str, properties: dict[str, str]) -> None:
+        from azure.core.messaging import CloudEvent
+
+        from shared.idempotency.facts import CANARY_PROPERTY, CANARY_SOURCE, CANARY_TYPE
+
+        self.events.append(CloudEvent(source=CANARY_SOURCE, type=CANARY_TYPE, id=message_id,
+                                      data={"entity": properties[CANARY_PROPERTY]}))  # fmt: skip
+
+
+TOPIC = "https://shipments.westeurope-1.eventgrid.azure.net/api/events"
+
+
 class App:
     """An app of two Service Bus consumers (queues named by app settings, as a user writes
-    them) and the timers ``housekeeping`` registers for them, indexed as the worker does."""
+    them) and an Event Grid one, and the timers ``housekeeping`` registers for them, indexed as
+    the worker does."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.queues = {name: PeekLockQueue(30.0, 10, 1000) for name in ("invoices", "refunds")}
@@ -140,6 +162,16 @@ class App:
             monkeypatch.setenv(f"{name.upper()}_QUEUE", name)
             flow = IdempotentConsumer(name, store, lambda payload, context: Effects([Entity("e", {})]))
             self._trigger(bp, name, flow)
+        shipped = IdempotentConsumer("shipped", store, lambda payload, context: Effects([Entity("e", {})]))
+
+        @bp.function_name("shipped")
+        @bp.event_grid_trigger(arg_name="event")
+        def on_event(event: func.CloudEvent) -> None:
+            on_eventgrid(lambda: shipped, event)
+
+        monkeypatch.setenv("EVENTGRID_TOPIC_ENDPOINT", TOPIC)
+        self.topic = ToTheTopic()
+        monkeypatch.setattr(canary, "EventGridCanaries", lambda: self.topic)
         app = func.FunctionApp()
         for blueprint in [bp, *housekeeping(watched=[bp])]:
             app.register_functions(blueprint)
@@ -160,6 +192,12 @@ class App:
         self.functions["send_canaries"](SimpleNamespace(past_due=False))
 
     def drain(self, name: str) -> None:
+        if name == "shipped":
+            events, self.topic.events = self.topic.events, []
+            for e in events:
+                self.functions["shipped"](func.CloudEvent(source=e.source, type=e.type, id=e.id, data=e.data,
+                                                          specversion="1.0"))  # fmt: skip
+            return
         queue = self.queues[name]
         while (lock := queue.receive(0)) is not None:
             m = lock.message
@@ -204,25 +242,27 @@ def run(app: App, exported: list[dict[str, Any]], ticks: int, sends: Callable[[i
     return [alert_value(exported, rounds, tick) for tick in range(ticks)]
 
 
-BOTH = {"invoices", "refunds"}
+ENTITIES = {"invoices": "invoices", "refunds": "refunds", "shipped": TOPIC}  # consumer: what it reads
+ALL = set(ENTITIES)
 
 
+@pytest.mark.parametrize("stopped", ["refunds", "shipped"])
 def test_a_stopped_consumer_raises_the_heartbeat_alert_within_two_intervals(
-    monkeypatch: pytest.MonkeyPatch, exported: list[dict[str, Any]]
+    stopped: str, monkeypatch: pytest.MonkeyPatch, exported: list[dict[str, Any]]
 ) -> None:
-    """refunds' consumer stops after tick 2: its last heartbeat is 2.5 intervals old at tick 4's
-    evaluation, the first to fire; invoices' consumer never raises it."""
+    """A consumer (of a queue, of the Event Grid topic) stops after tick 2: its last heartbeat
+    is 2.5 intervals old at tick 4's evaluation, the first to fire; the others never raise it."""
     app = App(monkeypatch)
-    values = run(app, exported, 7, lambda tick: True, lambda tick: BOTH if tick <= 2 else {"invoices"})
+    values = run(app, exported, 7, lambda tick: True, lambda tick: ALL if tick <= 2 else ALL - {stopped})
     assert values == [0, 0, 0, 0, 1, 1, 1]
-    assert len(app.queues["refunds"]._ready) == 4  # the canaries its stopped consumer left
 
 
-def test_the_alert_fires_for_an_entity_whose_canaries_nobody_ever_saw(
+def test_the_alert_fires_for_each_entity_whose_canaries_nobody_ever_saw(
     monkeypatch: pytest.MonkeyPatch, exported: list[dict[str, Any]]
 ) -> None:
     app = App(monkeypatch)
-    assert run(app, exported, 4, lambda tick: True, lambda tick: {"invoices"}) == [0, 0, 1, 1]
+    assert run(app, exported, 4, lambda tick: True, lambda tick: {"invoices"}) == [0, 0, 2, 2]
+    assert len(app.queues["refunds"]._ready) == 4  # the canaries nobody took
 
 
 def test_the_alert_fires_for_every_entity_when_the_canaries_stop_being_sent(
@@ -230,7 +270,7 @@ def test_the_alert_fires_for_every_entity_when_the_canaries_stop_being_sent(
 ) -> None:
     """The app down (its timer with it): the heartbeats stop everywhere."""
     app = App(monkeypatch)
-    assert run(app, exported, 6, lambda tick: tick <= 1, lambda tick: BOTH) == [0, 0, 0, 2, 2, 2]
+    assert run(app, exported, 6, lambda tick: tick <= 1, lambda tick: ALL) == [0, 0, 0, 3, 3, 3]
 
 
 def test_each_canary_is_one_message_and_its_heartbeat_names_the_entity_and_consumer(
@@ -239,13 +279,27 @@ def test_each_canary_is_one_message_and_its_heartbeat_names_the_entity_and_consu
     app = App(monkeypatch)
     app.tick()
     app.tick()
-    for name in BOTH:
+    for name in ALL:
         app.drain(name)
-        assert app.queues[name].accepted == 2  # one per tick and entity
-    events = [(e["data"]["baseData"]["properties"].get("dedup_event"), e["data"]["baseData"]["properties"].get(
-        "dedup_entity"), e["data"]["baseData"]["properties"].get("dedup_consumer")) for e in exported]  # fmt: skip
-    assert sorted(events) == sorted([("canary.sent", name, None) for name in BOTH] * 2
-                                    + [("canary.seen", name, name) for name in BOTH] * 2)  # fmt: skip
+    assert [app.queues[name].accepted for name in ("invoices", "refunds")] == [2, 2]  # one per tick and entity
+    dimensions = [e["data"]["baseData"]["properties"] for e in exported]
+    events = [(d.get("dedup_event"), d.get("dedup_entity"), d.get("dedup_consumer")) for d in dimensions]
+    sent = [("canary.sent", entity, None) for entity in ENTITIES.values()]
+    seen = [("canary.seen", entity, name) for name, entity in ENTITIES.items()]
+    assert sorted(events) == sorted((sent + seen) * 2)
+
+
+def test_an_unset_setting_stops_only_its_entitys_canary(
+    monkeypatch: pytest.MonkeyPatch, exported: list[dict[str, Any]]
+) -> None:
+    """EVENTGRID_TOPIC_ENDPOINT missing: the queues still get theirs; the run fails, saying which."""
+    from shared.idempotency.errors import ConfigurationError
+
+    app = App(monkeypatch)
+    monkeypatch.delenv("EVENTGRID_TOPIC_ENDPOINT")
+    with pytest.raises(ConfigurationError, match="EVENTGRID_TOPIC_ENDPOINT"):
+        app.tick()
+    assert [app.queues[name].accepted for name in ("invoices", "refunds")] == [1, 1] and not app.topic.events
 
 
 def test_the_timer_the_alert_and_the_module_agree_on_the_interval() -> None:
@@ -273,7 +327,7 @@ def _indexed(blueprints: list[func.Blueprint]) -> list[Any]:
     return list(app.get_functions())
 
 
-def test_the_canary_goes_through_each_queue_and_topic_the_triggers_read_and_only_with_service_bus() -> None:
+def test_the_canary_goes_through_each_entity_the_triggers_read_and_only_with_a_broker_trigger() -> None:
     from shared.idempotency.canary import Entity as Through
 
     bp = func.Blueprint()  # type: ignore[no-untyped-call]
@@ -293,8 +347,30 @@ def test_the_canary_goes_through_each_queue_and_topic_the_triggers_read_and_only
                                   is_sessions_enabled=True)  # fmt: skip
     def d(msg: func.ServiceBusMessage) -> None: ...
 
-    assert timers.servicebus_entities([bp]) == [Through("queue", "%A_QUEUE%"), Through("topic", "t"),
-                                                Through("queue", "s", sessions=True)]  # fmt: skip
+    @bp.event_grid_trigger(arg_name="event")
+    def e(event: func.CloudEvent) -> None: ...
+
+    @bp.event_grid_trigger(arg_name="event")
+    def f(event: func.CloudEvent) -> None: ...
+
+    assert timers.watched_entities([bp]) == [Through("queue", "%A_QUEUE%"), Through("topic", "t"),
+                                             Through("queue", "s", sessions=True),
+                                             Through("eventgrid", "%EVENTGRID_TOPIC_ENDPOINT%")]  # fmt: skip
     names = {fn.get_function_name() for fn in _indexed([bp, *housekeeping(watched=[bp])])}
     assert {"send_canaries", "audit_consumers"} <= names
     assert not {"send_canaries", "audit_consumers"} & {fn.get_function_name() for fn in _indexed(housekeeping())}
+
+
+def test_only_a_cloudevent_of_the_canarys_type_source_and_id_is_a_canary() -> None:
+    """An Event Grid event is a canary only as the timer sends it: a business event sharing one
+    of those runs its handler."""
+    from shared.idempotency.facts import CANARY_SOURCE, CANARY_TYPE, is_canary
+    from shared.idempotency.functions.adapters import eventgrid_delivery
+
+    def event(**changed: str) -> func.CloudEvent:
+        fields = {"source": CANARY_SOURCE, "type": CANARY_TYPE, "id": "dedup-canary-1", **changed}
+        return func.CloudEvent(data={"entity": "t"}, specversion="1.0", **fields)
+
+    assert is_canary(eventgrid_delivery(event()))
+    for odd in ({"id": "order-1"}, {"source": "/shop"}, {"type": "com.example.order.shipped"}):
+        assert not is_canary(eventgrid_delivery(event(**odd))), odd

@@ -11,6 +11,7 @@ from typing import Any
 
 import azure.functions as func
 
+from ..facts import CANARY_PREFIX, CANARY_PROPERTY, CANARY_SOURCE, CANARY_TYPE
 from ..keys import joined_identity
 from ..messages import Delivery
 from ._settle import Consumer, acknowledge_or_retry
@@ -39,7 +40,12 @@ def cloudevent_delivery(
 ) -> Delivery:
     """Key = (source, id), the CloudEvents uniqueness rule; the payload that is validated
     and fingerprinted is the immutable part: type, subject and data. ``traceparent``,
-    when present, is the correlation id."""
+    when present, is the correlation id. A canary (type ``dedup.canary``, source
+    ``/dedup/canary``, an id starting ``dedup-canary-``) is told to the consumer as a Service
+    Bus canary is: its id, and its topic in the ``dedup-canary`` property."""
+    if (attributes.get("type"), source) == (CANARY_TYPE, CANARY_SOURCE) and (event_id or "").startswith(CANARY_PREFIX):
+        entity = data.get("entity") if isinstance(data, Mapping) else None  # a canary (canary.py): its topic
+        return Delivery(b"{}", message_id=event_id, properties={CANARY_PROPERTY: str(entity or "")})
     envelope = {"type": attributes.get("type"), "subject": attributes.get("subject"), "data": data}
     return Delivery(
         body=json.dumps(envelope, separators=(",", ":"), default=str).encode(),

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import astuple
 from datetime import timedelta
+from typing import Any
 
 import azure.functions as func
 from opentelemetry import metrics
@@ -47,27 +48,54 @@ def housekeeping(needs: Iterable[str] = (), watched: Iterable[func.Blueprint] = 
     wanted = set(needs)
     if wanted - NEEDS.keys():
         raise ValueError(f"housekeeping needs {sorted(wanted - NEEDS.keys())}: known are {sorted(NEEDS)}")
-    entities = servicebus_entities(watched)
+    entities = watched_entities(watched)
     return [markers, *(NEEDS[name] for name in sorted(wanted)), *([watching(entities)] if entities else [])]
 
 
-def servicebus_entities(blueprints: Iterable[func.Blueprint]) -> list[canary.Entity]:
-    """The queues and topics the Blueprints' Service Bus triggers read, each once. Read from the
-    trigger bindings as declared (the list ``register_functions`` itself takes), without
-    building the functions: building sets defaults on HTTP triggers, which is the app's to do."""
+EVENT_GRID = canary.Entity("eventgrid", "%EVENTGRID_TOPIC_ENDPOINT%")  # the topic the app's subscriptions are on
+
+
+def watched_entities(blueprints: Iterable[func.Blueprint]) -> list[canary.Entity]:
+    """The queues and topics the Blueprints' Service Bus triggers read, each once, and the Event
+    Grid topic when they have Event Grid triggers. Read from the trigger bindings as declared
+    (the list ``register_functions`` itself takes), without building the functions: building
+    sets defaults on HTTP triggers, which is the app's to do."""
     found: list[canary.Entity] = []
     for blueprint in blueprints:
         for builder in blueprint._function_builders:
             for binding in builder._function.get_bindings():
-                if binding.type != "serviceBusTrigger":
-                    continue
                 declared_as = binding.get_dict_repr()
-                entity = canary.Entity("queue" if "queueName" in declared_as else "topic",
-                                       declared_as.get("queueName") or declared_as["topicName"],
-                                       bool(declared_as.get("isSessionsEnabled")))  # fmt: skip
+                if binding.type == "eventGridTrigger":
+                    entity = EVENT_GRID
+                elif binding.type == "serviceBusTrigger":
+                    entity = canary.Entity("queue" if "queueName" in declared_as else "topic",
+                                           declared_as.get("queueName") or declared_as["topicName"],
+                                           bool(declared_as.get("isSessionsEnabled")))  # fmt: skip
+                else:
+                    continue
                 if entity not in found:
                     found.append(entity)
     return found
+
+
+class AppCanaries:
+    """Each canary with its entity's client: the app's Service Bus client (opened once a run),
+    the Event Grid topic's."""
+
+    def __init__(self) -> None:
+        self._servicebus: Any = None
+
+    def send(self, entity: canary.Entity, message_id: str, properties: dict[str, str]) -> None:
+        if entity.kind == "eventgrid":
+            canary.EventGridCanaries().send(entity, message_id, properties)
+            return
+        if self._servicebus is None:
+            self._servicebus = servicebus_client("the canary timer sends")
+        canary.ServiceBusCanaries(self._servicebus).send(entity, message_id, properties)
+
+    def close(self) -> None:
+        if self._servicebus is not None:
+            self._servicebus.close()
 
 
 def _resolved(entity: canary.Entity) -> canary.Entity:
@@ -89,10 +117,21 @@ def watching(entities: list[canary.Entity]) -> func.Blueprint:
     @timers.timer_trigger(arg_name="timer", schedule="0 */5 * * * *", use_monitor=True)
     def send_canaries(timer: func.TimerRequest) -> None:
         """Every 5 minutes (canary.INTERVAL): a canary through each Service Bus queue and topic
-        the app's triggers read, for the ``dedup-canary-heartbeat`` alert."""
-        resolved = [_resolved(entity) for entity in entities]
-        with servicebus_client("the canary timer sends") as client:
-            canary.send(canary.ServiceBusCanaries(client), resolved)
+        the app's triggers read, and to its Event Grid topic, for the ``dedup-canary-heartbeat``
+        alert."""
+        resolved, unset = [], []
+        for entity in entities:
+            try:
+                resolved.append(_resolved(entity))
+            except ConfigurationError as exc:  # said each run; the other entities still get theirs
+                unset.append(exc)
+        sender = AppCanaries()
+        try:
+            canary.send(sender, resolved)
+        finally:
+            sender.close()
+        if unset:
+            raise unset[0]
 
     @timers.function_name("audit_consumers")
     @timers.timer_trigger(arg_name="timer", schedule="0 20 * * * *", use_monitor=True)
