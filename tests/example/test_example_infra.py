@@ -22,12 +22,12 @@ SETTINGS = {
     "ServiceBusConnection__fullyQualifiedNamespace", "ServiceBusConnection__credential",
     "ServiceBusConnection__clientId", "ORDERS_QUEUE", "DEDUP_STORE", "DEDUP_STORAGE_ENDPOINT", "DEDUP_RETENTION",
     "DEDUP_MAX_DELIVERY_COUNT", "DEDUP_OUTGOING_MAX_BYTES", "PYTHON_THREADPOOL_THREAD_COUNT", "COSMOS_ENDPOINT",
-    "COSMOS_DATABASE", "COSMOS_CONTAINER", "COSMOS_DEADLETTER_CONTAINER",
+    "COSMOS_DATABASE", "COSMOS_CONTAINER", "COSMOS_DEADLETTER_CONTAINER", "DEDUP_AUDIT", "EVENTGRID_TOPIC_ENDPOINT",
 }  # fmt: skip
 RECIPE_SETTINGS = {"ORDER_TOPIC", "BILLING_SUBSCRIPTION", "SHIPPING_SUBSCRIPTION", "ORDER_ACCEPTED_TOPIC",
                    "ORDER_STATUS_QUEUE", "LEDGER_QUEUE", "BALANCES_QUEUE", "SHIPMENT_HUB",
                    "PAYMENT_API_URL"}  # fmt: skip
-ALERTS = ["dedup-conflicts", "dedup-transient-rate", "dedup-duplicate-rate", "dedup-purge-backlog"]
+ALERTS = ["dedup-conflicts", "dedup-transient-rate", "dedup-duplicate-rate", "dedup-unaccounted", "dedup-purge-backlog"]
 
 
 def places(recipes: list[str]) -> dict[str, Redelivery]:
