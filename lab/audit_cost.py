@@ -1,4 +1,4 @@
-"""What the audit (shared/idempotency/audit.py) costs, measured on Azurite:
+"""What the audit (shared/idempotency/audit/) costs, measured on Azurite:
 ``python -m lab.audit_cost [messages]``.
 
 A consumer on a Table store records ``messages`` messages of a queue of the broker model (which

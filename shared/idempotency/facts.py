@@ -1,4 +1,4 @@
-"""What a consumer keeps of each Service Bus delivery for the audit (audit.py), beside what it
+"""What a consumer keeps of each Service Bus delivery for the audit (the audit package), beside what it
 records anyway: a duplicate's own record, and a canary's marker. The marker and the dead-letter
 record carry the delivery's sequence number themselves (``Delivery.sequence``). And what a
 resubmission keeps (resend.py): the number of each dead-lettered message it sent again."""

@@ -134,7 +134,7 @@ class Delivery:
     max_deliveries: int | None = None
     # Where the broker placed it (Service Bus): its sequence number, gap-free and increasing per
     # entity (per partition of a partitioned one), and when it was enqueued. Kept on the marker
-    # or record the delivery leaves, for the audit (audit.py) to account for every message.
+    # or record the delivery leaves, for the audit (the audit package) to account for every message.
     sequence: int | None = None
     enqueued_at: datetime | None = None
 

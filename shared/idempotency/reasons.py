@@ -49,7 +49,7 @@ class Reason(StrEnum):
     ITEMS_FAILED = "items_failed"
     FILE_TOO_LARGE = "file_too_large"  # an import's file, refused whole
     FILE_MALFORMED = "file_malformed"
-    # found by the audit (audit.py), not by a delivery
+    # found by the audit (the audit package), not by a delivery
     UNACCOUNTED = "unaccounted"  # a sequence number neither the consumer nor the broker holds: lost
 
 

@@ -6,7 +6,7 @@ Each dead-lettered message is sent again with a **new MessageId** — duplicate 
 send that reuses an id inside its window, silently (the send succeeds) — and its dedup key in
 the application property ``dedup-key``, which the Service Bus trigger takes as the MessageId
 (``servicebus_delivery``): the consumer still knows it, and applies it once. Its original
-sequence number is recorded for the audit (audit.py) before the dead-lettered copy is
+sequence number is recorded for the audit (the audit package) before the dead-lettered copy is
 completed. Sent, then recorded, then completed: a run that dies between them leaves the copy in
 the dead-letter queue, and the next run resends it under the same key (a duplicate).
 

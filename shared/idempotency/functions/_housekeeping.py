@@ -143,7 +143,7 @@ def watching(entities: list[canary.Entity]) -> func.Blueprint:
 
 
 def audit_now(setting: str) -> None:
-    """The audit (audit.py) of each ``consumer=queue`` or ``consumer=topic/subscription`` of
+    """The audit (the audit package) of each ``consumer=queue`` or ``consumer=topic/subscription`` of
     DEDUP_AUDIT, from its saved window on, up to 15 minutes ago; what it finds unaccounted is
     recorded, logged and counted (the ``dedup-unaccounted`` alert). Nothing when it is empty."""
     pairs = audit.audited(setting)

@@ -166,7 +166,7 @@ class DedupStore(ABC):
 
     def sequenced(self, scope: str, since: datetime, until: datetime) -> list[Marker]:
         """The markers of consumer ``scope`` and of its own scopes (``scope|…``) whose delivery
-        was enqueued in [``since``, ``until``): the audit's facts (audit.py). A filtered scan across
+        was enqueued in [``since``, ``until``): the audit's facts (the audit package). A filtered scan across
         partitions: run it from a timer, never on the message path.
 
         :raises StoreUnavailable: as every primitive."""

@@ -38,26 +38,22 @@ are unaccounted, 2 when it cannot run (settings, store, broker, unknown consumer
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
-import isodate
 from opentelemetry import metrics
 
-from .errors import ConfigurationError
-from .facts import CANARIES, DUPLICATES, RESENT
-from .keys import consumer_partition
-from .messages import Entity, utcnow
-from .reasons import Reason
-from .stores._base import DedupStore
-from .stores._records import DeadLetter
+from ..errors import ConfigurationError
+from ..facts import CANARIES, DUPLICATES, RESENT
+from ..keys import consumer_partition
+from ..messages import Entity, utcnow
+from ..reasons import Reason
+from ..stores._base import DedupStore
+from ..stores._records import DeadLetter
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver
@@ -295,38 +291,6 @@ def audited(setting: str) -> list[tuple[str, tuple[str | None, str | None, str |
     return pairs
 
 
-def main(argv: list[str] | None = None) -> int:
-    from .functions._senders import servicebus_client
-    from .functions.registry import declared_consumer
-    from .resubmit import one_line_errors
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--consumer", required=True, help="the consumer's name (its marker scope)")
-    parser.add_argument("--consumers", default="consumers", help="the module that declares the app's consumers")
-    parser.add_argument("--queue", help="the queue it reads")
-    parser.add_argument("--topic", help="the topic it reads, with --subscription")
-    parser.add_argument("--subscription", help="its subscription")
-    parser.add_argument("--settle", default=SETTLE, type=_duration, help="how long ago the window ends (ISO 8601)")
-    parser.add_argument("--save", action="store_true", help="record the window's end: the next audit starts there")
-    args = parser.parse_args(argv)
-    with one_line_errors("audit"):
-        consumer = declared_consumer(args.consumer, args.consumers)
-        with servicebus_client("the audit peeks") as client:
-            broker = ServiceBusPeek(client, args.queue, args.topic, args.subscription)
-            found = run(consumer.store, consumer.name, broker, settle=args.settle, keep=args.save)
-    for sequence, near in found.unaccounted:
-        print(f"{sequence}\tunaccounted\tenqueued at or after {near.isoformat() if near else 'an unknown time'}")
-    print(json.dumps(found.summary()))
-    return 1 if found.unaccounted else 0
-
-
-def _duration(text: str) -> timedelta:
-    try:
-        return isodate.parse_duration(text)  # type: ignore[no-any-return]
-    except (isodate.ISO8601Error, ValueError):
-        raise argparse.ArgumentTypeError(f"not an ISO 8601 duration: {text!r}") from None
-
-
 def _first_recorded(store: DedupStore, consumer: str, since: datetime) -> int:
     """Where the first audit starts: before the lowest number the consumer recorded since then.
     Nothing before it is the audit's to judge (an older message still in the DLQ is not a gap)."""
@@ -335,7 +299,3 @@ def _first_recorded(store: DedupStore, consumer: str, since: datetime) -> int:
         d.sequence for d in store.dead_letters(consumer) if d.enqueued_at is not None and d.enqueued_at >= since
     ]
     return min((n for n in numbers if n is not None), default=1) - 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
