@@ -32,7 +32,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from shared.idempotency.audit import Peeked
@@ -72,6 +72,7 @@ class PeekLockQueue:
         self.duplicate_window = duplicate_window
         self._cv = threading.Condition()
         self._ready: list[QueuedMessage] = []  # a heap by sequence number
+        self._scheduled: list[tuple[float, int, QueuedMessage]] = []  # a heap by when each is enqueued
         self._locked: dict[int, QueuedMessage] = {}
         self._history: OrderedDict[str, None] = OrderedDict()
         self._seq = itertools.count(1)
@@ -82,8 +83,11 @@ class PeekLockQueue:
 
     # -- producer side ---------------------------------------------------------------
 
-    def send(self, message_id: str | None, body: bytes, properties: dict[str, str] | None = None) -> bool:
-        """False when duplicate detection dropped the send (as Service Bus does)."""
+    def send(self, message_id: str | None, body: bytes, properties: dict[str, str] | None = None,
+             scheduled_in: float = 0.0) -> bool:  # fmt: skip
+        """False when duplicate detection dropped the send (as Service Bus does). ``scheduled_in``
+        seconds: a scheduled message, numbered now and enqueued (received, its enqueued time)
+        then; peeked meanwhile, as Service Bus shows it."""
         with self._cv:
             self.sent += 1
             if message_id is not None and self.duplicate_window > 0:
@@ -93,7 +97,12 @@ class PeekLockQueue:
                 self._history[message_id] = None
                 if len(self._history) > self.duplicate_window:
                     self._history.popitem(last=False)
-            heapq.heappush(self._ready, QueuedMessage(next(self._seq), message_id, body, properties=properties or {}))
+            message = QueuedMessage(next(self._seq), message_id, body, properties=properties or {})
+            if scheduled_in > 0:
+                message.enqueued_at += timedelta(seconds=scheduled_in)
+                heapq.heappush(self._scheduled, (time.monotonic() + scheduled_in, message.seq, message))
+            else:
+                heapq.heappush(self._ready, message)
             self.accepted += 1
             self._cv.notify()
             return True
@@ -118,6 +127,8 @@ class PeekLockQueue:
             while True:
                 now = time.monotonic()
                 self._expire_locks(now)
+                while self._scheduled and self._scheduled[0][0] <= now:  # its time came: enqueued
+                    heapq.heappush(self._ready, heapq.heappop(self._scheduled)[2])
                 if self._ready:
                     message = heapq.heappop(self._ready)
                     message.delivery_count += 1
@@ -127,10 +138,10 @@ class PeekLockQueue:
                     self._locked[message.seq] = message
                     self.deliveries += 1
                     return Lock(message, message.token, message.delivery_count)
-                if not self._locked or now >= deadline:
+                if not (self._locked or self._scheduled) or now >= deadline:
                     return None
-                next_expiry = min(m.locked_until for m in self._locked.values())
-                self._cv.wait(max(0.001, min(deadline, next_expiry) - now))
+                next_change = min([m.locked_until for m in self._locked.values()] + [t for t, _, _ in self._scheduled])
+                self._cv.wait(max(0.001, min(deadline, next_change) - now))
 
     def complete(self, lock: Lock) -> bool:
         """False when the lock was lost (expired or superseded): the message stays."""
@@ -166,9 +177,9 @@ class PeekLockQueue:
                 self._unlock(lock.message, "lock lost")
 
     def peek(self, from_sequence: int, count: int) -> list[Peeked]:
-        """The messages still in the queue (locked or not) from ``from_sequence`` on, in order."""
+        """The messages still in the queue (locked or not, scheduled) from ``from_sequence`` on, in order."""
         with self._cv:
-            held = [*self._ready, *self._locked.values()]
+            held = [*self._ready, *self._locked.values(), *(m for _, _, m in self._scheduled)]
         return _peeked(held, from_sequence, count)
 
     def peek_dead_letters(self, from_sequence: int, count: int) -> list[Peeked]:
@@ -178,7 +189,7 @@ class PeekLockQueue:
     def drained(self) -> bool:
         with self._cv:
             self._expire_locks(time.monotonic())
-            return not self._ready and not self._locked
+            return not self._ready and not self._locked and not self._scheduled
 
     def _expire_locks(self, now: float) -> None:
         for message in [m for m in self._locked.values() if m.locked_until <= now]:

@@ -11,7 +11,8 @@ CHAOS_PAYMENTS (0; 1 = charge through a local payment API, a two-phase step), CH
 be injected inside it, delivery faults and the outage still are), CHAOS_SETTLED_WITHOUT_INVOKE
 (0; 0.005 = the host completes 0.5% of first deliveries without invoking the function, as in
 Azure/azure-functions-host#11879: every run's audit must name exactly those, by sequence
-number, and close its accounting identity on the rest), CHAOS_TROUBLE_MESSAGES (600;
+number, and close its accounting identity on the rest), CHAOS_SCHEDULED_RATE (0.02 of the
+producer's sends are scheduled messages, delivered up to a lock duration later), CHAOS_TROUBLE_MESSAGES (600;
 0 skips the outage and throttling runs), CHAOS_CHAIN_MESSAGES (2000; 0 skips the outbox run:
 orders → order-events → billing + shipping with faults at every hop, lab/chain.py),
 CHAOS_STREAM_EVENTS (3000; 0 skips the Event Hubs run: checkpoints after every batch,
@@ -66,6 +67,7 @@ def config_from_env() -> RunConfig:
         table="chaosorders",
         runtime=env("CHAOS_RUNTIME", "process"),
         settled_without_invoke=float(env("CHAOS_SETTLED_WITHOUT_INVOKE", "0")),
+        scheduled_rate=float(env("CHAOS_SCHEDULED_RATE", "0.02")),
     )
 
 
@@ -86,6 +88,7 @@ def as_json(report: Report) -> dict[str, object]:
         "payment_charges_accepted": report.payment_charges,
         "faults": dict(sorted(report.faults.items())),
         "settled_without_invoke": len(report.vanished),
+        "scheduled": report.scheduled,
         "audit": report.audit,
         "outcomes": dict(sorted(report.outcomes.items())),
         "lock_expiries": report.lock_expiries,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import threading
 import time
 from collections import Counter, defaultdict
@@ -95,6 +96,9 @@ class RunConfig:
     # This share of first deliveries is completed by the host without invoking the function (as
     # reported in Azure/azure-functions-host#11879): lost; the audit must name exactly these.
     settled_without_invoke: float = 0.0
+    # This share of the producer's sends is scheduled (ScheduledEnqueueTimeUtc) up to
+    # ``lock_duration`` ahead: numbered when sent, delivered later, seen by the audit meanwhile.
+    scheduled_rate: float = 0.0
 
 
 @dataclass
@@ -120,6 +124,7 @@ class Report:
     seconds: float = 0.0
     # settled without invoking the function (RunConfig.settled_without_invoke): sequence number, MessageId, body
     vanished: list[tuple[int, str | None, bytes]] = field(default_factory=list)
+    scheduled: int = 0  # sends the queue accepted as scheduled messages
     audit: dict[str, object] = field(default_factory=dict)  # shared.idempotency.audit's account of the run
     violations: list[str] = field(default_factory=list)
 
@@ -166,9 +171,12 @@ def run(config: RunConfig, azurite: Azurite, target: Target, *, break_store: typ
     timing = Timing.of(config)
     queue = PeekLockQueue(config.lock_duration, timing.max_deliveries, config.duplicate_window, timing.lock_renewal)
     accepted: set[int] = set()
+    later = random.Random(f"{config.seed}/scheduled")
     for index, body in workload.sends(logical, config.dup_rate, config.seed):
-        if queue.send(logical[index].message_id, body):
+        scheduled_in = later.uniform(0, config.lock_duration) if later.random() < config.scheduled_rate else 0.0
+        if queue.send(logical[index].message_id, body, scheduled_in=scheduled_in):
             accepted.add(index)
+            report.scheduled += scheduled_in > 0
     report.messages = len(accepted)
 
     plan = FaultPlan(config.fault_rate, config.seed, config.lock_duration)

@@ -51,9 +51,10 @@ def test_the_audit_names_exactly_the_messages_the_host_settled_without_invoking_
     """Azure/azure-functions-host#11879, beside every other fault: completed at the broker, never
     seen by the function. The consumer cannot know; the audit names each one by sequence number."""
     config = RunConfig(messages=300, workers=6, dup_rate=0.3, fault_rate=0.08, seed=20261206, outage=True,
-                       settled_without_invoke=0.03, table="chaosvanished")  # fmt: skip
+                       settled_without_invoke=0.03, scheduled_rate=0.1, table="chaosvanished")  # fmt: skip
     report = run(config, persistent_azurite, ITEMS)
     assert report.violations == []  # among them: the audit's unaccounted are exactly these
+    assert report.scheduled >= 10  # scheduled messages, numbered before they are delivered: none lost
     assert len(report.vanished) >= 3 and report.audit["unaccounted"] == len(report.vanished)
     assert sorted(report.audit["lost"]) == sorted(seq for seq, _, _ in report.vanished)  # type: ignore[call-overload]
     assert report.audit["closes"] is False and report.audit["canaries"] == 1

@@ -52,10 +52,10 @@ class Run:
     def send(self, message_id: str, body: Any, **properties: str) -> None:
         assert self.queue.send(message_id, json.dumps(body).encode(), properties)
 
-    def deliver(self, *, skip: bool = False, fail: bool = False) -> Outcome | None:
-        """The next message: processed (``skip``: completed without it, as a host that lost the
-        invocation; ``fail``: abandoned, as a function that raised)."""
-        lock = self.queue.receive(timeout=0)
+    def deliver(self, *, skip: bool = False, fail: bool = False, wait: float = 0) -> Outcome | None:
+        """The next message (within ``wait`` seconds): processed (``skip``: completed without it,
+        as a host that lost the invocation; ``fail``: abandoned, as a function that raised)."""
+        lock = self.queue.receive(timeout=wait)
         assert lock is not None
         if skip or fail:
             self.queue.complete(lock) if skip else self.queue.abandon(lock, "failed")
@@ -318,3 +318,17 @@ def test_a_dedup_audit_setting_names_queues_and_subscriptions() -> None:
     assert audited(" orders=orders ,billing=order-events/billing,") == [
         ("orders", ("orders", None, None)), ("billing", (None, "order-events", "billing"))]  # fmt: skip
     assert audited("") == []
+
+
+def test_a_scheduled_message_is_numbered_when_sent_seen_in_flight_until_its_time_then_processed() -> None:
+    """Service Bus numbers a scheduled message when it is sent and shows it to a peek until it is
+    enqueued: the audit counts it in flight, then processed; a later number never waits for it."""
+    run = Run(MemoryStore())
+    assert run.queue.send("o-1", json.dumps({"orderId": "o-1"}).encode(), {}, scheduled_in=0.3)
+    run.send("o-2", {"orderId": "o-2"})
+    assert run.deliver() == Outcome.PROCESSED  # o-2: the scheduled one is not there yet
+    found = run.audit()
+    assert (found.first, found.last, found.counts["in_flight"], found.counts["processed"]) == (1, 2, 1, 1)
+    assert run.deliver(wait=5) == Outcome.PROCESSED  # its time came
+    found = run.audit()
+    assert (found.counts["in_flight"], found.counts["processed"], found.closes) == (0, 2, True)
