@@ -45,6 +45,7 @@ from shared.idempotency.stores._azure import TRANSPORT, table_transactions
 from shared.idempotency.stores._records import GUARD_KIND
 from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.stores._transport import transaction_transport
+from shared.idempotency.telemetry import fields_of
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ class _OutcomeCounter(logging.Handler):
         self._mutex = threading.Lock()
 
     def emit(self, record: logging.LogRecord) -> None:
-        fields = getattr(record, "dedup", None)
+        fields = fields_of(record)
         if fields:  # an outcome, or an event within a delivery (a commit contended: decided again)
             with self._mutex:
                 self.counts[fields.get("outcome") or fields["reason"]] += 1

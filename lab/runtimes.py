@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import azure.functions as func
 
 from lab.host import servicebus_message, user_function
+from shared.idempotency.telemetry import extra
 
 KINDS = ("process", "worker")
 
@@ -125,7 +126,7 @@ def _relay(entry: Any) -> None:
     from lab.runtime.host import log_level
 
     logging.getLogger("idempotency").log(
-        log_level(entry.level), "%s", entry.message, extra={"dedup": {"outcome": found.group(1) if found else "?"}}
+        log_level(entry.level), "%s", entry.message, extra=extra({"outcome": found.group(1) if found else "?"})
     )
 
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from . import telemetry
 from .facts import CANARY_PREFIX, CANARY_PROPERTY, CANARY_SOURCE, CANARY_TYPE
 from .messages import Delivery
 
@@ -58,7 +59,8 @@ def send(sender: Sender, entities: Iterable[Entity]) -> None:
             log.exception("dedup canary: could not send to %s %r", entity.kind, entity.name)
             failed.append(exc)
             continue
-        log.info("dedup canary sent entity=%r", entity.name, extra={"dedup_event": SENT, "dedup_entity": entity.name})
+        log.info("dedup canary sent entity=%r", entity.name,
+                 extra=telemetry.extra({"event": SENT, "entity": entity.name}))  # fmt: skip
     if failed:
         raise failed[0]
 
@@ -67,7 +69,7 @@ def seen(consumer: str, delivery: Delivery) -> None:
     """A consumer's heartbeat: it committed (or met again) a canary of this entity."""
     entity = str(delivery.properties.get(CANARY_PROPERTY, ""))
     log.info("dedup canary seen consumer=%r entity=%r", consumer, entity,
-             extra={"dedup_event": SEEN, "dedup_entity": entity, "dedup_consumer": consumer})  # fmt: skip
+             extra=telemetry.extra({"event": SEEN, "entity": entity, "consumer": consumer}))  # fmt: skip
 
 
 class ServiceBusCanaries:

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 
 from opentelemetry import metrics
 
+from . import telemetry
 from .errors import VersionConflict
 from .messages import utcnow
 from .stores._base import DedupStore
@@ -74,6 +75,6 @@ def _escalate(store: DedupStore, marker: Marker) -> bool:
     log.error(
         "dedup claim stuck in progress: consumer=%r dedup_key=%r step=%r lease_until=%s",
         marker.key.scope, marker.key.id, marker.key.step, summary["leaseUntil"],
-        extra={"dedup": {"consumer": marker.key.scope, "outcome": "escalated", "dedup_key": marker.key.id}},
+        extra=telemetry.extra({"consumer": marker.key.scope, "outcome": "escalated", "dedup_key": marker.key.id}),
     )  # fmt: skip
     return True

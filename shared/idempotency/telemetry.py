@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
@@ -37,6 +38,21 @@ _NO_PARENT = Context()  # a new trace, not the ambient one: what extract() retur
 _requests = _meter.create_counter("dedup.store.requests", description="HTTP requests sent by the store clients")
 _contended = _meter.create_counter("dedup.contended", description="Commits refused because an entity changed meanwhile")
 
+
+def extra(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A log record's structured fields as attributes of their own, ``dedup_<name>`` (the key:
+    ``dedup_key``), the None ones left out: each its own customDimensions entry in Application
+    Insights, where a dict would arrive as one string."""
+    return {name if name.startswith("dedup_") else f"dedup_{name}": value
+            for name, value in fields.items() if value is not None}  # fmt: skip
+
+
+def fields_of(record: logging.LogRecord) -> dict[str, Any]:
+    """What ``extra`` attached to a record, by the names it was given (a log handler's view)."""
+    return {name if name == "dedup_key" else name.removeprefix("dedup_"): value
+            for name, value in vars(record).items() if name.startswith("dedup_")}  # fmt: skip
+
+
 # Outcomes an operator must look at are logged as errors: they are the alerts. The everyday
 # ones log at DEBUG: through the Functions worker every record is a message to the host, and
 # one per message cost the consumer a tenth of its throughput (lab/bench/worker.py: 0.75-0.84x
@@ -55,7 +71,7 @@ def contended(consumer: str, key: str) -> None:
     _contended.add(1, {"consumer": consumer})
     if log.isEnabledFor(logging.INFO):
         fields = {"consumer": consumer, "dedup_key": key, "reason": "contended"}
-        log.info("dedup consumer=%r dedup_key=%r reason='contended'", consumer, key, extra={"dedup": fields})
+        log.info("dedup consumer=%r dedup_key=%r reason='contended'", consumer, key, extra=extra(fields))
 
 
 def claim_duration(consumer: str, milliseconds: float) -> None:
@@ -89,7 +105,7 @@ def record(consumer: str, delivery: Delivery, result: Result, duration_ms: float
             "stored_fingerprint": result.stored_fingerprint,
         }
         shown = " ".join(f"{name}={value!r}" for name, value in fields.items() if value is not None)
-        log.log(level, "dedup %s", shown, extra={"dedup": fields})
+        log.log(level, "dedup %s", shown, extra=extra(fields))
     attributes = {"consumer": consumer, "outcome": outcome}
     _outcomes.add(1, attributes)
     _duration.record(duration_ms, attributes)

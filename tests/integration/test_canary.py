@@ -374,3 +374,19 @@ def test_only_a_cloudevent_of_the_canarys_type_source_and_id_is_a_canary() -> No
     assert is_canary(eventgrid_delivery(event()))
     for odd in ({"id": "order-1"}, {"source": "/shop"}, {"type": "com.example.order.shipped"}):
         assert not is_canary(eventgrid_delivery(event(**odd))), odd
+
+
+def test_an_outcomes_fields_reach_application_insights_each_as_a_dimension(exported: list[dict[str, Any]]) -> None:
+    """What an operator's query reads (customDimensions.dedup_outcome, …), as the exporter sends it."""
+    flow = IdempotentConsumer("items", MemoryStore(), lambda payload, context: Effects([Entity("e", payload)]))
+    from shared.idempotency import Delivery
+
+    flow.process(Delivery(b'{"v": 1}', message_id="k-1", correlation_id="c-1"))
+    flow.process(Delivery(b'{"v": 2}', message_id="k-1", correlation_id="c-2"))  # the same key, another payload
+    [conflict] = [e["data"]["baseData"]["properties"] for e in exported if "dedup_outcome" in e["data"]["baseData"][
+        "properties"]]  # fmt: skip
+    assert {name: conflict[name] for name in ("dedup_consumer", "dedup_outcome", "dedup_key", "dedup_correlation_id",
+                                              "dedup_reason")} == {
+        "dedup_consumer": "items", "dedup_outcome": "conflict", "dedup_key": "k-1", "dedup_correlation_id": "c-2",
+        "dedup_reason": "fingerprint_mismatch"}  # fmt: skip
+    assert "dedup" not in conflict  # no dict flattened to one string

@@ -25,6 +25,7 @@ from shared.idempotency.messages import Delivery, Outcome
 from shared.idempotency.reasons import Reason
 from shared.idempotency.stores import DedupStore, MemoryStore
 from shared.idempotency.stores._records import Commit, CommitResult, CommitStatus
+from shared.idempotency.telemetry import fields_of
 from tests.conftest import new_table_store
 
 SCHEMA = {
@@ -238,7 +239,7 @@ def test_an_entity_too_hot_for_the_wait_goes_back_as_contended_and_writes_nothin
     with caplog.at_level("INFO", logger="idempotency"):
         result = consumer.process(delivery({"creditId": "c-1", "accountId": "a-1", "amount": 5}))
     assert (result.outcome, result.reason, result.acknowledge) == (Outcome.TRANSIENT, Reason.CONTENDED, False)
-    logged = [getattr(r, "dedup", {}) for r in caplog.records]
+    logged = [fields_of(r) for r in caplog.records]
     refusals = [f for f in logged if f.get("reason") == "contended" and "outcome" not in f]
     assert attempts >= 2 and len(refusals) == attempts  # each attempt refused, each logged
     assert [f["outcome"] for f in logged if "outcome" in f] == ["transient"]  # then one outcome, its reason contended

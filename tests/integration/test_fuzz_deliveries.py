@@ -19,6 +19,7 @@ from shared.idempotency.keys import DedupKey, marker_id
 from shared.idempotency.stores import DedupStore
 from shared.idempotency.stores._codec import ID_LIMIT, bounded
 from shared.idempotency.stores._records import GUARD_KIND
+from shared.idempotency.telemetry import fields_of
 from tests.app import effects_by_item, item, queue_consumer
 from tests.functions import fresh_app, servicebus_message, user_function
 
@@ -71,8 +72,8 @@ class Outcomes(logging.Handler):
         self.seen: list[dict[str, Any]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        if hasattr(record, "dedup"):
-            self.seen.append(record.dedup)
+        if fields_of(record):
+            self.seen.append(fields_of(record))
 
 
 @pytest.fixture
@@ -109,7 +110,7 @@ def test_generated_deliveries_are_processed_or_dead_lettered(azurite: Azurite, o
 
         dead = store.dead_letters(queue_consumer().name)
         refused = [o for o in outcomes.seen if o["outcome"] in {"invalid", "conflict"}]
-        recorded = {(bounded(o["message_id"], ID_LIMIT), o["reason"]) for o in refused}  # long ids: head + hash
+        recorded = {(bounded(o.get("message_id"), ID_LIMIT), o["reason"]) for o in refused}  # long ids: head + hash
         assert {(d.message_id, d.reason) for d in dead} == recorded
         assert all(d.body is not None and d.reason and d.detail for d in dead)
         assert orphans(store, queue_consumer().name) == []

@@ -24,6 +24,7 @@ from shared.idempotency.resubmit import check_bodies, check_ids
 from shared.idempotency.stores import Marker, State, TableStore
 from shared.idempotency.stores._expiry import SETTLE
 from shared.idempotency.stores._records import GUARD_KIND, MARKER_KIND
+from shared.idempotency.telemetry import fields_of
 from shared.idempotency.testing import (
     expiry_index,
     forget_expiry_notes,
@@ -88,7 +89,7 @@ def test_newer_versions_win_and_older_ones_are_stale(items_store: TableStore, ca
         item_state(status_change(item_id, "paid", 2))  # redelivered
         item_state(status_change(item_id, "shipped", 3))
     assert stored_status(items_store, item_id) == ("shipped", 3)
-    outcomes = [r.dedup["outcome"] for r in caplog.records if hasattr(r, "dedup")]
+    outcomes = [fields_of(r)["outcome"] for r in caplog.records if fields_of(r)]
     assert outcomes == ["processed", "stale", "duplicate", "processed"]
     partition = consumer_partition("item-state", item_id)
     assert [item for item in items_store.scan(partition) if item.kind is not None] == []  # no marker at all
@@ -106,7 +107,7 @@ def test_the_same_version_with_other_data_is_a_recorded_conflict(
         item_state(cancelled)  # acknowledged: recorded first
         item_state(status_change(item_id, "paid", 3))  # a redelivery of the first: a duplicate
     assert stored_status(items_store, item_id) == ("paid", 3)
-    outcomes = [(r.dedup["outcome"], r.dedup["reason"]) for r in caplog.records if hasattr(r, "dedup")]
+    outcomes = [(fields_of(r)["outcome"], fields_of(r).get("reason")) for r in caplog.records if fields_of(r)]
     assert outcomes == [("processed", None), ("conflict", "version_conflict"), ("duplicate", None)]
     [record] = [d for d in items_store.dead_letters("item-state") if d.key_id == item_id]
     assert (record.reason, record.message_id) == ("version_conflict", cancelled.message_id)

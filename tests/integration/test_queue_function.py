@@ -20,6 +20,7 @@ from shared.idempotency.keys import DedupKey, consumer_partition, encode_key
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import Commit
 from shared.idempotency.stores._records import MARKER_KIND
+from shared.idempotency.telemetry import fields_of
 from tests.app import effects_by_item, item, queue_consumer
 from tests.functions import app_settings, fresh_app, servicebus_message, store_down, user_function
 
@@ -108,7 +109,7 @@ def test_the_mismatch_alert_carries_key_and_both_fingerprints(
     with caplog.at_level("INFO", logger="idempotency"):
         items(servicebus_message({**body, "amount": 11}, body["id"], correlation_id="corr-8"))
     [alert] = [r for r in caplog.records if r.levelname == "ERROR"]
-    fields = alert.dedup  # type: ignore[attr-defined]
+    fields = fields_of(alert)
     assert fields["outcome"] == "conflict" and fields["dedup_key"] == body["id"]
     assert fields["correlation_id"] == "corr-8" and fields["consumer"] == "items"
     assert (

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import metrics
 
+from .. import telemetry
 from ..errors import ConfigurationError
 from ..facts import CANARIES, DUPLICATES, RESENT
 from ..keys import consumer_partition
@@ -261,7 +262,7 @@ def report(store: DedupStore, found: Account) -> None:
     if found.unaccounted:
         log.error("dedup audit: %d message(s) of %s unaccounted: sequence numbers %s", len(found.unaccounted),
                   found.consumer, [seq for seq, _ in found.unaccounted][:20],
-                  extra={"dedup": {"consumer": found.consumer, "outcome": "unaccounted"}})  # fmt: skip
+                  extra=telemetry.extra({"consumer": found.consumer, "outcome": "unaccounted"}))  # fmt: skip
 
 
 def run(store: DedupStore, consumer: str, broker: Broker, *, settle: timedelta = SETTLE, keep: bool) -> Account:
