@@ -142,9 +142,10 @@ class _OutcomeCounter(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         fields = fields_of(record)
-        if fields:  # an outcome, or an event within a delivery (a commit contended: decided again)
+        counted = fields.get("outcome") or fields.get("reason")  # an outcome, or a commit contended (decided again)
+        if counted:
             with self._mutex:
-                self.counts[fields.get("outcome") or fields["reason"]] += 1
+                self.counts[counted] += 1
 
 
 @contextmanager

@@ -38,6 +38,7 @@ from shared.idempotency.stores import DeadLetter, DedupStore, TableStore
 from shared.idempotency.stores._azure import TRANSPORT, store_errors
 from shared.idempotency.stores._base import check_storable
 from shared.idempotency.stores._table_batch import TableTransactions
+from shared.idempotency.telemetry import fields_of
 from shared.idempotency.testing import entities, using_store
 from tests.app import EVENT_TYPE, effects_by_item, item, queue_consumer
 from tests.conftest import new_table_store
@@ -398,8 +399,8 @@ class _Outcomes(logging.Handler):
         self.seen: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        fields = getattr(record, "dedup", None)
-        if fields:
+        fields = fields_of(record)
+        if "outcome" in fields:
             self.seen.append(fields["outcome"])
 
 
