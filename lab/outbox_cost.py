@@ -32,8 +32,14 @@ from shared.idempotency import DedupConfig, Delivery, IdempotentConsumer, Outgoi
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._azure import TRANSPORT
+from shared.idempotency.stores._table_batch import TableTransactions
 
 PARKED = 20
+
+
+def lean_store(service: TableServiceClient, table: str, options: dict[str, Any]) -> TableStore:
+    """A store writing as the app's does by default (DEDUP_TABLE_TRANSACTIONS=lean)."""
+    return TableStore(service, table, transactions=TableTransactions.of(service, table, **options))
 
 
 class Down:
@@ -47,8 +53,8 @@ def order(i: int) -> bytes:
 
 
 def measure(azurite: Azurite, orders: int) -> dict[str, float]:
-    store = TableStore(TableServiceClient.from_connection_string(azurite.connection_string, **TRANSPORT),
-                       f"outbox{orders}")  # fmt: skip
+    store = lean_store(TableServiceClient.from_connection_string(azurite.connection_string, **TRANSPORT),
+                       f"outbox{orders}", TRANSPORT)  # fmt: skip
     store.create_tables()
     topic = Topic("order-events", {"billing": PeekLockQueue(60, 10, 0)})
     config = DedupConfig(transient_wait=timedelta(0))
@@ -84,8 +90,8 @@ def throughput(azurite: Azurite, parked: int = 500,
     with ``counting``, what the sweep executes: lab/bench/instructions.py)."""
     requests = [0]
     options = {**TRANSPORT, "raw_request_hook": lambda _: requests.__setitem__(0, requests[0] + 1)}
-    store = TableStore(TableServiceClient.from_connection_string(azurite.connection_string, **options),
-                       f"sweep{uuid.uuid4().hex[:12]}")  # fmt: skip
+    store = lean_store(TableServiceClient.from_connection_string(azurite.connection_string, **options),
+                       f"sweep{uuid.uuid4().hex[:12]}", options)  # fmt: skip
     store.create_tables()
     topic = Topic("order-events", {"billing": PeekLockQueue(60, 10, 0)})
     config = DedupConfig(transient_wait=timedelta(0))

@@ -90,6 +90,7 @@ from shared.idempotency.steps import Context
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._expiry import NOTES_PER_ROW
 from shared.idempotency.stores._table_batch import TableTransactions
+from shared.idempotency.stores._table_sdk import SdkTransactions
 from shared.idempotency.stores._transport import pooled_transport
 
 ledger = recipes.module("ledger")  # the batch recipe, wherever it is (recipes/ or, switched on, consumers/)
@@ -235,8 +236,8 @@ def baseline(lean: bool) -> Callable[[Bench], Measure]:
             entities = [TableStore.effect_entity(pk, e) for e in effects.entities]
             if transactions is not None:
                 assert isinstance(transactions.submit(entities), list)
-            else:
-                store.table.submit_transaction([("create", e) for e in entities])
+            else:  # the SDK's own transaction (its transport)
+                assert isinstance(SdkTransactions(store.table).submit(entities), list)
 
         deliveries = orders(bench.n)
         return bench.timed([lambda d=d: consume(d) for d in deliveries])  # type: ignore[misc]
@@ -342,7 +343,7 @@ def powertools(duplicate_share: float = 0.0) -> Callable[[Bench], Measure]:
                 return
             order_id, effects = effects_of(delivery)
             pk = encode_key(order_id)
-            store.table.submit_transaction([("create", TableStore.effect_entity(pk, e)) for e in effects.entities])
+            SdkTransactions(store.table).submit([TableStore.effect_entity(pk, e) for e in effects.entities])
             store.table.update_entity(
                 {**record, "Status": "COMPLETED", "Result": json.dumps(effects.result)}, mode=UpdateMode.REPLACE
             )

@@ -133,15 +133,17 @@ def test_updates_and_deletes_are_the_sdks_bytes(table: tuple[TableServiceClient,
          {"etag": strong, "match_condition": MatchConditions.IfNotModified}),
         ("delete", {"PartitionKey": "p'q é", "RowKey": "'"}),
         ("update", {"PartitionKey": "p'q é", "RowKey": "z"}, {"mode": "replace"}),
+        ("upsert", {"PartitionKey": "p'q é", "RowKey": "u", "S": "w"}, replace),  # insert or replace: no If-Match
     ]  # fmt: skip
     sdk = built(lambda hook: service.get_table_client(name).submit_transaction(operations, raw_request_hook=hook))
     lean = built(lambda hook: TableTransactions.of(service, name, raw_request_hook=hook).submit(operations))
     assert normalized(lean) == normalized(sdk)
     assert parts(lean) == parts(sdk)
-    verbs = ["POST", "PUT", "PUT", "PUT", "DELETE", "DELETE", "PUT"]
+    verbs = ["POST", "PUT", "PUT", "PUT", "DELETE", "DELETE", "PUT", "PUT"]
     assert [line.split(" ")[0] for line, _, _ in parts(lean)] == verbs
     assert "(PartitionKey='p%27%27q%20%C3%A9',RowKey='o%27%27brien')" in parts(lean)[1][0]
-    assert [headers.get("If-Match") for _, headers, _ in parts(lean)] == [None, weak, "*", '"bare"', strong, "*", "*"]
+    assert [headers.get("If-Match") for _, headers, _ in parts(lean)] == [None, weak, "*", '"bare"', strong, "*", "*",
+                                                                         None]  # fmt: skip
 
 
 def test_entities_are_encoded_by_the_sdks_type_rules() -> None:

@@ -53,6 +53,9 @@ SCENARIOS: dict[str, Build] = {
         ("delete", row(pk, rk), condition(etags[rk])) for rk in KEYS],
     "delete unconditional": lambda pk, etags: [
         ("delete", row(pk, rk)) for rk in KEYS],
+    "upsert: insert or replace": lambda pk, etags: [
+        *[("upsert", row(pk, rk, V=5), {"mode": UpdateMode.REPLACE}) for rk in KEYS],
+        ("upsert", row(pk, "absent'", V=6), {"mode": UpdateMode.REPLACE})],
     "mixed": lambda pk, etags: [
         ("create", row(pk, "new'one", V=9)),
         ("update", row(pk, "o'brien", V=2), replace(etags["o'brien"])),
@@ -266,3 +269,46 @@ def test_insert_refusals_raise_as_the_sdks(table: tuple[TableServiceClient, str]
     assert type(lean_huge.value) is type(sdk_huge.value) is HttpResponseError
     assert lean_huge.value.status_code == sdk_huge.value.status_code == 400
     assert lean_huge.value.error_code == "PropertyValueTooLarge"  # type: ignore[attr-defined]
+
+
+def test_every_write_of_a_lean_store_goes_through_its_transport(table: tuple[TableServiceClient, str]) -> None:
+    """Issue 58: commits, completions, changed state, the outbox's rows and their deletes, the
+    dead-letter records (one entity, and one cut in parts), the purge and the sweep: the SDK's
+    client of the store only reads."""
+    from datetime import timedelta
+
+    from shared.idempotency import Entity
+    from shared.idempotency.keys import DedupKey
+    from shared.idempotency.messages import utcnow
+    from shared.idempotency.reasons import Reason
+    from shared.idempotency.stores import MAX_DEAD_LETTER_BODY, DeadLetter, Marker, State, TableStore
+
+    service, name = table
+    sdk_writes: list[str] = []
+
+    def sdk(request: Any) -> None:
+        if request.http_request.method != "GET":
+            sdk_writes.append(f"{request.http_request.method} {request.http_request.url}")
+
+    watched = TableServiceClient(service.url, credential=service.credential, raw_request_hook=sdk)
+    store = TableStore(watched, name, name + "dl", transactions=TableTransactions.of(service, name))
+    watched.create_table_if_not_exists(name + "dl")
+    sdk_writes.clear()
+    past = utcnow() - timedelta(hours=2)
+    store.commit(DedupKey("c", "k-1"), "p", "fp", [Entity("e", {"v": 1})], None, past)  # expired: purged
+    claim = store.insert(Marker(DedupKey("c", "k-2", "step"), "p", State.IN_PROGRESS, "fp", utcnow(),
+                                utcnow() + timedelta(days=1), lease_until=utcnow(), owner="o"))  # fmt: skip
+    assert claim is not None
+    store.complete(claim, {"done": True})
+    store.upsert_if_newer("p", Entity("state", {"s": 1}), 1)
+    store.upsert_if_newer("p", Entity("state", {"s": 2}), 2)
+    store.put_entity("p", Entity("~outbox|a", {"x": 1}))
+    store.put_entity("p", Entity("~outbox|a", {"x": 2}))
+    store.delete_entities("p", ["~outbox|a", "~outbox|gone"])
+    for body in (b"small", b"x" * MAX_DEAD_LETTER_BODY):  # one entity; the record and its parts
+        store.dead_letter(DeadLetter("c", Reason.INVALID_JSON, "bad", body))
+    store._expiry.flush()
+    store.purge_expired(utcnow(), 100)
+    store.sweep_expired(utcnow(), 100)
+    assert sdk_writes == []
+    assert [d.body for d in store.dead_letters("c")] != []

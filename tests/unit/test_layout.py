@@ -148,3 +148,15 @@ def test_a_face_exports_only_what_it_lists() -> None:
         held = {name for name, value in vars(module).items() if not name.startswith("_")
                 and not isinstance(value, types.ModuleType)}  # fmt: skip
         assert held == set(module.__all__), face
+
+
+def test_every_table_write_builds_its_transaction_in_one_place() -> None:
+    """Issue 58: the SDK's transaction call appears only in the SDK transport's own module; every
+    other write goes through the store's transport (``Transactions``: lean by default)."""
+    calls = {
+        str(path.relative_to(LIBRARY.parent.parent))
+        for path in [*LIBRARY.rglob("*.py"), *(LIBRARY.parents[1] / "lab").rglob("*.py")]
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "submit_transaction"
+    }
+    assert calls == {"shared/idempotency/stores/_table_sdk.py"}

@@ -46,8 +46,10 @@ from ..errors import DedupError
 from ..messages import utcnow
 from ._azure import store_errors
 from ._records import Purge
+from ._table_sdk import SdkTransactions, Transactions
 
 log = logging.getLogger("idempotency")
+REPLACE = {"mode": UpdateMode.REPLACE}  # the whole row: an upsert's, a rewrite's
 
 INDEX = "~expiry|"  # partition of an hour's index rows: ~expiry|<table>|YYYYMMDDHH
 PAGE = 8  # index rows per read: 2,000 notes, a few seconds of deletes between deadline checks
@@ -74,11 +76,11 @@ class ExpiryIndex:
     store's own, and the purge over them."""
 
     def __init__(self, table: TableClient, scope: str, *, concurrency: int = CONCURRENCY,
-                 create: Callable[[dict[str, Any]], object] | None = None) -> None:  # fmt: skip
-        """``create``: how a row is written (the store's transport's insert, or ``table``'s
-        own); an existing row may raise ResourceExistsError or be ignored."""
+                 writes: Transactions | None = None) -> None:  # fmt: skip
+        """``writes``: the store's transport, through which every row is written (``table``'s
+        own SDK client by default); ``table`` is read."""
         self._table = table
-        self._create = create or table.create_entity
+        self._writes: Transactions = writes or SdkTransactions(table)
         self._prefix = f"{INDEX}{scope}|"
         self._cursor = {"PartitionKey": self._prefix + "cursor", "RowKey": "cursor"}
         self._concurrency = concurrency
@@ -126,7 +128,7 @@ class ExpiryIndex:
                        "Until": max(expires for _, expires in chunk)}  # fmt: skip
                 try:
                     with store_errors():
-                        self._create(row)  # a retry after a lost answer meets our own row: fine, its key is ours
+                        self._writes.insert(row)  # a retry after a lost answer meets our own row: fine, its key is ours
                     requests += 1
                 except ResourceExistsError:
                     requests += 1
@@ -181,7 +183,7 @@ class ExpiryIndex:
                 hour += timedelta(hours=1)
         if cursor != start or not stored:
             with store_errors():
-                self._table.upsert_entity({**self._cursor, "Hour": f"{cursor:{_HOUR}}"}, mode=UpdateMode.REPLACE)
+                self._writes.submit([("upsert", {**self._cursor, "Hour": f"{cursor:{_HOUR}}"}, REPLACE)])
             requests += 1
         return Purge(scanned, deleted, requests)
 
@@ -199,22 +201,17 @@ class ExpiryIndex:
         deleted = requests = 0
         for done, made in pool.map(lambda item: delete(*item), by_partition.items()):
             deleted, requests = deleted + done, requests + made
-        requests += self._keep(table, row, kept)
+        requests += self._keep(row, kept)
         return _RowPurge(len(notes) - len(kept), deleted, requests, not kept)
 
-    @staticmethod
-    def _keep(table: TableClient, row: dict[str, Any], kept: list[Note]) -> int:
+    def _keep(self, row: dict[str, Any], kept: list[Note]) -> int:
         """Delete a row whose notes were all purged, or rewrite it with those ``kept`` for the
-        next run; the request made. A row another run deleted meanwhile needs neither."""
+        next run; the request made. A row another run deleted meanwhile needs neither (the
+        refusal, not_found, is its answer: every note it held is deleted or noted in its rewrite)."""
         keys = {"PartitionKey": str(row["PartitionKey"]), "RowKey": str(row["RowKey"])}
-        try:
-            with store_errors():
-                if kept:
-                    table.update_entity({**keys, "Notes": json.dumps(kept).encode()}, mode=UpdateMode.MERGE)
-                else:
-                    table.delete_entity(keys["PartitionKey"], keys["RowKey"])
-        except ResourceNotFoundError:
-            pass  # an overlapping run purged it: every note it held is deleted or noted in its rewrite
+        rewritten = {**keys, "Notes": json.dumps(kept).encode(), "Until": row["Until"]}
+        with store_errors():
+            self._writes.submit([("update", rewritten, REPLACE)] if kept else [("delete", keys)])
         return 1
 
     @staticmethod

@@ -21,9 +21,6 @@ from urllib.parse import unquote
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
-    HttpResponseError,
-    ResourceExistsError,
-    ResourceModifiedError,
     ResourceNotFoundError,
 )
 from azure.data.tables import (
@@ -70,6 +67,7 @@ from ._table_sdk import SdkTransactions, Transactions
 
 log = logging.getLogger("idempotency")
 MAX_TRANSACTION_OPERATIONS = 100  # Table entity-group transaction limit
+REPLACE = {"mode": UpdateMode.REPLACE}  # an upsert's: insert or replace the whole entity
 STATE_VERSION = "StateVersion"  # the version of an entity written by upsert_if_newer
 STATE_FINGERPRINT = "StateFingerprint"  # and the state_fingerprint of its data
 _KEYS = ("PartitionKey", "RowKey")
@@ -99,9 +97,10 @@ class TableStore(DedupStore):
         self._table: TableClient = service.get_table_client(table)
         self._dead: TableClient = service.get_table_client(dead_letter_table)
         self._transactions: Transactions = transactions or SdkTransactions(self._table)
+        self._dead_transactions = self._transactions.sibling(self._dead)  # every write: one transport
         # Beside the markers it notes (the dead-letter table holds dead letters only), written
         # as the store writes.
-        self._expiry = ExpiryIndex(self._table, table, create=self._transactions.insert)
+        self._expiry = ExpiryIndex(self._table, table, writes=self._transactions)
 
     @property
     def table(self) -> TableClient:
@@ -272,17 +271,11 @@ class TableStore(DedupStore):
         return None if etag is None else self._noted(replace(marker, version=etag))
 
     def replace(self, marker: Marker, if_version: str) -> Marker:
-        try:
-            with store_errors():
-                meta = self._table.update_entity(
-                    self._marker_entity(marker),
-                    mode=UpdateMode.REPLACE,
-                    etag=if_version,
-                    match_condition=MatchConditions.IfNotModified,
-                )
-        except (ResourceModifiedError, ResourceNotFoundError) as exc:
-            raise VersionConflict(str(exc)) from exc
-        return self._noted(_versioned(marker, meta))
+        with store_errors():
+            answer = self._transactions.submit([("update", self._marker_entity(marker), _at_version(if_version))])
+        if isinstance(answer, TransactionFailure):  # changed or gone since it was read
+            raise VersionConflict(answer.message)
+        return self._noted(replace(marker, version=answer[0]))
 
     def _noted(self, marker: Marker) -> Marker:
         """A final marker goes to the expiry index at its version (a claim is noted once final)."""
@@ -350,16 +343,11 @@ class TableStore(DedupStore):
         # Int64 always: versions go up to 2**53 - 1 (JSON's exact integers), past Int32's range.
         body = {**self.effect_entity(encode_key(partition), entity), STATE_VERSION: (version, EdmType.INT64),
                 STATE_FINGERPRINT: state_fingerprint(entity.data)}  # fmt: skip
-        try:
-            with store_errors():
-                if if_etag is None:
-                    self._table.create_entity(body)
-                else:
-                    self._table.update_entity(body, mode=UpdateMode.REPLACE, etag=if_etag,
-                                              match_condition=MatchConditions.IfNotModified)  # fmt: skip
-        except (ResourceExistsError, ResourceModifiedError):
-            return False
-        return True
+        with store_errors():
+            if if_etag is None:
+                return self._transactions.insert(body) is not None  # None: another writer created it first
+            answer = self._transactions.submit([("update", body, _at_version(if_etag))])
+        return not isinstance(answer, TransactionFailure)  # refused: it moved, or went, meanwhile
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -370,7 +358,8 @@ class TableStore(DedupStore):
         (time.monotonic()). Then the dead-letter records that expired (their own table)."""
         deadline = time.monotonic() + 3600 if deadline is None else deadline
         markers = self._expiry.purge(now, budget, deadline, self._delete_noted)
-        dead = purge_matching(self._dead, "ExpiresAt lt @now", {"now": now}, budget - markers.deleted, deadline)
+        dead = purge_matching(self._dead, self._dead_transactions.submit, "ExpiresAt lt @now", {"now": now},
+                              budget - markers.deleted, deadline)  # fmt: skip
         return Purge(markers.scanned + dead.scanned, markers.deleted + dead.deleted, markers.requests + dead.requests)
 
     def sweep_expired(self, now: datetime, budget: int) -> Purge:
@@ -381,6 +370,7 @@ class TableStore(DedupStore):
         rewritten meanwhile (a takeover) is kept."""
         return purge_matching(
             self._table,
+            self._submit,
             "( Kind eq @marker or Kind eq @guard ) and ExpiresAt lt @now",  # the SDK splits on spaces
             {"marker": MARKER_KIND, "guard": GUARD_KIND, "now": now},
             budget,
@@ -408,42 +398,37 @@ class TableStore(DedupStore):
 
     def put_entity(self, partition: str, entity: Entity) -> None:
         check_storable([entity])
-        with store_errors():
-            self._table.upsert_entity(self.effect_entity(encode_key(partition), entity), mode=UpdateMode.REPLACE)
+        self._write(self._transactions, [("upsert", self.effect_entity(encode_key(partition), entity), REPLACE)])
 
     def delete_entities(self, partition: str, names: Sequence[str]) -> None:
-        """Several names: one transaction per 100 (the outbox sweep's index rows), each name on
-        its own when one of them is gone already (a transaction is all or nothing)."""
+        """One transaction per 100 names (the outbox sweep's index rows); a transaction that
+        met a name gone already (all or nothing) goes again without it."""
         key = encode_key(partition)
-        for start in range(0, len(names), 100) if len(names) > 1 else ():
-            chunk = names[start : start + 100]
-            try:
+        for start in range(0, len(names), MAX_TRANSACTION_OPERATIONS):
+            chunk = [("delete", {"PartitionKey": key, "RowKey": encode_key(name)})
+                     for name in names[start : start + MAX_TRANSACTION_OPERATIONS]]  # fmt: skip
+            while chunk:
                 with store_errors():
-                    self._table.submit_transaction([("delete", {"PartitionKey": key, "RowKey": encode_key(name)})
-                                                    for name in chunk])  # fmt: skip
-            except HttpResponseError as exc:
-                if exc.status_code != 404:  # an entity already gone refuses the whole transaction
-                    raise
-                self._delete_each(key, chunk)
-        if len(names) == 1:
-            self._delete_each(key, names)
+                    answer = self._transactions.submit(chunk)
+                if not isinstance(answer, TransactionFailure):
+                    break
+                if not answer.not_found or answer.index is None or not 0 <= answer.index < len(chunk):
+                    raise StoreRefused(f"deleting {len(chunk)} entities of {partition!r}: {answer.message}")
+                del chunk[answer.index]
 
-    def _delete_each(self, key: str, names: Sequence[str]) -> None:
-        for name in names:
-            with store_errors():
-                self._table.delete_entity(key, encode_key(name))  # a missing one is no error
+    def _write(self, transactions: Transactions, operations: list[Any]) -> None:
+        """Writes that cannot meet a decided refusal (upserts): applied, or an error raised."""
+        with store_errors():
+            answer = transactions.submit(operations)
+        if isinstance(answer, TransactionFailure):
+            raise StoreRefused(f"{len(operations)} writes refused: {answer.message}")
 
     # -- dead letters --------------------------------------------------------------------
 
     def dead_letter(self, record: DeadLetter) -> None:
         """One entity, or (a body past its 10 chunks) the record's entity and its parts in one
         entity-group transaction: never half a record."""
-        entities = self._dead_letter_entities(record)
-        with store_errors():
-            if len(entities) == 1:
-                self._dead.upsert_entity(entities[0], mode=UpdateMode.REPLACE)
-            else:
-                self._dead.submit_transaction([("upsert", e, {"mode": UpdateMode.REPLACE}) for e in entities])
+        self._write(self._dead_transactions, [("upsert", e, REPLACE) for e in self._dead_letter_entities(record)])
 
     def _dead_letter_entities(self, record: DeadLetter) -> list[dict[str, Any]]:
         return dead_letter_entities(record, self.dead_letter_retention, utcnow())
@@ -482,12 +467,8 @@ class TableStore(DedupStore):
 
 
 def _at_version(etag: str | None) -> dict[str, Any]:
-    """A replace only at ``etag``: the fence of a step's completion."""
+    """A replace only at ``etag``: the fence of a step's completion, of a changed state."""
     return {"mode": UpdateMode.REPLACE, "etag": etag, "match_condition": MatchConditions.IfNotModified}
-
-
-def _versioned(marker: Marker, meta: Any) -> Marker:
-    return replace(marker, version=meta.get("etag"))
 
 
 def changed_entities(commit: Commit) -> list[Entity]:

@@ -19,6 +19,7 @@ urllib3's connection pools (_transport.py), requests' behind a proxy.
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import hmac
 import json
@@ -56,7 +57,14 @@ from azure.core.pipeline.policies import (
 )
 from azure.core.pipeline.transport import HttpTransport
 from azure.core.rest import HttpRequest
-from azure.data.tables import RequestTooLargeError, TableEntity, TableErrorCode, TableTransactionError, UpdateMode
+from azure.data.tables import (
+    RequestTooLargeError,
+    TableClient,
+    TableEntity,
+    TableErrorCode,
+    TableTransactionError,
+    UpdateMode,
+)
 
 from ._transport import transaction_transport
 
@@ -214,9 +222,10 @@ class TableTransactions:
         """Apply every operation (one PartitionKey) atomically. Operations are the tuples
         ``TableClient.submit_transaction`` takes — ``("create", entity)``; ``("update", entity,
         {"mode": UpdateMode.REPLACE, "etag": etag, "match_condition": MatchConditions.IfNotModified})``,
-        without etag and match_condition ``If-Match: *``; ``("delete", entity[, {"etag": …,
-        "match_condition": …}])`` — or a bare entity, an insert. Merge updates, upserts and
-        other options raise ValueError, before anything is sent.
+        without etag and match_condition ``If-Match: *``; ``("upsert", entity, {"mode":
+        UpdateMode.REPLACE})``, insert or replace; ``("delete", entity[, {"etag": …,
+        "match_condition": …}])`` — or a bare entity, an insert. Merges and other options raise
+        ValueError, before anything is sent.
 
         All applied: each operation's new ETag, in the operations' order ("" for a delete).
         Refused, nothing written: the TransactionFailure when the caller decides on it
@@ -264,6 +273,12 @@ class TableTransactions:
             return None
         raise _refused(response, response.status_code, code, message)
 
+    def sibling(self, table: TableClient) -> TableTransactions:
+        """The same client (pipeline, connections) on another table of the account."""
+        other = copy.copy(self)
+        other._table_url = f"{self._base}/{table.table_name}"
+        return other
+
     def close(self) -> None:
         self._client.close()
 
@@ -291,11 +306,12 @@ def encode(table_url: str, operations: Sequence[Operation], batch: str, changese
         if kind == "create":
             payload = json.dumps(entity_json(entity)).encode()
             parts += (f"{head}{index}{request}{len(payload)}{tail}".encode(), payload, b"\r\n")
-        elif kind == "update":
+        elif kind in ("update", "upsert"):  # a replace; an upsert (insert or replace) without If-Match
             payload = json.dumps(entity_json(entity)).encode()
+            condition = f"\r\nIf-Match: {if_match}" if if_match else ""
             parts += (f"{head}{index}\r\n\r\nPUT {_entity_url(table_url, entity)} HTTP/1.1\r\n"
-                      f"Content-Type: application/json\r\nContent-Length: {len(payload)}{common}\r\n"
-                      f"If-Match: {if_match}{dates}".encode(), payload, b"\r\n")  # fmt: skip
+                      f"Content-Type: application/json\r\nContent-Length: {len(payload)}{common}{condition}"
+                      f"{dates}".encode(), payload, b"\r\n")  # fmt: skip
         else:
             parts.append(f"{head}{index}\r\n\r\nDELETE {_entity_url(table_url, entity)} HTTP/1.1{common};"
                          f"odata=minimalmetadata\r\nIf-Match: {if_match}{dates}\r\n".encode())  # fmt: skip
@@ -306,23 +322,22 @@ def encode(table_url: str, operations: Sequence[Operation], batch: str, changese
 def _operation(operation: tuple[Any, ...]) -> tuple[str, Mapping[str, Any], str]:
     """(kind, entity, If-Match) of an operation tuple, checked as the SDK's
     TableBatchOperations checks it (its ValueErrors, its words), less what this path
-    does not send: merge updates, upserts, other per-operation options."""
+    does not send: merges, other per-operation options."""
     if len(operation) not in (2, 3):
         raise TypeError("an operation is (kind, entity) or (kind, entity, options), as submit_transaction takes it")
     kind = str(getattr(operation[0], "value", operation[0])).lower()
     entity: Mapping[str, Any] = operation[1]
     options = dict(operation[2]) if len(operation) == 3 else {}
-    if kind not in ("create", "update", "delete"):
-        raise ValueError(f"Unrecognized operation: {operation[0]}" if kind != "upsert" else
-                         "upsert is not sent by lean transactions: update (replace) or create")  # fmt: skip
+    if kind not in ("create", "update", "upsert", "delete"):
+        raise ValueError(f"Unrecognized operation: {operation[0]}")
     if "PartitionKey" not in entity or "RowKey" not in entity:
         raise ValueError("PartitionKey and/or RowKey were not provided in entity")
-    if kind == "update":
+    if kind in ("update", "upsert"):
         mode = options.pop("mode", UpdateMode.MERGE)  # the SDK's default
         if mode != UpdateMode.REPLACE:
-            raise ValueError(f"update mode {mode!r} is not sent by lean transactions: UpdateMode.REPLACE only")
+            raise ValueError(f"{kind} mode {mode!r} is not sent by lean transactions: UpdateMode.REPLACE only")
     if_match = ""
-    if kind != "create":
+    if kind in ("update", "delete"):
         etag, condition = options.pop("etag", None), options.pop("match_condition", None)
         if condition and not etag and isinstance(entity, TableEntity):  # as the SDK: the entity's own ETag
             etag = entity.metadata.get("etag")

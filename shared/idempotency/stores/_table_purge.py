@@ -10,8 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from azure.core import MatchConditions
-from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
-from azure.data.tables import TableClient, TableTransactionError
+from azure.data.tables import TableClient
 
 from ..errors import StoreRefused
 from ._azure import store_errors
@@ -63,10 +62,11 @@ def _guard_of(notes: list[Note], marker: str) -> str | None:
     return next((note.guard for note in notes if note.marker == marker), None)
 
 
-def purge_matching(table: TableClient, query: str, parameters: dict[str, Any], budget: int,
-               deadline: float | None = None) -> Purge:  # fmt: skip
-    """Delete what ``query`` matches, page by page (1,000), grouped by partition in
-    transactions of up to 100, each conditional on the ETag read."""
+def purge_matching(table: TableClient, submit: Submit, query: str, parameters: dict[str, Any], budget: int,
+                   deadline: float | None = None) -> Purge:  # fmt: skip
+    """Delete what ``query`` matches in ``table``, page by page (1,000), grouped by partition in
+    transactions of up to 100 (``submit``: the store's transport), each conditional on the ETag
+    read."""
     found = table.query_entities(query, parameters=parameters, select=["PartitionKey", "RowKey"],
                                  results_per_page=1000)  # fmt: skip
     scanned = deleted = requests = 0
@@ -83,17 +83,15 @@ def purge_matching(table: TableClient, query: str, parameters: dict[str, Any], b
             for entities in by_partition.values():
                 for start in range(0, len(entities), MAX_TRANSACTION_OPERATIONS):
                     chunk = entities[start : start + MAX_TRANSACTION_OPERATIONS]
-                    deleted += _delete_unchanged(table, chunk)
+                    deleted += _delete_unchanged(submit, chunk)
                     requests += 1
     return Purge(scanned, deleted, requests)
 
 
-def _delete_unchanged(table: TableClient, entities: list[Any]) -> int:
+def _delete_unchanged(submit: Submit, entities: list[Any]) -> int:
     operations: list[Any] = [
         ("delete", e, {"etag": e.metadata["etag"], "match_condition": MatchConditions.IfNotModified}) for e in entities
     ]
-    try:
-        table.submit_transaction(operations)
-    except (TableTransactionError, ResourceModifiedError, ResourceNotFoundError):
+    if isinstance(submit(operations), TransactionFailure):
         return 0  # one of them changed or vanished since the scan: the next run retries
     return len(entities)

@@ -25,6 +25,10 @@ class Transactions(Protocol):
 
     def insert(self, entity: Mapping[str, Any], **options: Any) -> str | None: ...
 
+    def sibling(self, table: TableClient) -> Transactions:
+        """The same transport, writing to ``table`` (another table of the account)."""
+        ...
+
 
 class SdkTransactions:
     """``Transactions`` through the SDK's client of the table."""
@@ -46,6 +50,9 @@ class SdkTransactions:
                 raise
             return failure
         return [str(answer.get("etag") or "") for answer in answers]
+
+    def sibling(self, table: TableClient) -> SdkTransactions:
+        return SdkTransactions(table)
 
     def insert(self, entity: Mapping[str, Any], **options: Any) -> str | None:
         try:

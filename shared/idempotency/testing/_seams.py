@@ -70,17 +70,21 @@ def refused_expiry_rows(store: TableStore, error: Exception) -> Iterator[list[di
     recorded in the list yielded."""
     index = store._expiry
     refused: list[dict[str, Any]] = []
+    writes = index._writes
 
-    def refuse(row: dict[str, Any]) -> None:
-        refused.append(row)
-        raise error
+    class Refusing:
+        def insert(self, row: dict[str, Any], **options: Any) -> str | None:
+            refused.append(row)
+            raise error
 
-    written = index._create
-    index._create = refuse
+        def __getattr__(self, name: str) -> Any:  # the rest as the store's transport
+            return getattr(writes, name)
+
+    index._writes = Refusing()  # type: ignore[assignment]
     try:
         yield refused
     finally:
-        index._create = written
+        index._writes = writes
 
 
 def forget_expiry_notes(store: TableStore) -> None:
