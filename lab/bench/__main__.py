@@ -297,8 +297,9 @@ def two_phase(three_requests: bool = False) -> Callable[[Bench], Measure]:
         if three_requests:
             store.folds_completions = False  # the completion: a replace of its own (on the SDK path)
             sdk = TableStore(store._service, store.table.table_name, store.dead_letter_table)
-            store.insert = sdk.insert  # type: ignore[method-assign]  # the claim too
-            store._expiry.note = lambda *args: None  # type: ignore[method-assign]  # that path had no expiry index
+            store.insert, store.replace = sdk.insert, sdk.replace  # type: ignore[method-assign]  # claim, completion
+            for index in (store._expiry, sdk._expiry):  # that path had no expiry index
+                index.note = lambda *args: None  # type: ignore[method-assign]
         flow = consumer(store, handler=handler)
         deliveries = orders(bench.n)
         return bench.timed([lambda d=d: flow.process(d) for d in deliveries], check=exactly_once(store, deliveries))  # type: ignore[misc]
