@@ -36,7 +36,8 @@ SENT, SEEN = "canary.sent", "canary.seen"  # the heartbeat's two events (customD
 
 
 class Entity(NamedTuple):
-    """What a Service Bus trigger reads: a queue, or a topic (through one of its subscriptions)."""
+    """What a trigger reads: a Service Bus queue, or topic (through one of its subscriptions); the
+    Event Grid topic."""
 
     kind: str  # "queue" or "topic" (Service Bus), "eventgrid" (name: the topic's endpoint)
     name: str

@@ -44,7 +44,7 @@ def housekeeping(needs: Iterable[str] = (), watched: Iterable[func.Blueprint] = 
     """The timers an app registers: ``purge_markers`` and ``sweep_markers`` always (markers
     expire); ``reconcile_claims`` when a consumer makes two-phase steps (``"steps"``);
     ``dispatch_outbox`` when one sends (``"outbox"``); ``send_canaries`` and ``audit_consumers``
-    when the ``watched`` Blueprints (the app's consumers) have Service Bus triggers."""
+    when the ``watched`` Blueprints (the app's consumers) have Service Bus or Event Grid triggers."""
     wanted = set(needs)
     if wanted - NEEDS.keys():
         raise ValueError(f"housekeeping needs {sorted(wanted - NEEDS.keys())}: known are {sorted(NEEDS)}")
