@@ -184,7 +184,12 @@ def run(config: RunConfig, azurite: Azurite, target: Target, *, break_store: typ
     plan = FaultPlan(config.fault_rate, config.seed, config.lock_duration)
     plan.settled_without_invoke = config.settled_without_invoke
     running = threading.local()  # each worker's current lock, for the faults that take it away
-    plan.lose_lock = lambda: queue.lose(running.lock)
+
+    def lose_lock() -> None:  # the running delivery's (a store call outside a delivery holds none)
+        if hasattr(running, "lock"):
+            queue.lose(running.lock)
+
+    plan.lose_lock = lose_lock
     with ExitStack() as stack:
         payments = stack.enter_context(PaymentService(hook=_payment_faults(plan))) if config.payments else None
         if payments is not None:  # stopped with the run, whichever way it ends: nothing may call it any more
