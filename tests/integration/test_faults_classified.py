@@ -35,9 +35,10 @@ from shared.idempotency.functions import RetryLater, shared_store
 from shared.idempotency.functions.adapters import REPLAYED, eventgrid_delivery, servicebus_delivery
 from shared.idempotency.messages import MAX_RESULT_CHARACTERS
 from shared.idempotency.stores import DeadLetter, DedupStore, TableStore
+from shared.idempotency.stores import _table as table_store
 from shared.idempotency.stores._azure import TRANSPORT, store_errors
-from shared.idempotency.stores._base import check_storable
 from shared.idempotency.stores._table_batch import TableTransactions
+from shared.idempotency.stores._table_rows import effect_entity
 from shared.idempotency.telemetry import fields_of
 from shared.idempotency.testing import entities, using_store
 from tests.app import EVENT_TYPE, effects_by_item, item, queue_consumer
@@ -111,15 +112,17 @@ def test_an_event_with_a_huge_source_is_dead_lettered_with_bounded_fields(items_
     assert eventgrid_delivery(event).message_id != record.message_id  # bounded, not the raw id
 
 
-def test_a_value_over_the_stores_limit_is_refused_at_the_first_delivery(azurite: Azurite) -> None:
+def test_a_value_over_the_stores_limit_is_refused_at_the_first_delivery(
+    azurite: Azurite, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def handler(payload: dict[str, Any], context: Context) -> Effects:
         return Effects([Entity("note", {"text": "é" * 40_000})])  # 40 K characters: a property holds 32 K
 
+    checking, unchecked = table_store.effect_rows, lambda pk, effects: [effect_entity(pk, e) for e in effects]
     for lean in (False, True):
         for checked in (True, False):  # the store's own check before sending, and the service's answer
             store = new_table_store(azurite, lean=lean)
-            if not checked:
-                store.check_effects = check_storable  # type: ignore[method-assign]
+            monkeypatch.setattr(table_store, "effect_rows", checking if checked else unchecked)
             consumer = IdempotentConsumer("notes", store, handler, config=DedupConfig())
             result = consumer.process(Delivery(body=b"{}", message_id="n-1", delivery_count=1))
             assert (result.outcome, result.reason) == (Outcome.INVALID, "store_refused")
@@ -274,8 +277,8 @@ def test_an_item_id_with_line_breaks_stays_answerable(items_store: DedupStore) -
 
 
 def test_a_store_refusal_is_a_4xx_problem_for_http(items_store: DedupStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    too_large = staticmethod(lambda pk, e: {"PartitionKey": pk, "RowKey": e.name, "x": "é" * 40_000})
-    monkeypatch.setattr(TableStore, "effect_entity", too_large)  # Azurite answers 400 PropertyValueTooLarge
+    too_large = lambda pk, effects: [{"PartitionKey": pk, "RowKey": e.name, "x": "é" * 40_000} for e in effects]  # noqa: E731
+    monkeypatch.setattr(table_store, "effect_rows", too_large)  # Azurite answers 400 PropertyValueTooLarge
     response = post(item(), "k-r")
     assert response.status_code == 400 and "store_refused" in json.loads(response.get_body())["title"]
 

@@ -19,12 +19,14 @@ from shared.idempotency.testing import transactions_intercepted
 TOO_MUCH = {
     "a string over 64 KiB in UTF-16": {"text": "x" * 32_769},
     "non-ASCII text over 64 KiB in UTF-16": {"text": "é" * 32_769},
+    "characters past the BMP over 64 KiB in UTF-16 (4 bytes each)": {"text": "\U0001f600" * 16_385},
     "bytes over 64 KiB": {"blob": b"\x00" * 65_537},
     "253 properties": {f"p{i}": i for i in range(253)},
     "an entity over 1 MiB": {f"p{i}": "x" * 30_000 for i in range(18)},
 }
 FITS = {
     "a string of 64 KiB in UTF-16": {"text": "x" * 32_768},
+    "characters past the BMP, 64 KiB in UTF-16": {"text": "\U0001f600" * 16_384},
     "252 properties": {f"p{i}": i for i in range(252)},
 }
 

@@ -41,8 +41,11 @@ def check_storable(effects: Sequence[Entity]) -> None:
     from deeper down (an SDK, a transport) is never mistaken for the message's data."""
     for effect in effects:
         for name, value in effect.data.items():
-            if not _storable(value, nested=False):
+            if type(value) not in _SCALARS and not _storable(value, nested=False):
                 raise TypeError(f"{effect.name}.{name}: a {type(value).__name__} is not a storable value")
+
+
+_SCALARS = frozenset({str, float, bool, type(None), datetime, bytes})  # most values: stored as they are
 
 
 def _storable(value: object, nested: bool) -> bool:

@@ -56,10 +56,10 @@ from ._records import (
 from ._table_batch import TransactionFailure
 from ._table_purge import delete_noted, purge_matching
 from ._table_rows import (
-    check_entities,
     dead_letter_entities,
     dead_letter_records,
     effect_entity,
+    effect_rows,
     marker_entity,
     marker_of,
 )
@@ -125,9 +125,12 @@ class TableStore(DedupStore):
         results: dict[int, CommitResult] = {}
         remaining = []
         chained: dict[tuple[str, str], str | None] = {}  # (partition, entity): the version this call wrote
+        rows: dict[int, list[dict[str, Any]]] = {}  # each message's effects as entities, checked once
         for i, commit in enumerate(commits):
             try:
-                self.check_effects([*commit.effects, *changed_entities(commit)])
+                rows[i] = effect_rows(encode_key(commit.partition), commit.effects)
+                if commit.changes:
+                    self.check_effects(changed_entities(commit))
                 remaining.append(i)
             except (TypeError, StoreRefused) as exc:  # refused before anything is sent
                 results[i] = refused(exc)
@@ -143,7 +146,7 @@ class TableStore(DedupStore):
                 groups.setdefault(commits[i].partition, []).append(i)
             for partition, members in groups.items():
                 for chunk in _chunks(commits, members):
-                    results.update(self._transact(commits, partition, chunk, chained))
+                    results.update(self._transact(commits, rows, partition, chunk, chained))
             remaining = later
         return [results[i] for i in range(len(commits))]
 
@@ -155,8 +158,8 @@ class TableStore(DedupStore):
         waiting loop resends, knowing to read the marker back."""
         return self._transactions.submit(operations, retry_total=0)
 
-    def _transact(self, commits: Sequence[Commit], partition: str, chunk: list[int],
-                  chained: dict[tuple[str, str], str | None]) -> dict[int, CommitResult]:  # fmt: skip
+    def _transact(self, commits: Sequence[Commit], rows: dict[int, list[dict[str, Any]]], partition: str,
+                  chunk: list[int], chained: dict[tuple[str, str], str | None]) -> dict[int, CommitResult]:  # fmt: skip
         results: dict[int, CommitResult] = {}
         pk, now = encode_key(partition), utcnow()
         while chunk:
@@ -172,8 +175,7 @@ class TableStore(DedupStore):
                 commit, firsts[i] = commits[i], len(operations)
                 guard = {"PartitionKey": pk, "RowKey": guard_id(commit.key, commit.fingerprint), "Kind": GUARD_KIND,
                          "ExpiresAt": commit.expires_at}  # fmt: skip
-                entities = [guard, self._marker_entity(commit.marker(now)),
-                            *(self.effect_entity(pk, e) for e in commit.effects)]  # fmt: skip
+                entities = [guard, self._marker_entity(commit.marker(now)), *rows[i]]
                 operations += entities  # bare entities: inserts
                 operations += [("update", self._marker_entity(step), _at_version(step.version))
                                for step in commit.completions]  # fmt: skip
@@ -194,7 +196,7 @@ class TableStore(DedupStore):
                 failed = answer.index if answer.index is not None and 0 <= answer.index < len(owners) else None
                 if failed is None and len(chunk) > 1:  # the service did not say which: one by one
                     for i in chunk:
-                        results.update(self._transact(commits, partition, [i], chained))
+                        results.update(self._transact(commits, rows, partition, [i], chained))
                     return results
                 i, position = owners[failed] if failed is not None else (chunk[0], None)
                 if position == CHANGE or commits[i].changes:  # an entity moved, or a commit folded in failed
@@ -463,7 +465,7 @@ class TableStore(DedupStore):
     _marker_from = staticmethod(marker_of)
 
     def check_effects(self, effects: Sequence[Entity]) -> None:
-        check_entities(effects, self.effect_entity)
+        effect_rows("", effects)
 
 
 def _at_version(etag: str | None) -> dict[str, Any]:

@@ -75,8 +75,10 @@ _ERROR_CODE = re.compile(rb"^x-ms-error-code:[ \t]*(\S+)", re.MULTILINE | re.IGN
 # Each answer's status line and headers, after a line break: a literal the engine finds at once,
 # where ``^`` in MULTILINE mode is tried at every position (four times slower on a changeset).
 _STATUS = re.compile(rb"\nHTTP/1\.1 (\d{3})")
-_ETAG = re.compile(rb"\nETag:[ \t]*([^\r\n]*)", re.IGNORECASE)
-_CONTENT_ID = re.compile(rb"\nContent-ID:[ \t]*(\d+)[ \t]*(?:\r|\n|$)", re.IGNORECASE)
+# Searched in an answer's headers lowercased once (names are case-insensitive): a case-blind
+# pattern is matched position by position, ten times the instructions of a literal's search.
+_ETAG = re.compile(rb"\netag:[ \t]*([^\r\n]*)")
+_CONTENT_ID = re.compile(rb"\ncontent-id:[ \t]*(\d+)[ \t]*(?:\r|\n|$)")
 # Where a part's headers end, and its body: CRLF, or LF alone (Cosmos DB's Table API answers so).
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _BOUNDARY = re.compile(rb"\r?\n--")
@@ -477,15 +479,23 @@ def decode(body: bytes, operations: int) -> list[str] | TransactionFailure:
     etags: list[str] = []
     ids: list[int] = []
     for end in ends:
-        head_end = _HEAD_END.search(body, end)  # the answer's headers: from its status to there
-        stop = head_end.start() if head_end else len(body)
-        etag, content_id = _ETAG.search(body, end, stop), _CONTENT_ID.search(body, end, stop)
-        etags.append(etag.group(1).strip().decode("latin-1") if etag else "")
+        head = body[end : _head_end(body, end)]  # the answer's headers: from its status to their end
+        names = head.lower()
+        etag, content_id = _ETAG.search(names), _CONTENT_ID.search(names)
+        etags.append(head[etag.start(1) : etag.end(1)].strip().decode("latin-1") if etag else "")
         if content_id:
             ids.append(int(content_id.group(1)))
     if len(ids) == len(etags) and len(set(ids)) == len(ids) and ids != sorted(ids):
         etags = [etag for _, etag in sorted(zip(ids, etags, strict=True))]
     return etags
+
+
+def _head_end(body: bytes, start: int) -> int:
+    """Where the headers from ``start`` end: their blank line (CRLF or LF alone), else the body's end."""
+    end = body.find(b"\n\r\n", start)
+    end = len(body) if end < 0 else end
+    bare = body.find(b"\n\n", start, end)  # Cosmos DB's Table API: LF alone
+    return end if bare < 0 else bare
 
 
 def check_changeset(pipeline_response: Any) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
@@ -50,24 +50,28 @@ def effect_entity(pk: str, effect: Entity) -> dict[str, Any]:
     return entity
 
 
-def check_entities(effects: Sequence[Entity], to_entity: Callable[[str, Entity], dict[str, Any]]) -> None:
-    """Table Storage's limits, counted as the service counts them (strings in UTF-16): a
-    property of at most 64 KiB, at most 252 of one's own, an entity of at most 1 MiB."""
+def effect_rows(pk: str, effects: Sequence[Entity]) -> list[dict[str, Any]]:
+    """The effects as Table entities in partition ``pk``, refused (StoreRefused, TypeError) past
+    Table Storage's limits, counted as the service counts them (strings in UTF-16): a property
+    of at most 64 KiB, at most 252 of one's own, an entity of at most 1 MiB."""
     check_storable(effects)
-    for effect in effects:
-        entity = to_entity("", effect)
+    rows = [effect_entity(pk, effect) for effect in effects]
+    for effect, entity in zip(effects, rows, strict=True):
         if len(entity) - 2 > MAX_PROPERTIES:
             raise StoreRefused(f"{effect.name}: {len(entity) - 2} properties; an entity holds {MAX_PROPERTIES}")
-        size = 4 + 2 * len(encode_key(effect.name))
+        size = 4 + 2 * len(entity["RowKey"])
         for name, value in list(entity.items())[2:]:
             value = value[0] if isinstance(value, tuple) else value
-            held = len(value.encode("utf-16-le", "surrogatepass")) if isinstance(value, str) else (
-                len(value) if isinstance(value, bytes) else 8)  # fmt: skip
+            if isinstance(value, str):  # ASCII: two bytes a character, without encoding it
+                held = 2 * len(value) if value.isascii() else len(value.encode("utf-16-le", "surrogatepass"))
+            else:
+                held = len(value) if isinstance(value, bytes) else 8
             if held > MAX_PROPERTY_BYTES:
                 raise StoreRefused(f"{effect.name}.{name}: {held} bytes; a property holds {MAX_PROPERTY_BYTES}")
             size += 8 + 2 * len(name) + held
         if size > MAX_ENTITY_BYTES:
             raise StoreRefused(f"{effect.name}: about {size} bytes; an entity holds {MAX_ENTITY_BYTES}")
+    return rows
 
 
 def marker_entity(marker: Marker) -> dict[str, Any]:
