@@ -13,6 +13,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from . import canary, dead_letters, facts, telemetry, wait
@@ -209,8 +210,11 @@ class IdempotentConsumer:
         siblings: dict[DedupKey, Context] = {}  # the steps whose completion a decided message holds
         views = self._views([delivery for delivery, _, _ in tries], retry)  # per partition: what its messages read
         for delivery, span, owner in tries:
-            with trace.use_span(span):  # current while its own handler runs: its calls are children
+            current = otel_context.attach(trace.set_span_in_context(span))  # while its handler runs: a parent
+            try:  # (use_span's work, without its generator: _decide raises nothing to record)
                 decided.append(self._decide(delivery, owner, retry, dispatch, siblings, views))
+            finally:
+                otel_context.detach(current)
         # A completion a later copy of the same message wrote already (it met the claim) no
         # longer rides with the commit: the claim's version it is fenced by has moved.
         decided = [item._replace(completions=tuple(c for c in item.completions if c.key in siblings))

@@ -246,9 +246,9 @@ class TableStore(DedupStore):
             group = wanted[start : start + self.rows_per_read]
             either = " or ".join(f"RowKey eq @r{n}" for n in range(len(group)))
             parameters = {"pk": pk, **{f"r{n}": row for n, row in enumerate(group)}}
-            query = self._table.query_entities(f"PartitionKey eq @pk and ( {either} )", parameters=parameters)
             with store_errors():
-                rows.update((row["RowKey"], row) for row in query)
+                found = self._transactions.query(f"PartitionKey eq @pk and ( {either} )", parameters, len(group))
+            rows.update((row["RowKey"], row) for row in found)
         markers = {key: self._marker_from(rows[marker_id(key)], partition) for key in keys if marker_id(key) in rows}
         entities = {}
         for name in names:
@@ -388,13 +388,9 @@ class TableStore(DedupStore):
         # is a prefix of every encoded name it starts, and "~" sorts after each character
         # an encoded name holds.
         low = encode_key(prefix) if prefix else ""
-        query = self._table.query_entities(
-            "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high",
-            parameters={"pk": encode_key(partition), "low": low, "high": low + "~"},
-            results_per_page=min(limit, 1000),
-        )
+        between, bounds = "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high", {"low": low, "high": low + "~"}
         with store_errors():
-            rows = list(islice(query, limit))
+            rows = self._transactions.query(between, {"pk": encode_key(partition), **bounds}, limit)
         return [Entity(unquote(row["RowKey"]), {k: v for k, v in row.items() if k not in _KEYS})
                 for row in rows if row.get("Kind") not in (MARKER_KIND, GUARD_KIND)]  # fmt: skip
 

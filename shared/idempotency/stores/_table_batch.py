@@ -66,6 +66,7 @@ from azure.data.tables import (
     UpdateMode,
 )
 
+from ._table_query import Row, row_of, substituted
 from ._transport import transaction_transport
 
 API_VERSION = "2019-02-02"  # what azure-data-tables 12.x sends
@@ -275,6 +276,26 @@ class TableTransactions:
             return None
         raise _refused(response, response.status_code, code, message)
 
+    def query(self, query_filter: str, parameters: Mapping[str, str], limit: int) -> list[Row]:
+        """The first ``limit`` rows ``query_filter`` matches, its ``@name`` parameters substituted
+        as the SDK's ``query_entities`` substitutes text (``_table_query``), a page of up to 1,000
+        rows a request; refusals raise as the SDK's do."""
+        params = {"$format": "application/json;odata=minimalmetadata", "$top": str(min(limit, 1000)),
+                  "$filter": substituted(query_filter, parameters)}  # fmt: skip
+        rows: list[Row] = []
+        while True:
+            query = "&".join(f"{name}={quote(value, safe='')}" for name, value in params.items())  # keys hold "%"
+            response = self._client.send_request(HttpRequest("GET", f"{self._table_url}()?{query}"), **self._timeouts)
+            if response.status_code != 200:
+                code, message = _error_body(response.content.strip())
+                raise _refused(response, response.status_code, response.headers.get("x-ms-error-code") or code, message)
+            rows += [row_of(entry) for entry in json.loads(response.content)["value"]]
+            partition = response.headers.get("x-ms-continuation-NextPartitionKey")
+            if len(rows) >= limit or not partition:
+                return rows[:limit]
+            params["NextPartitionKey"] = partition
+            params["NextRowKey"] = response.headers.get("x-ms-continuation-NextRowKey") or ""
+
     def sibling(self, table: TableClient) -> TableTransactions:
         """The same client (pipeline, connections) on another table of the account."""
         other = copy.copy(self)
@@ -446,9 +467,9 @@ def _typed(name: str, value: Any, kind: str) -> Any:
 
 def _utc_text(value: datetime) -> str:
     """The SDK's form, ``%Y-%m-%dT%H:%M:%S.%fZ`` in UTC (isoformat: the same text, faster)."""
-    if value.tzinfo is UTC:  # the store's own times: "+00:00" becomes "Z"
-        return value.isoformat(timespec="microseconds")[:-6] + "Z"
-    return value.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+    if value.tzinfo is UTC:  # the store's own times: "+00:00" becomes "Z" (arguments by position: faster)
+        return value.isoformat("T", "microseconds")[:-6] + "Z"
+    return value.astimezone(UTC).replace(tzinfo=None).isoformat("T", "microseconds") + "Z"
 
 
 def _double(value: Any) -> Any:

@@ -8,7 +8,7 @@ import base64
 import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from functools import cache
+from itertools import islice
 from typing import Any
 
 from azure.data.tables import EdmType
@@ -60,7 +60,7 @@ def effect_rows(pk: str, effects: Sequence[Entity]) -> list[dict[str, Any]]:
         if len(entity) - 2 > MAX_PROPERTIES:
             raise StoreRefused(f"{effect.name}: {len(entity) - 2} properties; an entity holds {MAX_PROPERTIES}")
         size = 4 + 2 * len(entity["RowKey"])
-        for name, value in list(entity.items())[2:]:
+        for name, value in islice(entity.items(), 2, None):  # after PartitionKey and RowKey
             value = value[0] if isinstance(value, tuple) else value
             if isinstance(value, str):  # ASCII: two bytes a character, without encoding it
                 held = 2 * len(value) if value.isascii() else len(value.encode("utf-16-le", "surrogatepass"))
@@ -118,15 +118,21 @@ def dead_letter_records(entities: Sequence[Any]) -> list[DeadLetter]:
 
 def _to_table(fields: dict[str, Any]) -> dict[str, Any]:
     """Table properties are PascalCase scalars: a result is stored as JSON text."""
-    table = {_pascal(name): value for name, value in fields.items()}
+    table = {_PASCAL[name]: value for name, value in fields.items()}
     if "result" in fields:
         table["Result"] = _compact_json(fields["result"])
     return table
 
 
-@cache
-def _pascal(name: str) -> str:  # field names are few and fixed (_codec.py)
-    return name[0].upper() + name[1:]
+class _Pascal(dict[str, str]):
+    """Field names in PascalCase, each computed once (they are few and fixed: _codec.py)."""
+
+    def __missing__(self, name: str) -> str:
+        self[name] = pascal = name[0].upper() + name[1:]
+        return pascal
+
+
+_PASCAL = _Pascal()
 
 
 def _from_table(entity: Any) -> dict[str, Any]:

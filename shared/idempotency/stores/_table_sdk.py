@@ -1,10 +1,12 @@
-"""The Table store's writes through the Azure SDK (``TableClient.submit_transaction`` and
-``create_entity``): the default transport. ``_table_batch.TableTransactions`` is the lean one,
-the same two calls in fewer instructions; the store is given one at construction."""
+"""The Table store's writes and its partitions' queries through the Azure SDK
+(``TableClient.submit_transaction``, ``create_entity``, ``query_entities``): the default
+transport. ``_table_batch.TableTransactions`` is the lean one, the same calls in fewer
+instructions; the store is given one at construction."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import islice
 from typing import Any, Protocol
 
 import requests
@@ -15,20 +17,26 @@ from azure.core.exceptions import (
     ResourceNotFoundError,
     ServiceResponseError,
 )
-from azure.data.tables import TableClient, TableTransactionError
+from azure.data.tables import TableClient, TableEntity, TableTransactionError
 
 from ._azure import error_code
 from ._table_batch import Operation, TransactionFailure
 
 
 class Transactions(Protocol):
-    """How a Table store writes: ``submit`` one entity-group transaction (each operation's
-    new ETag, or the refusal the caller decides on); ``insert`` one entity (its ETag, None
-    when it already existed). Other refusals raise as the SDK's do."""
+    """How a Table store writes, and reads its partitions' rows: ``submit`` one entity-group
+    transaction (each operation's new ETag, or the refusal the caller decides on); ``insert``
+    one entity (its ETag, None when it already existed); ``query``. Other refusals raise as
+    the SDK's do."""
 
     def submit(self, operations: Sequence[Operation], **options: Any) -> list[str] | TransactionFailure: ...
 
     def insert(self, entity: Mapping[str, Any], **options: Any) -> str | None: ...
+
+    def query(self, query_filter: str, parameters: Mapping[str, str], limit: int) -> Sequence[Any]:
+        """The first ``limit`` rows ``query_filter`` matches (``@name``: a text parameter), each
+        with ``metadata`` (etag, timestamp)."""
+        ...
 
     def sibling(self, table: TableClient) -> Transactions:
         """The same transport, writing to ``table`` (another table of the account)."""
@@ -79,6 +87,10 @@ class SdkTransactions:
                 raise
             return failure
         return [str(meta.get("etag") or "")]
+
+    def query(self, query_filter: str, parameters: Mapping[str, str], limit: int) -> list[TableEntity]:
+        found = self._table.query_entities(query_filter, parameters=dict(parameters), results_per_page=min(limit, 1000))
+        return list(islice(found, limit))
 
     def sibling(self, table: TableClient) -> SdkTransactions:
         return SdkTransactions(table)
