@@ -30,6 +30,7 @@ from functools import partial
 from pathlib import Path
 
 from lab.azurite import Azurite
+from lab.bench import breakdown
 
 MESSAGES = 200  # per scenario, counted (the uncounted first run: WARM_UP)
 WARM_UP = 20
@@ -49,6 +50,7 @@ SCENARIOS = (
     "read-modify-write, duplicates (lean)",
     "purge",
     "sweep",
+    *(breakdown.PREFIX + name for name in breakdown.COMPONENTS),
 )
 BASELINE = "baseline, no dedup (lean)"
 # The judged bounds: each scenario's instructions per message (purge: per expired marker; sweep: per
@@ -147,9 +149,20 @@ def child(connection: str, messages: int, scenarios: Sequence[str]) -> list[int]
     port = int(re.search(r":(\d+)/", connection).group(1))  # type: ignore[union-attr]
     store = Azurite(port=port)  # started by the parent: its address only
     counted = []
+    calls: dict[str, list[breakdown.Call]] = {}
     for i, name in enumerate(scenarios):
         counting = partial(_counted, f"s{i}")
-        if name == "purge":
+        if name.startswith(breakdown.PREFIX):
+            if not calls:  # one recorded run for every component
+                ALL[breakdown.SCENARIO](Bench(connection, port, WARM_UP, concurrency=1))
+                with breakdown.recorded() as calls:
+                    ALL[breakdown.SCENARIO](Bench(connection, port, messages, concurrency=1))
+            again = breakdown.replay(name.removeprefix(breakdown.PREFIX), calls[name.removeprefix(breakdown.PREFIX)])
+            again()  # first calls uncounted, as a scenario's
+            with counting():
+                again()
+            breakdown.quiet()
+        elif name == "purge":
             purge_cost.run(store, WARM_UP, 10)
             purge_cost.run(store, messages, 10, counting)
         elif name == "sweep":

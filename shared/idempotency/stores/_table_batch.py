@@ -76,9 +76,6 @@ _ERROR_CODE = re.compile(rb"^x-ms-error-code:[ \t]*(\S+)", re.MULTILINE | re.IGN
 # Each answer's status line and headers, after a line break: a literal the engine finds at once,
 # where ``^`` in MULTILINE mode is tried at every position (four times slower on a changeset).
 _STATUS = re.compile(rb"\nHTTP/1\.1 (\d{3})")
-# Searched in an answer's headers lowercased once (names are case-insensitive): a case-blind
-# pattern is matched position by position, ten times the instructions of a literal's search.
-_ETAG = re.compile(rb"\netag:[ \t]*([^\r\n]*)")
 _CONTENT_ID = re.compile(rb"\ncontent-id:[ \t]*(\d+)[ \t]*(?:\r|\n|$)")
 # Where a part's headers end, and its body: CRLF, or LF alone (Cosmos DB's Table API answers so).
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
@@ -412,6 +409,12 @@ def entity_json(entity: Mapping[str, Any]) -> dict[str, Any]:
         if type(value) is datetime:  # every marker's times (a subclass may carry the service's own text)
             found[name], found[f"{name}@odata.type"] = _utc_text(value), "Edm.DateTime"
             continue
+        if type(value) is float and math.isfinite(value):  # amounts
+            found[name], found[f"{name}@odata.type"] = value, "Edm.Double"
+            continue
+        if type(value) is int and value in _INT32:  # counts: untyped, the service's Edm.Int32
+            found[name] = value
+            continue
         if isinstance(value, tuple):  # (value, EdmType) or EntityProperty: the type given
             typed, kind = value[0], str(getattr(value[1], "value", value[1]))
             if typed is not None:
@@ -489,34 +492,31 @@ def decode(body: bytes, operations: int) -> list[str] | TransactionFailure:
     none of them). Where every answer carries a Content-ID, the order is theirs: the
     requests' ids are their positions, so an answer echoing its request's id finds it,
     and ids numbered from 1 in the answers' order change nothing."""
-    ends: list[int] = []
+    spans: list[tuple[int, int]] = []  # each answer's headers and body: from its status line to the next's
     for match in _STATUS.finditer(body):
         status, end = int(match.group(1)), match.end()
         if not 200 <= status < 300:
             return TransactionFailure.of(status, *_error(body[end:]))
-        ends.append(end)
-    if len(ends) != operations:
-        raise ServiceResponseError(f"a transaction of {operations} operations was answered {len(ends)} times")
+        if spans:
+            spans[-1] = (spans[-1][0], match.start())
+        spans.append((end, len(body)))
+    if len(spans) != operations:
+        raise ServiceResponseError(f"a transaction of {operations} operations was answered {len(spans)} times")
+    # Header names are case-insensitive: found in the body lowercased once. A success's body is
+    # JSON, whose strings hold no line break: a header line is the only "\n<name>:" of its answer.
+    lowered = body.lower()
     etags: list[str] = []
     ids: list[int] = []
-    for end in ends:
-        head = body[end : _head_end(body, end)]  # the answer's headers: from its status to their end
-        names = head.lower()
-        etag, content_id = _ETAG.search(names), _CONTENT_ID.search(names)
-        etags.append(head[etag.start(1) : etag.end(1)].strip().decode("latin-1") if etag else "")
+    for start, stop in spans:
+        etag = lowered.find(b"\netag:", start, stop) + 6  # 5 where there is none
+        line_end = body.find(b"\n", etag, stop)
+        etags.append(body[etag : line_end if line_end >= 0 else stop].strip().decode("latin-1") if etag > 5 else "")
+        content_id = _CONTENT_ID.search(lowered, start, stop)
         if content_id:
             ids.append(int(content_id.group(1)))
     if len(ids) == len(etags) and len(set(ids)) == len(ids) and ids != sorted(ids):
         etags = [etag for _, etag in sorted(zip(ids, etags, strict=True))]
     return etags
-
-
-def _head_end(body: bytes, start: int) -> int:
-    """Where the headers from ``start`` end: their blank line (CRLF or LF alone), else the body's end."""
-    end = body.find(b"\n\r\n", start)
-    end = len(body) if end < 0 else end
-    bare = body.find(b"\n\n", start, end)  # Cosmos DB's Table API: LF alone
-    return end if bare < 0 else bare
 
 
 def check_changeset(pipeline_response: Any) -> None:
