@@ -16,7 +16,7 @@ from azure.data.tables import TableServiceClient
 
 from lab import audit_cost, outbox_cost, purge_cost
 from lab.azurite import Azurite
-from lab.bench import instructions
+from lab.bench import breakdown, instructions
 from lab.bench.__main__ import EXACT, PAIRS, ROOT, SCENARIOS, Bench, audit_targets, paired, provenance
 from lab.delay_proxy import delayed
 from shared.idempotency.messages import utcnow
@@ -140,6 +140,27 @@ def test_instructions_are_counted_per_message_only_while_messages_are_processed(
     assert all(instructions.targets(measured).values())
     doubled = {**measured, names[1]: 2 * few[names[1]]}  # twice the work per message: refused
     assert [ok for target, ok in instructions.targets(doubled).items() if target.endswith(names[1])] == [False]
+
+
+def test_a_messages_work_is_broken_down_by_component_and_a_component_that_grows_is_named(azurite: Azurite) -> None:
+    """Each component's calls, recorded on the atomic path and made again under callgrind, count
+    some of the message's instructions and less than all of them; 5% more of a message's work
+    in one component fails that component's bound, and no other's."""
+    if reason := instructions.skip_reason():
+        pytest.skip(reason)
+    parts = [breakdown.PREFIX + name for name in ("fingerprint", "transaction encoding", "expiry note")]
+    counted = instructions.measure(azurite, [instructions.BASELINE, breakdown.SCENARIO, *parts], 20)
+    assert all(counted[part] > 0 for part in parts), counted
+    assert sum(counted[part] for part in parts) < counted[breakdown.SCENARIO]
+    assert counted[parts[0]] < counted[parts[1]]  # a hash of the payload, against four entities' JSON
+    baseline = counted[instructions.BASELINE]
+    within = {name: 0.99 * bound * baseline for name, bound in instructions.BOUNDS.items()}  # each just in
+    measured = {**within, instructions.BASELINE: baseline}
+    assert all(instructions.targets(measured).values())
+    grown = {**measured, parts[0]: within[parts[0]] + 0.05 * counted[breakdown.SCENARIO]}
+    assert [target for target, ok in instructions.targets(grown).items() if not ok] == [
+        f"client instructions per message <= {instructions.BOUNDS[parts[0]]}x the lean baseline's: {parts[0]}"
+    ]
 
 
 def test_the_results_say_which_run_wrote_them() -> None:
