@@ -38,7 +38,7 @@ from ..messages import Change, Entity, Stored, utcnow
 from ._azure import error_code, store_errors
 from ._base import DedupStore, check_storable, refused
 from ._codec import state_fingerprint
-from ._expiry import INDEX, ExpiryIndex, Note
+from ._expiry import INDEX, REPLACE, ExpiryIndex, Note
 from ._records import (
     GUARD_KIND,
     MARKER_KIND,
@@ -67,7 +67,6 @@ from ._table_sdk import SdkTransactions, Transactions
 
 log = logging.getLogger("idempotency")
 MAX_TRANSACTION_OPERATIONS = 100  # Table entity-group transaction limit
-REPLACE = {"mode": UpdateMode.REPLACE}  # an upsert's: insert or replace the whole entity
 STATE_VERSION = "StateVersion"  # the version of an entity written by upsert_if_newer
 STATE_FINGERPRINT = "StateFingerprint"  # and the state_fingerprint of its data
 _KEYS = ("PartitionKey", "RowKey")
