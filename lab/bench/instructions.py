@@ -168,7 +168,10 @@ def child(connection: str, messages: int, scenarios: Sequence[str]) -> list[int]
             if not calls:  # one recorded run for every component
                 ALL[breakdown.SCENARIO](Bench(connection, port, WARM_UP, concurrency=1))
                 with breakdown.recorded() as calls:
-                    ALL[breakdown.SCENARIO](Bench(connection, port, messages, concurrency=1))
+                    run = ALL[breakdown.SCENARIO](Bench(connection, port, messages, concurrency=1))
+                if run.violations or run.messages != messages:
+                    raise RuntimeError(f"{breakdown.SCENARIO}, recorded: {run.violations} violations, "
+                                       f"{run.messages} messages counted, not {messages}")  # fmt: skip
             again = breakdown.replay(name.removeprefix(breakdown.PREFIX), calls[name.removeprefix(breakdown.PREFIX)])
             again()  # first calls uncounted, as a scenario's
             with counting():

@@ -199,10 +199,11 @@ class ExpiryIndex:
         for n in taken:
             by_partition.setdefault(n.partition, []).append(n)
         # Each worker takes a share of the partitions: a task per partition cost as much as its delete.
-        shares = [[*by_partition.items()][n :: self._concurrency] for n in range(self._concurrency)]
+        partitions = [*by_partition.items()]
+        shares = [partitions[n :: self._concurrency] for n in range(self._concurrency)]
         deleted = requests = 0
-        for share in pool.map(lambda items: [delete(*item) for item in items], [share for share in shares if share]):
-            for done, made in share:
+        for answers in pool.map(lambda share: [delete(*item) for item in share], [share for share in shares if share]):
+            for done, made in answers:
                 deleted, requests = deleted + done, requests + made
         requests += self._keep(row, kept)
         return _RowPurge(len(notes) - len(kept), deleted, requests, not kept)

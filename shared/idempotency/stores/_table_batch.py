@@ -287,11 +287,12 @@ class TableTransactions:
                 code, message = _error_body(response.content.strip())
                 raise _refused(response, response.status_code, response.headers.get("x-ms-error-code") or code, message)
             rows += [row_of(entry) for entry in json.loads(response.content)["value"]]
-            partition = response.headers.get("x-ms-continuation-NextPartitionKey")
-            if len(rows) >= limit or not partition:
+            following = {name: response.headers.get(f"x-ms-continuation-{name}")
+                         for name in ("NextPartitionKey", "NextRowKey")}  # fmt: skip
+            if len(rows) >= limit or not any(following.values()):
                 return rows[:limit]
-            params["NextPartitionKey"] = partition
-            params["NextRowKey"] = response.headers.get("x-ms-continuation-NextRowKey") or ""
+            params = {**{k: v for k, v in params.items() if not k.startswith("Next")},
+                      **{name: value for name, value in following.items() if value}}  # fmt: skip
 
     def sibling(self, table: TableClient) -> TableTransactions:
         """The same client (pipeline, connections) on another table of the account."""
