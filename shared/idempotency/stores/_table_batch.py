@@ -66,12 +66,11 @@ from azure.data.tables import (
     UpdateMode,
 )
 
-from ._table_query import Row, row_of, substituted
+from ._table_query import INT32, Row, row_of, substituted
 from ._transport import transaction_transport
 
 API_VERSION = "2019-02-02"  # what azure-data-tables 12.x sends
 STORAGE_SCOPE = "https://storage.azure.com/.default"
-_INT32 = range(-(2**31), 2**31)
 _ERROR_CODE = re.compile(rb"^x-ms-error-code:[ \t]*(\S+)", re.MULTILINE | re.IGNORECASE)
 # Each answer's status line and headers, after a line break: a literal the engine finds at once,
 # where ``^`` in MULTILINE mode is tried at every position (four times slower on a changeset).
@@ -85,6 +84,9 @@ _OPERATION = b"\r\nContent-Transfer-Encoding: binary\r\n"  # once per operation 
 # {"mode": UpdateMode.REPLACE, "etag": …, "match_condition": …}), ("delete", entity[, {"etag": …, …}]);
 # or a bare entity, an insert.
 Operation = Mapping[str, Any] | tuple[Any, ...]
+# azure-core's RetryPolicy resends these methods after a timeout or a lost answer; a POST (every
+# transaction) only when its options say so: see ``resendable``.
+_RESEND_ALSO_POST = frozenset({"HEAD", "GET", "PUT", "DELETE", "OPTIONS", "TRACE", "POST"})
 # A refusal of the whole request: its class by code, as the SDK's (_decode_error). The SDK's is a plain
 # HttpResponseError for a 401/403 of another code (a missing role's AuthorizationPermissionMismatch); this
 # path's, ClientAuthenticationError, a subclass: an ``except`` written for the SDK's errors still catches it.
@@ -95,6 +97,16 @@ _BY_CODE: dict[str, type[HttpResponseError]] = {
     **dict.fromkeys(["ResourceAlreadyExists", "TableAlreadyExists", "AccountAlreadyExists", "EntityAlreadyExists"],
                     ResourceExistsError),
 }  # fmt: skip
+
+
+def resendable(operations: Sequence[Operation]) -> dict[str, Any]:
+    """The pipeline options for a transaction of upserts alone: the retry policy may resend it
+    after a timeout or a lost answer, as it resends a PUT, since an upsert applied twice leaves
+    what it left once (a dead letter, a parked event, an expiry note). Other transactions are
+    resent after a refusal that applied nothing (503) only: a create or a conditional write
+    would read its own first attempt as a conflict, and its caller decides (reads it back)."""
+    kinds = {str(getattr(op[0], "value", op[0])).lower() if isinstance(op, tuple) else "create" for op in operations}
+    return {"retry_on_methods": _RESEND_ALSO_POST} if kinds == {"upsert"} else {}
 
 
 class TransactionAuthenticationError(TableTransactionError, ClientAuthenticationError):
@@ -238,7 +250,7 @@ class TableTransactions:
         body = encode(self._table_url, operations, self._boundary, self._changeset)
         request = HttpRequest("POST", f"{self._base}/$batch", content=body,
                               headers={"Content-Type": f"multipart/mixed; boundary={self._boundary}"})  # fmt: skip
-        response = self._client.send_request(request, **{**self._timeouts, **options})
+        response = self._client.send_request(request, **{**self._timeouts, **resendable(operations), **options})
         if response.status_code != 202:
             code, message = _error_body(response.content.strip())
             too_large = RequestTooLargeError if response.status_code == 413 else None
@@ -413,7 +425,7 @@ def entity_json(entity: Mapping[str, Any]) -> dict[str, Any]:
         if type(value) is float and math.isfinite(value):  # amounts
             found[name], found[f"{name}@odata.type"] = value, "Edm.Double"
             continue
-        if type(value) is int and value in _INT32:  # counts: untyped, the service's Edm.Int32
+        if type(value) is int and value in INT32:  # counts: untyped, the service's Edm.Int32
             found[name] = value
             continue
         if isinstance(value, tuple):  # (value, EdmType) or EntityProperty: the type given
@@ -429,7 +441,7 @@ def entity_json(entity: Mapping[str, Any]) -> dict[str, Any]:
         elif isinstance(value, bool):
             edm = None
         elif isinstance(value, int):
-            if value not in _INT32:
+            if value not in INT32:
                 raise TypeError(f"{name}: {value} is too large to be cast to type Edm.Int32")
             edm = None
         elif isinstance(value, float):

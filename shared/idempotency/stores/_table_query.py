@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 from azure.data.tables import EdmType, EntityProperty
 
-_INT32 = range(-(2**31), 2**31)
+INT32 = range(-(2**31), 2**31)  # a plain int property; beyond it, typed Edm.Int64
 
 
 def substituted(query_filter: str, parameters: Mapping[str, str]) -> str:
@@ -55,7 +55,7 @@ def row_of(entry: Mapping[str, Any]) -> Row:
         if name in row:
             row[name] = _typed(row[name], kind)
     for name, value in row.items():  # an untyped integer past Int32: the SDK's Int64
-        if type(value) is int and value not in _INT32:
+        if type(value) is int and value not in INT32:
             row[name] = EntityProperty(value, EdmType.INT64)
     timestamp, etag = entry.get("Timestamp"), odata.pop("etag", None)
     if timestamp and not etag:

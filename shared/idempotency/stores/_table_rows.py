@@ -19,12 +19,12 @@ from ..messages import Entity
 from ._base import check_storable
 from ._codec import dead_letter_fields, dead_letter_from, kept, marker_fields, marker_from
 from ._records import DeadLetter, Marker
+from ._table_query import INT32
 
 # Table Storage's limits (learn: understanding-the-table-service-data-model).
 MAX_PROPERTY_BYTES = 64 * 1024
 MAX_ENTITY_BYTES = 1024 * 1024
 MAX_PROPERTIES = 252  # 255 with PartitionKey, RowKey and Timestamp
-_INT32 = range(-(2**31), 2**31)  # a plain int property; beyond it, typed Edm.Int64
 # A dead letter's body: Edm.Binary properties of 64,000 bytes (a property holds 64 KiB), in
 # the record's entity and, past it, in parts written in the same transaction. An entity
 # holds 1 MiB, which Azurite counts on its JSON (base64: 4/3 of the bytes), so 12 chunks a
@@ -44,7 +44,7 @@ def effect_entity(pk: str, effect: Entity) -> dict[str, Any]:
         # Tables hold scalars only: nested values are stored as JSON text.
         if isinstance(value, dict | list):
             value = _compact_json(value)
-        elif type(value) is int and value not in _INT32:
+        elif type(value) is int and value not in INT32:
             value = (value, EdmType.INT64)
         entity[name] = value
     return entity

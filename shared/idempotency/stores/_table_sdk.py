@@ -20,7 +20,7 @@ from azure.core.exceptions import (
 from azure.data.tables import TableClient, TableEntity, TableTransactionError
 
 from ._azure import error_code
-from ._table_batch import Operation, TransactionFailure
+from ._table_batch import Operation, TransactionFailure, resendable
 
 
 class Transactions(Protocol):
@@ -54,7 +54,7 @@ class SdkTransactions:
         if len(tuples) == 1 and str(getattr(tuples[0][0], "value", tuples[0][0])).lower() != "delete":
             return self._one(*tuples[0], **options)  # one write: the SDK's call for it, not its multipart
         try:
-            answers = self._table.submit_transaction(tuples, **options)
+            answers = self._table.submit_transaction(tuples, **{**resendable(tuples), **options})
         except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
             # The SDK reads a transaction's answer after azure-core's transport: an answer cut
             # short escapes as requests' error. It may have been applied: as the lean path says.
