@@ -414,9 +414,11 @@ class IdempotentConsumer:
             where = "/".join(str(part) for part in error.absolute_path) or "(root)"
             raise InvalidMessage(Reason.SCHEMA_VIOLATION, f"{where}: {error.message[:400]}")
 
-    def park(self, delivery: Delivery, result: Result) -> Result:
-        """Keep a message its source will not deliver again, for replay (``dead_letters.park``)."""
-        return dead_letters.park(self.store, self.name, delivery, result)
+    def park(self, failing: Sequence[tuple[Delivery, Result]]) -> list[Result]:
+        """Keep messages their source will not deliver again, for replay, tried again within
+        their deliveries' wait while the store fails (``dead_letters.park``)."""
+        patience = min((self._transient_wait if d.wait is None else d.wait for d, _ in failing), default=timedelta(0))
+        return dead_letters.park(self.store, self.name, failing, patience)
 
 
 class _Views(dict[str, "PartitionView | DedupError"]):

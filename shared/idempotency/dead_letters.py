@@ -5,9 +5,11 @@ holds the body, ids, reason and fingerprints (stores' ``dead_letter``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
+from datetime import timedelta
 
-from . import telemetry
+from . import telemetry, wait
 from .messages import Delivery, Outcome, Result
 from .reasons import Reason
 from .stores._base import DedupStore
@@ -29,16 +31,22 @@ def record(store: DedupStore, scope: str, delivery: Delivery, result: Result) ->
     return result
 
 
-def park(store: DedupStore, scope: str, delivery: Delivery, result: Result) -> Result:
-    """Keep a message the source will not deliver again (an Event Hubs checkpoint moved past
-    it) with reason ``parked`` and why, for an operator to replay (``python -m
-    shared.idempotency.replay``); TRANSIENT ``dead_letter_failed`` when it could not be recorded."""
-    why = f"{result.reason or result.outcome.value}: {result.detail or ''}"[:500]
-    parked = replace(result, outcome=Outcome.PARKED, reason=Reason.PARKED, detail=why)
-    span = telemetry.span(scope, delivery)
-    try:  # counted again as its final outcome: the delivery was transient, its event is parked
-        recorded = record(store, scope, delivery, parked)
-        telemetry.record(scope, delivery, recorded, 0.0, span)
-    finally:
-        span.end()
+def park(store: DedupStore, scope: str, failing: Sequence[tuple[Delivery, Result]],
+         patience: timedelta) -> list[Result]:  # fmt: skip
+    """Keep messages the source will not deliver again (an Event Hubs checkpoint moved past
+    them) with reason ``parked`` and why, for an operator to replay (``python -m
+    shared.idempotency.replay``). Those the store could not record are tried again within
+    ``patience`` (``wait.within``): a store that blinks on the last try must not lose them.
+    Each one's final outcome: PARKED, or TRANSIENT ``dead_letter_failed``."""
+    parked = [replace(result, outcome=Outcome.PARKED, reason=Reason.PARKED,
+                      detail=f"{result.reason or result.outcome.value}: {result.detail or ''}"[:500])
+              for _, result in failing]  # fmt: skip
+    recorded = wait.within(patience, len(failing),
+                           lambda at, _: [record(store, scope, failing[i][0], parked[i]) for i in at])  # fmt: skip
+    for (delivery, _), result in zip(failing, recorded, strict=True):
+        span = telemetry.span(scope, delivery)  # counted again as its final outcome: the delivery was transient
+        try:
+            telemetry.record(scope, delivery, result, 0.0, span)
+        finally:
+            span.end()
     return recorded

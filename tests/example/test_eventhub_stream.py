@@ -23,8 +23,8 @@ def test_every_event_is_applied_once_through_replays_rebalances_and_parking(azur
 
 
 def test_the_checker_sees_events_dropped_instead_of_parked(azurite: Azurite, monkeypatch: pytest.MonkeyPatch) -> None:
-    def drop(self: IdempotentConsumer, delivery: Delivery, result: Result) -> Result:
-        return Result(Outcome.PARKED, result.key)  # acknowledged, never recorded
+    def drop(self: IdempotentConsumer, failing: list[tuple[Delivery, Result]]) -> list[Result]:
+        return [Result(Outcome.PARKED, result.key) for _, result in failing]  # acknowledged, never recorded
 
     monkeypatch.setattr(IdempotentConsumer, "park", drop)
     report = run_stream(StreamConfig(events=200, seed=7), azurite)

@@ -18,6 +18,7 @@ from azure.functions import meta
 
 from lab.azurite import Azurite
 from shared.idempotency import Context, DownstreamUnavailable, Effects
+from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.functions import RetryLater, on_eventhub_batch
 from shared.idempotency.replay import main as replay
 from shared.idempotency.stores import DedupStore
@@ -162,6 +163,34 @@ def test_every_failing_event_is_parked_on_the_last_try_even_when_one_cannot_be(
         with pytest.raises(RetryLater):  # one could not be recorded: the invocation fails loudly
             on_eventhub_batch(stream_consumer, events, retry(5))
         assert [d.message_id for d in consumer.store.dead_letters("item-stream")] == ["e-2"]  # the other one is
+
+
+def test_a_park_the_store_refuses_for_a_moment_is_tried_again_within_the_wait(
+    azurite: Azurite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last try's park meets a store that blinks (two refusals past azure-core's retries):
+    it is tried again within DEDUP_TRANSIENT_WAIT, recorded once, and the batch returns; an
+    event parked only when the store answered at once was lost when the checkpoint moved on."""
+
+    def failing(event: dict[str, Any], context: Context) -> Effects:
+        raise DownstreamUnavailable("down")
+
+    monkeypatch.setattr(app, "stream_handler", failing)
+    events = batch((item("i-1"), 1, "e-1"), (item("i-2"), 2, "e-2"))
+    with fresh_app(azurite, DEDUP_TRANSIENT_WAIT="PT5S"):
+        consumer = stream_consumer()
+        record, refusals = consumer.store.dead_letter, Counter[str]()
+
+        def blinks(letter: Any) -> None:
+            if letter.message_id == "e-1" and refusals["e-1"] < 2:
+                refusals["e-1"] += 1
+                raise StoreUnavailable("503 after azure-core's retries")
+            record(letter)
+
+        monkeypatch.setattr(consumer.store, "dead_letter", blinks)
+        on_eventhub_batch(stream_consumer, events, retry(5))  # the last try: parked, returns
+        parked = sorted(d.message_id or "" for d in consumer.store.dead_letters("item-stream"))
+        assert (parked, refusals["e-1"]) == (["e-1", "e-2"], 2)
 
 
 def test_the_replay_tool_finds_its_consumer_when_another_cannot_be_built(

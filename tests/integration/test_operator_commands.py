@@ -100,9 +100,8 @@ def test_the_replay_command_applies_what_was_parked_once(azurite: Azurite, consu
     with fresh_app(azurite):
         built = stream_consumer() if consumer == "item-stream" else job_consumer()
         failed = Result(Outcome.TRANSIENT, reason="store_unavailable", detail="503 while the checkpoint moved on")
-        for message_id in ("e-41", "e-42"):
-            delivery = Delivery(json.dumps(item(message_id, 12.5)).encode(), message_id=message_id)
-            assert built.park(delivery, failed).outcome is Outcome.PARKED
+        deliveries = [Delivery(json.dumps(item(m, 12.5)).encode(), message_id=m) for m in ("e-41", "e-42")]
+        assert [r.outcome for r in built.park([(d, failed) for d in deliveries])] == [Outcome.PARKED] * 2
         first, again = run_tool(*argv), run_tool(*argv)
         if consumer == "item-stream":
             assert tracked(built.store) == {"e-41": 1, "e-42": 1}
@@ -140,7 +139,7 @@ def test_a_parked_record_that_kept_only_the_head_of_its_body_is_never_replayed(a
         built = stream_consumer()
         event = item("i-big", note="x" * (1 << 20))  # over the 1 MiB a record keeps
         failed = Result(Outcome.TRANSIENT, reason="store_unavailable", detail="503")
-        built.park(Delivery(json.dumps(event).encode(), message_id="e-big"), failed)
+        built.park([(Delivery(json.dumps(event).encode(), message_id="e-big"), failed)])
         [record] = built.store.dead_letters("item-stream")
         assert record.truncated
         done = run_tool(*on_test_app(argv))

@@ -193,7 +193,7 @@ def emit_every_alerted_situation(azurite: Azurite) -> None:
     store.available = False
     transient = c.process(Delivery(b'{"v": 3}', message_id="k2", delivery_count=1))  # transient
     store.available = True
-    c.park(Delivery(b'{"v": 3}', message_id="k2"), transient)  # parked
+    c.park([(Delivery(b'{"v": 3}', message_id="k2"), transient)])  # parked
     key = DedupKey("alerts", "stuck")
     long_ago = utcnow() - timedelta(days=1)
     store.insert(Marker(key, "p", State.IN_PROGRESS, "fp", long_ago, utcnow() + timedelta(days=1),

@@ -41,12 +41,12 @@ def retries_left(context: Any) -> bool:
 def settle_or_park(consumer: IdempotentConsumer, failing: list[tuple[Delivery, Result]], context: Any) -> None:
     """For a source that moves on whatever the function answers (an Event Hubs checkpoint, a
     timer's occurrence): raise while the function's retry policy has tries left (the host
-    runs it again); on the last try park every failing message — all of them tried, even
-    after one could not be recorded — then raise if one could not."""
+    runs it again); on the last try park every failing message — those the store could not
+    record tried again within the deliveries' wait — then raise if one still could not."""
     if not failing:
         return
     if retries_left(context):
         raise RetryLater(failing[0][1])
-    unrecorded = [r for r in (consumer.park(d, r) for d, r in failing) if not r.acknowledge]
+    unrecorded = [r for r in consumer.park(failing) if not r.acknowledge]
     if unrecorded:  # the store is down too: nothing more can be done here (docs/triggers.md)
         raise RetryLater(unrecorded[0])
