@@ -46,6 +46,7 @@ from shared.idempotency.config import (
     DEFAULT_OUTBOX_SWEEP_DELAY,
     DEFAULT_TRANSIENT_WAIT,
 )
+from shared.idempotency.dead_letters import PARK_WAIT
 from shared.idempotency.downstream import DEFAULT_TIMEOUT
 from shared.idempotency.functions.adapters import EVENT_GRID_WAIT
 from shared.idempotency.stores._azure import TRANSPORT
@@ -311,9 +312,10 @@ def lease_check(infra: Path = INFRA, host: dict[str, Any] | None = None,
     needed = dedup.lease + SKEW
     require(dedup.lease >= dedup.call_timeout + SKEW, f"lease {dedup.lease} >= call timeout + skew")
     # Waiting, then a last attempt as slow as any before it (a claim's wait, a call, the commit),
-    # then the last delivery's dead-letter record. A store that hangs on several requests of one
-    # message can still take longer: the host then abandons the invocation (nothing is lost).
-    longest = dedup.transient_wait + dedup.in_flight_wait + dedup.call_timeout + 2 * STORE_REQUEST
+    # then the last delivery's dead-letter record (a park: tried again for up to PARK_WAIT). A store
+    # that hangs on several requests of one message can still take longer: the host then abandons
+    # the invocation (nothing is lost).
+    longest = dedup.transient_wait + dedup.in_flight_wait + dedup.call_timeout + 2 * STORE_REQUEST + PARK_WAIT
     require(longest <= timing.function_timeout,
             f"a waiting delivery ({longest}: waits, a last attempt, a record) <= functionTimeout")  # fmt: skip
     sweep_delay = _duration(settings("DEDUP_OUTBOX_SWEEP_DELAY", DEFAULT_OUTBOX_SWEEP_DELAY), "sweep")

@@ -415,8 +415,8 @@ class IdempotentConsumer:
             raise InvalidMessage(Reason.SCHEMA_VIOLATION, f"{where}: {error.message[:400]}")
 
     def park(self, failing: Sequence[tuple[Delivery, Result]]) -> list[Result]:
-        """Keep messages their source will not deliver again, for replay, tried again within
-        their deliveries' wait while the store fails (``dead_letters.park``)."""
+        """Keep messages their source will not deliver again, for replay; those the store
+        refuses are tried again for a moment (``dead_letters.park``)."""
         patience = min((self._transient_wait if d.wait is None else d.wait for d, _ in failing), default=timedelta(0))
         return dead_letters.park(self.store, self.name, failing, patience)
 

@@ -31,17 +31,23 @@ def record(store: DedupStore, scope: str, delivery: Delivery, result: Result) ->
     return result
 
 
+# How long a park the store refuses is tried again (within the delivery's own wait, if shorter):
+# a store that blinks on the last try (a failover, a burst of 503s) must not lose the events, and
+# the last try stays within functionTimeout (`make check-leases` counts it).
+PARK_WAIT = timedelta(seconds=15)
+
+
 def park(store: DedupStore, scope: str, failing: Sequence[tuple[Delivery, Result]],
          patience: timedelta) -> list[Result]:  # fmt: skip
     """Keep messages the source will not deliver again (an Event Hubs checkpoint moved past
     them) with reason ``parked`` and why, for an operator to replay (``python -m
     shared.idempotency.replay``). Those the store could not record are tried again within
-    ``patience`` (``wait.within``): a store that blinks on the last try must not lose them.
-    Each one's final outcome: PARKED, or TRANSIENT ``dead_letter_failed``."""
+    ``patience`` (``wait.within``; at most PARK_WAIT). Each one's final outcome: PARKED, or
+    TRANSIENT ``dead_letter_failed``."""
     parked = [replace(result, outcome=Outcome.PARKED, reason=Reason.PARKED,
                       detail=f"{result.reason or result.outcome.value}: {result.detail or ''}"[:500])
               for _, result in failing]  # fmt: skip
-    recorded = wait.within(patience, len(failing),
+    recorded = wait.within(min(patience, PARK_WAIT), len(failing),
                            lambda at, _: [record(store, scope, failing[i][0], parked[i]) for i in at])  # fmt: skip
     for (delivery, _), result in zip(failing, recorded, strict=True):
         span = telemetry.span(scope, delivery)  # counted again as its final outcome: the delivery was transient

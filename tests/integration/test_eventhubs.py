@@ -7,6 +7,7 @@ stream (tests/app.py: ``item_stream``, consumer ``item-stream``)."""
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -22,6 +23,7 @@ from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.functions import RetryLater, on_eventhub_batch
 from shared.idempotency.replay import main as replay
 from shared.idempotency.stores import DedupStore
+from shared.idempotency.telemetry import fields_of
 from tests import app
 from tests.app import item, stream_consumer
 from tests.functions import fresh_app
@@ -166,7 +168,7 @@ def test_every_failing_event_is_parked_on_the_last_try_even_when_one_cannot_be(
 
 
 def test_a_park_the_store_refuses_for_a_moment_is_tried_again_within_the_wait(
-    azurite: Azurite, monkeypatch: pytest.MonkeyPatch
+    azurite: Azurite, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The last try's park meets a store that blinks (two refusals past azure-core's retries):
     it is tried again within DEDUP_TRANSIENT_WAIT, recorded once, and the batch returns; an
@@ -188,9 +190,13 @@ def test_a_park_the_store_refuses_for_a_moment_is_tried_again_within_the_wait(
             record(letter)
 
         monkeypatch.setattr(consumer.store, "dead_letter", blinks)
-        on_eventhub_batch(stream_consumer, events, retry(5))  # the last try: parked, returns
+        with caplog.at_level(logging.INFO, logger="idempotency"):
+            on_eventhub_batch(stream_consumer, events, retry(5))  # the last try: parked, returns
         parked = sorted(d.message_id or "" for d in consumer.store.dead_letters("item-stream"))
         assert (parked, refusals["e-1"]) == (["e-1", "e-2"], 2)
+        logged = [(f["outcome"], f["message_id"]) for f in map(fields_of, caplog.records)
+                  if f.get("outcome") == "parked" or f.get("reason") == "dead_letter_failed"]  # fmt: skip
+        assert sorted(logged) == [("parked", "e-1"), ("parked", "e-2")]  # once each: its final outcome
 
 
 def test_the_replay_tool_finds_its_consumer_when_another_cannot_be_built(

@@ -1,6 +1,6 @@
 """A write the store can safely send twice is sent again after a timeout or a lost answer, on
-both transports: a transaction of upserts (a dead letter, a parked event, an expiry note), which
-leaves the same rows however often it is applied. A create or a conditional write is not: its
+both transports: a transaction of upserts (a dead letter, the outbox's parked keys, a cursor),
+which leaves the same rows however often it is applied. A create or a conditional write is not: its
 second attempt would read the first as a conflict, so the error reaches the caller, which reads
 the row back. (Without this, an Event Hubs event whose park met a lost answer on the last try
 was lost: the checkpoint moves on whatever the function answers.)"""

@@ -42,7 +42,7 @@ def settle_or_park(consumer: IdempotentConsumer, failing: list[tuple[Delivery, R
     """For a source that moves on whatever the function answers (an Event Hubs checkpoint, a
     timer's occurrence): raise while the function's retry policy has tries left (the host
     runs it again); on the last try park every failing message — those the store could not
-    record tried again within the deliveries' wait — then raise if one still could not."""
+    record tried again for up to ``dead_letters.PARK_WAIT`` — then raise if one still could not."""
     if not failing:
         return
     if retries_left(context):

@@ -102,7 +102,7 @@ _BY_CODE: dict[str, type[HttpResponseError]] = {
 def resendable(operations: Sequence[Operation]) -> dict[str, Any]:
     """The pipeline options for a transaction of upserts alone: the retry policy may resend it
     after a timeout or a lost answer, as it resends a PUT, since an upsert applied twice leaves
-    what it left once (a dead letter, a parked event, an expiry note). Other transactions are
+    what it left once (a dead letter, the outbox's parked keys, a cursor). Other transactions are
     resent after a refusal that applied nothing (503) only: a create or a conditional write
     would read its own first attempt as a conflict, and its caller decides (reads it back)."""
     kinds = {str(getattr(op[0], "value", op[0])).lower() if isinstance(op, tuple) else "create" for op in operations}
