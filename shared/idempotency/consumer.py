@@ -181,7 +181,7 @@ class IdempotentConsumer:
         on the broker's last delivery, what still fails is recorded as a dead letter with
         its reason before the broker takes the message."""
         started = time.perf_counter()
-        patience = min((self._transient_wait if d.wait is None else d.wait for d in deliveries), default=timedelta(0))
+        patience = self._patience(deliveries)
         spans = [telemetry.span(self.name, d) for d in deliveries]
         # Each delivery's token: its claims and its marker carry it, so a retry knows its own writes.
         tries = [(d, span, f"{random.getrandbits(128):032x}") for d, span in zip(deliveries, spans, strict=True)]
@@ -417,8 +417,11 @@ class IdempotentConsumer:
     def park(self, failing: Sequence[tuple[Delivery, Result]]) -> list[Result]:
         """Keep messages their source will not deliver again, for replay; those the store
         refuses are tried again for a moment (``dead_letters.park``)."""
-        patience = min((self._transient_wait if d.wait is None else d.wait for d, _ in failing), default=timedelta(0))
-        return dead_letters.park(self.store, self.name, failing, patience)
+        return dead_letters.park(self.store, self.name, failing, self._patience([d for d, _ in failing]))
+
+    def _patience(self, deliveries: Sequence[Delivery]) -> timedelta:
+        """How long these deliveries may wait for a transient failure to clear: the shortest wait."""
+        return min((self._transient_wait if d.wait is None else d.wait for d in deliveries), default=timedelta(0))
 
 
 class _Views(dict[str, "PartitionView | DedupError"]):
