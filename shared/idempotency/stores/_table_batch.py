@@ -99,13 +99,19 @@ _BY_CODE: dict[str, type[HttpResponseError]] = {
 }  # fmt: skip
 
 
+def operation_kind(kind: Any) -> str:
+    """An operation's kind as written ("create", "update", "upsert", "delete"): a string or the
+    SDK's TransactionOperation, in any case."""
+    return str(getattr(kind, "value", kind)).lower()
+
+
 def resendable(operations: Sequence[Operation]) -> dict[str, Any]:
     """The pipeline options for a transaction of upserts alone: the retry policy may resend it
     after a timeout or a lost answer, as it resends a PUT, since an upsert applied twice leaves
     what it left once (a dead letter, the outbox's parked keys, a cursor). Other transactions are
     resent after a refusal that applied nothing (503) only: a create or a conditional write
     would read its own first attempt as a conflict, and its caller decides (reads it back)."""
-    kinds = {str(getattr(op[0], "value", op[0])).lower() if isinstance(op, tuple) else "create" for op in operations}
+    kinds = {operation_kind(op[0]) if isinstance(op, tuple) else "create" for op in operations}
     return {"retry_on_methods": _RESEND_ALSO_POST} if kinds == {"upsert"} else {}
 
 
@@ -358,7 +364,7 @@ def _operation(operation: tuple[Any, ...]) -> tuple[str, Mapping[str, Any], str]
     does not send: merges, other per-operation options."""
     if len(operation) not in (2, 3):
         raise TypeError("an operation is (kind, entity) or (kind, entity, options), as submit_transaction takes it")
-    kind = str(getattr(operation[0], "value", operation[0])).lower()
+    kind = operation_kind(operation[0])
     entity: Mapping[str, Any] = operation[1]
     options = dict(operation[2]) if len(operation) == 3 else {}
     if kind not in ("create", "update", "upsert", "delete"):

@@ -20,7 +20,7 @@ from azure.core.exceptions import (
 from azure.data.tables import TableClient, TableEntity, TableTransactionError
 
 from ._azure import error_code
-from ._table_batch import Operation, TransactionFailure, resendable
+from ._table_batch import Operation, TransactionFailure, operation_kind, resendable
 
 
 class Transactions(Protocol):
@@ -51,7 +51,7 @@ class SdkTransactions:
 
     def submit(self, operations: Sequence[Operation], **options: Any) -> list[str] | TransactionFailure:
         tuples = [("create", op) if isinstance(op, Mapping) else op for op in operations]  # bare entities: inserts
-        if len(tuples) == 1 and str(getattr(tuples[0][0], "value", tuples[0][0])).lower() != "delete":
+        if len(tuples) == 1 and operation_kind(tuples[0][0]) != "delete":
             return self._one(*tuples[0], **options)  # one write: the SDK's call for it, not its multipart
         try:
             answers = self._table.submit_transaction(tuples, **{**resendable(tuples), **options})
@@ -71,7 +71,7 @@ class SdkTransactions:
         """One insert, upsert or replace as the SDK's single-entity call sends it, its refusal as
         the transaction's would read. (Not a delete: the SDK's delete_entity reads an entity
         already gone as success, where a transaction says so.)"""
-        kind, settings = str(getattr(kind, "value", kind)).lower(), {**(settings or {}), **options}
+        kind, settings = operation_kind(kind), {**(settings or {}), **options}
         try:
             if kind == "create":
                 meta = self._table.create_entity(dict(entity), **settings)
