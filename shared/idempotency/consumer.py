@@ -311,10 +311,11 @@ class IdempotentConsumer:
                 raise InvalidMessage(Reason.HANDLER_RESULT, f"the handler returned {type(effects).__name__}, "
                                      "not Effects or LatestState")  # fmt: skip
             steps = context.completions
-            if len(effects.entities) + len(effects.messages) + len(steps) > self.store.max_effects:
+            changed = len({change.name for change in effects.changes})  # each written once, beside the effects
+            if len(effects.entities) + len(effects.messages) + changed + len(steps) > self.store.max_effects:
                 raise InvalidMessage(Reason.TOO_MANY_EFFECTS, f"{len(effects.entities)} entities, "
-                                     f"{len(effects.messages)} outgoing messages and {len(steps)} steps; "
-                                     f"one commit holds {self.store.max_effects}")  # fmt: skip
+                                     f"{len(effects.messages)} outgoing messages, {changed} changed entities "
+                                     f"and {len(steps)} steps; one commit holds {self.store.max_effects}")  # fmt: skip
             check_result(effects.result, "the handler's result")
             entities = list(effects.entities)
             if effects.messages:

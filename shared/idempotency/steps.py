@@ -84,10 +84,18 @@ class Context:
         costs one request more."""
         return self.view.read(name)
 
-    def step(self, name: str, call: Callable[[str], JSON]) -> JSON:
+    def step(self, name: str, call: Callable[[str], JSON],
+             reconcile: Callable[[str], JSON] | None = None) -> JSON:  # fmt: skip
         """Run ``call(idempotency_key)`` at most once to completion for (consumer,
         message, step), and return its (JSON) result; a redelivery that finds the step
-        completed gets the stored result back without calling again."""
+        completed gets the stored result back without calling again.
+
+        ``reconcile(idempotency_key)``, for a service that does not honour the key: asked
+        first when this delivery resumes the step from an earlier attempt that did not
+        complete it (a failed call, a lapsed lease), which may have made the call. It
+        returns the call's result when the service has it (the call is not made again),
+        None when it has not (the call is made); raising ``InvalidMessage`` escalates to an
+        operator (the message is dead-lettered with that reason, the step left in progress)."""
         if name in self._done:  # called already in this delivery: its completion is pending
             return self._done[name][1]
         key = self.key.for_step(name)
@@ -103,7 +111,8 @@ class Context:
                 raise InvalidMessage(str(refusal["reason"]), str(refusal["detail"]))
             raise DownstreamRejected(int(refusal["status"]), str(refusal["detail"]))
         try:
-            result = call(key.downstream_key)
+            found = reconcile(key.downstream_key) if reconcile is not None and claimed.resumed else None
+            result = call(key.downstream_key) if found is None else found
         except DownstreamRejected as refused:
             self._complete(claimed, {"status": refused.status, "detail": refused.detail}, State.REFUSED)
             raise

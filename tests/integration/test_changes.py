@@ -244,3 +244,28 @@ def test_an_entity_too_hot_for_the_wait_goes_back_as_contended_and_writes_nothin
     assert attempts >= 2 and len(refusals) == attempts  # each attempt refused, each logged
     assert [f["outcome"] for f in logged if "outcome" in f] == ["transient"]  # then one outcome, its reason contended
     assert store.read_entities(partition, "credit|", 10) == [] and store.dead_letters("totals") == []
+
+
+def test_a_message_whose_changes_overfill_a_commit_is_invalid_at_once_and_alone(store: DedupStore) -> None:
+    """Entities and changed entities together beyond what one commit holds: dead-lettered
+    ``too_many_effects`` at the first delivery, nothing of it written, and the credit beside it
+    in the same batch committed — not a store error that fails the whole batch until the DLQ."""
+
+    def handler(message: dict[str, Any], context: Context) -> Effects:
+        if message["amount"] >= 0:
+            return credit(message, context)
+        lines = [Entity(f"line|{i}", {"n": i}) for i in range(store.max_effects - 1)]
+        return Effects(lines, changes=[context.read(name).merged({"n": 1}) for name in ("total", "count")])
+
+    consumer = IdempotentConsumer("totals", store, handler, schema=SCHEMA, reads=lambda message: ["total", "count"],
+                                  key_source=from_body_field("creditId"),
+                                  partition_from=from_body_field("accountId"))  # fmt: skip
+    batch = [delivery({"creditId": "big", "accountId": "a-1", "amount": -1}),
+             delivery({"creditId": "c-1", "accountId": "a-1", "amount": 5})]  # fmt: skip
+    results = consumer.process_batch(batch)
+    assert [(r.outcome, r.reason) for r in results] == [(Outcome.INVALID, Reason.TOO_MANY_EFFECTS),
+                                                        (Outcome.PROCESSED, None)]  # fmt: skip
+    assert "2 changed entities" in results[0].detail
+    assert [r.reason for r in store.dead_letters("totals")] == ["too_many_effects"]
+    assert balances(store, ["a-1"]) == {"a-1": 5}
+    assert store.read_entities("totals|a-1", "line|", 100) == []

@@ -20,6 +20,7 @@ from shared.idempotency import Effects, IdempotentConsumer, Outcome, StepPolicy
 from shared.idempotency.config import DedupConfig
 from shared.idempotency.consumer import Handler
 from shared.idempotency.downstream import IdempotentHttp
+from shared.idempotency.errors import DownstreamUnavailable, InvalidMessage
 from shared.idempotency.functions import RetryLater
 from shared.idempotency.functions.adapters import servicebus_delivery
 from shared.idempotency.keys import DedupKey, consumer_partition
@@ -381,3 +382,111 @@ def test_two_copies_of_a_message_in_one_batch_do_not_wait_for_each_other(azurite
     assert len(calls) == 1
     marker = step_marker(store, body["id"])
     assert marker is not None and marker.state is State.COMPLETED
+
+
+class Mailer:
+    """A service that ignores idempotency keys (an e-mail gateway): every call sends a mail. Its
+    log can be searched by the key a call carried, which is what ``reconcile`` asks."""
+
+    def __init__(self, *, answers_lost: int = 0, down_before_sending: int = 0) -> None:
+        self.sent: Counter[str] = Counter()
+        self.asked: list[str] = []
+        self._answers_lost, self._down = answers_lost, down_before_sending
+
+    def send(self, key: str) -> dict[str, str]:
+        if self._down:
+            self._down -= 1
+            raise DownstreamUnavailable("the gateway is down: nothing sent")
+        self.sent[key] += 1
+        if self._answers_lost:
+            self._answers_lost -= 1
+            raise DownstreamUnavailable("the gateway sent it; its answer was lost")
+        return {"mail": key}
+
+    def find(self, key: str) -> dict[str, str] | None:
+        self.asked.append(key)
+        return {"mail": key} if self.sent[key] else None
+
+
+def mailing(store: TableStore, mailer: Mailer, *, reconcile: bool = True, wait: float = 0) -> IdempotentConsumer:
+    def handler(payload: dict[str, Any], context: Any) -> Any:
+        context.step("notify", mailer.send, reconcile=mailer.find if reconcile else None)
+        return item_handler()(payload, context)
+
+    return IdempotentConsumer("items", store, handler, schema=SCHEMA,
+                              config=DedupConfig(transient_wait=timedelta(seconds=wait)))  # fmt: skip
+
+
+def notify_key(item_id: str) -> str:
+    return DedupKey("items", item_id, "notify").downstream_key
+
+
+@pytest.mark.parametrize("reconcile", [True, False])
+def test_a_step_resumed_after_a_lost_answer_is_reconciled_not_repeated(azurite: Azurite, reconcile: bool) -> None:
+    """Spec: a redelivery that meets an uncompleted step reconciles it before it acknowledges. The
+    gateway sent the mail but its answer was lost; the redelivery resumes the step and asks
+    ``reconcile``, which finds the mail: not sent again. Without ``reconcile`` such a service gets
+    the call twice (the downstream key is all that stands between) — what the hook is for."""
+    from tests.conftest import new_table_store
+
+    store, mailer, body = new_table_store(azurite, lean=True), Mailer(answers_lost=1), item()
+    consumer = mailing(store, mailer, reconcile=reconcile)
+    first = consumer.process(servicebus_delivery(servicebus_message(body, body["id"])))
+    assert (first.outcome, first.reason, mailer.asked) == (Outcome.TRANSIENT, "downstream_unavailable", [])
+    again = consumer.process(servicebus_delivery(servicebus_message(body, body["id"], delivery_count=2)))
+    assert again.outcome is Outcome.PROCESSED
+    assert mailer.sent[notify_key(body["id"])] == (1 if reconcile else 2)
+    assert mailer.asked == ([notify_key(body["id"])] if reconcile else [])
+    marker = store.get(DedupKey("items", body["id"], "notify"), consumer_partition("items", body["id"]))
+    assert marker is not None and marker.state is State.COMPLETED and marker.result == {"mail": notify_key(body["id"])}
+    assert effects_by_item(store, body["id"]) == {body["id"]: ONCE}
+
+
+def test_a_step_retried_within_its_delivery_is_reconciled_too(azurite: Azurite) -> None:
+    """The delivery's own wait retries the message: the same owner resumes its claim, and the
+    mail the lost answer hid is found, not sent again."""
+    from tests.conftest import new_table_store
+
+    store, mailer, body = new_table_store(azurite, lean=True), Mailer(answers_lost=1), item()
+    result = mailing(store, mailer, wait=30).process(servicebus_delivery(servicebus_message(body, body["id"])))
+    assert result.outcome is Outcome.PROCESSED
+    assert (mailer.sent[notify_key(body["id"])], mailer.asked) == (1, [notify_key(body["id"])])
+
+
+def test_a_resumed_step_the_service_never_got_is_called_once(azurite: Azurite) -> None:
+    """The gateway was down: ``reconcile`` finds nothing, and the call is made, once."""
+    from tests.conftest import new_table_store
+
+    store, mailer, body = new_table_store(azurite, lean=True), Mailer(down_before_sending=1), item()
+    consumer = mailing(store, mailer)
+    assert consumer.process(servicebus_delivery(servicebus_message(body, body["id"]))).outcome is Outcome.TRANSIENT
+    again = consumer.process(servicebus_delivery(servicebus_message(body, body["id"], delivery_count=2)))
+    assert again.outcome is Outcome.PROCESSED
+    assert (mailer.sent[notify_key(body["id"])], mailer.asked) == (1, [notify_key(body["id"])])
+
+
+def test_a_step_reconcile_cannot_resolve_is_escalated_not_called(azurite: Azurite) -> None:
+    """``reconcile`` raising ``InvalidMessage`` escalates: the message is dead-lettered with its
+    reason for an operator, the mail not sent again, the step left in progress."""
+    from tests.conftest import new_table_store
+
+    store, mailer, body = new_table_store(azurite, lean=True), Mailer(answers_lost=1), item()
+
+    def unknown(key: str) -> None:
+        mailer.asked.append(key)
+        raise InvalidMessage("mail_unknown", "the gateway's log cannot tell whether it was sent")
+
+    def handler(payload: dict[str, Any], context: Any) -> Any:
+        context.step("notify", mailer.send, reconcile=unknown)
+        return item_handler()(payload, context)
+
+    consumer = IdempotentConsumer("items", store, handler, schema=SCHEMA,
+                                  config=DedupConfig(transient_wait=timedelta(0)))  # fmt: skip
+    consumer.process(servicebus_delivery(servicebus_message(body, body["id"])))
+    again = consumer.process(servicebus_delivery(servicebus_message(body, body["id"], delivery_count=2)))
+    assert (again.outcome, again.reason) == (Outcome.INVALID, "mail_unknown")
+    assert [r.reason for r in store.dead_letters("items")] == ["mail_unknown"]
+    assert (mailer.sent[notify_key(body["id"])], len(mailer.asked)) == (1, 1)
+    marker = store.get(DedupKey("items", body["id"], "notify"), consumer_partition("items", body["id"]))
+    assert marker is not None and marker.state is State.IN_PROGRESS
+    assert effects_by_item(store, body["id"]) == {}

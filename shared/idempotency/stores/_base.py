@@ -4,6 +4,7 @@ them, written once. Every store passes the same contract suite against its real 
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
@@ -314,12 +315,13 @@ class DedupStore(ABC):
             if existing is None:
                 continue
             if marker.owner is not None and existing.owner == marker.owner and existing.claimed:
-                return existing  # our own insert, whose response was lost and retried
+                # our own insert, whose response was lost; or our earlier attempt's, whose call failed
+                return dataclasses.replace(existing, resumed=existing.reclaimable(now))
             other_payload = existing.fingerprint != marker.fingerprint and existing.expires_at > now
             if other_payload or not existing.reclaimable(now) or existing.version is None:
                 raise AlreadyClaimed(existing)  # a different payload never takes a claim over
             try:
-                return self.replace(marker, existing.version)
+                return dataclasses.replace(self.replace(marker, existing.version), resumed=True)
             except VersionConflict:
                 raise AlreadyClaimed(self.get(marker.key, marker.partition) or existing) from None
         raise AlreadyClaimed(None)

@@ -37,6 +37,9 @@ class Marker:
     owner: str | None = None  # the claim's token: tells our own lost write from a rival's
     result: JSON = None
     version: str | None = field(default=None, compare=False)  # the store's ETag
+    # A claim resumed from an earlier attempt's that ended uncompleted (``DedupStore.claim``): that
+    # attempt may have made the call. Not stored.
+    resumed: bool = field(default=False, compare=False)
     # The delivery it records, as its broker placed it (Delivery.sequence, .enqueued_at): the audit's facts
     sequence: int | None = None
     enqueued_at: datetime | None = None
