@@ -33,6 +33,7 @@ from typing import NamedTuple, Protocol
 
 from opentelemetry import metrics
 
+from . import telemetry
 from .errors import DedupError, DownstreamUnavailable, InvalidMessage
 from .keys import DedupKey
 from .messages import Delivery, Entity, Outcome, Outgoing, Result, utcnow
@@ -84,6 +85,9 @@ class Parked(NamedTuple):
     name: str
 
 
+_TRACED = frozenset({"traceparent", "Diagnostic-Id"})  # a trace context a handler set (read as the triggers read it)
+
+
 def rows_prefix(key: DedupKey) -> str:
     digest = hashlib.sha256("\x00".join((key.scope, key.id, key.step)).encode("utf-8", "surrogatepass")).hexdigest()
     return f"{ROWS}{digest[:32]}|"
@@ -94,9 +98,11 @@ def message_id(key: DedupKey, name: str) -> str:
     return key.for_step(f"outbox/{name}").downstream_key
 
 
-def rows(key: DedupKey, messages: Sequence[Outgoing]) -> list[Entity]:
+def rows(key: DedupKey, messages: Sequence[Outgoing], traceparent: str | None = None) -> list[Entity]:
     """The outgoing messages as entities to commit with the marker; InvalidMessage when
-    the handler's messages cannot be stored or told apart."""
+    the handler's messages cannot be stored or told apart. ``traceparent``: the incoming
+    message's span, an application property of each message that has no trace context of
+    its own, so that the trace goes on through the send — now or from the sweep."""
     if len(messages) > MAX_MESSAGES:
         raise InvalidMessage(Reason.TOO_MANY_MESSAGES, f"{len(messages)} outgoing messages; at most {MAX_MESSAGES}")
     names = [m.name or str(i) for i, m in enumerate(messages)]
@@ -108,9 +114,11 @@ def rows(key: DedupKey, messages: Sequence[Outgoing]) -> list[Entity]:
     for name, message in zip(names, messages, strict=True):
         if not message.destination:
             raise InvalidMessage(Reason.OUTGOING_DESTINATION, f"outgoing message {name!r} has no destination")
-        body = _json(message.body, name)
+        body, properties = _json(message.body, name), dict(message.properties)
+        if traceparent and not _TRACED & properties.keys():
+            properties["traceparent"] = traceparent
         data = {"destination": message.destination, "messageId": message_id(key, name),
-                **_parts(body), "properties": _json(dict(message.properties), name)}  # fmt: skip
+                **_parts(body), "properties": _json(properties, name)}  # fmt: skip
         if message.session_id is not None:
             data["sessionId"] = message.session_id
         found.append(Entity(prefix + name, data))
@@ -296,7 +304,7 @@ class Dispatch:
         self._parked: dict[DedupKey, Parked] = {}  # keys indexed for the sweep, once per delivery
 
     def rows(self, delivery: Delivery, key: DedupKey, partition: str, messages: Sequence[Outgoing]) -> list[Entity]:
-        found = rows(key, messages)
+        found = rows(key, messages, telemetry.traceparent())  # its message's span is current
         check = getattr(self.outbox.sender, "check", None)  # what the sender can never send: refused now
         if check is not None:
             check([outgoing(row) for row in found])

@@ -10,7 +10,8 @@
   ``dedup.escalations`` (reconcile.py), ``dedup.outbox.swept`` (result: sent, failed;
   outbox.py) and ``dedup.purge.runs`` (budget_spent; the purge timer) — what the alerts in
   infra/modules/alerts.bicep watch;
-- a span per message, continuing the producer's trace (``traceparent``).
+- a span per message, continuing the producer's trace (``traceparent``), which the
+  messages its handler sends carry on (``traceparent()``, outbox.py).
 """
 
 from __future__ import annotations
@@ -87,6 +88,14 @@ def span(consumer: str, delivery: Delivery) -> trace.Span:
         attributes["messaging.message.id"] = delivery.message_id
     return _tracer.start_span(f"dedup {consumer}", context=parent, kind=trace.SpanKind.CONSUMER,
                               attributes=attributes)  # fmt: skip
+
+
+def traceparent() -> str | None:
+    """The current span's W3C trace context (None outside a sampled or valid one): what a
+    message sent on its behalf carries, so that its consumer's span continues this trace."""
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier)
+    return carrier.get("traceparent")
 
 
 def record(consumer: str, delivery: Delivery, result: Result, duration_ms: float, current: trace.Span) -> None:

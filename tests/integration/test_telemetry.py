@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from lab.azurite import Azurite
-from shared.idempotency import Context, Delivery, Effects, Entity, IdempotentConsumer, Outcome
+from shared.idempotency import Context, Delivery, Effects, Entity, IdempotentConsumer, Outcome, Outgoing
 from shared.idempotency.config import DedupConfig
+from shared.idempotency.errors import DownstreamUnavailable
 from shared.idempotency.functions import shared_store
 from shared.idempotency.keys import DedupKey
+from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import MemoryStore
 from tests.app import item
+from tests.conftest import new_table_store
 from tests.functions import fresh_app, servicebus_message, user_function
 
 READER = InMemoryMetricReader()
@@ -232,3 +236,51 @@ def test_the_poison_queue_alert_reads_the_line_the_host_logs_as_it_moves_a_messa
     for query in host_queries:
         terms = re.findall(r'message has "([^"]+)"', query)
         assert terms and all(term in logged for term in terms), query
+
+
+def test_the_messages_a_handler_sends_continue_its_trace_now_and_from_the_sweep(azurite: Azurite) -> None:
+    """Each outgoing message carries its message's span as ``traceparent`` (an application
+    property on Service Bus, which the next consumer's span continues) — sent at once, or by
+    the sweep from another invocation; a trace context the handler set itself is kept."""
+    from shared.idempotency.functions._senders import to_servicebus
+    from shared.idempotency.outbox import Outbox
+
+    own = f"00-{uuid.uuid4().hex}-00f067aa0ba902b7-01"
+    sent: list[Outgoing] = []
+
+    class Capture:
+        down = False
+
+        def send(self, messages: Sequence[Outgoing]) -> None:
+            if self.down:
+                raise DownstreamUnavailable("the topic is down")
+            sent.extend(messages)
+
+    def handler(payload: Any, context: Context) -> Effects:
+        own_context = Outgoing("events", payload, "own", {"traceparent": own})
+        return Effects([Entity("order", payload)], None, [Outgoing("events", payload, "plain"), own_context])
+
+    store, sender = new_table_store(azurite, lean=True), Capture()
+    flow = IdempotentConsumer("traced", store, handler, sender=sender, config=DedupConfig(transient_wait=timedelta(0)))
+
+    def spans_traceparent(message_id: str) -> str:
+        [span] = [
+            s
+            for s in SPANS.get_finished_spans()
+            if s.attributes and s.attributes.get("messaging.message.id") == message_id
+        ]
+        return f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}-{span.context.trace_flags:02x}"
+
+    SPANS.clear()
+    incoming = f"00-{uuid.uuid4().hex}-b7ad6b7169203331-01"
+    assert flow.process(Delivery(b'{"n": 1}', message_id="m-1", traceparent=incoming)).outcome is Outcome.PROCESSED
+    assert {m.name: m.properties.get("traceparent") for m in sent} == {"plain": spans_traceparent("m-1"), "own": own}
+    assert to_servicebus(sent[0]).application_properties == {"traceparent": spans_traceparent("m-1")}
+
+    sent.clear()
+    sender.down = True  # an HTTP call (no delivery count): parked, then sent by the sweep
+    assert flow.process(Delivery(b'{"n": 2}', message_id="m-2")).reason == "outbox_parked"
+    sender.down = False
+    later = utcnow() + DedupConfig().outbox_sweep_delay + timedelta(seconds=1)
+    assert Outbox(store, sender).sweep(later, since=timedelta(hours=2)).sent == 2
+    assert {m.name: m.properties.get("traceparent") for m in sent} == {"plain": spans_traceparent("m-2"), "own": own}
