@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     provider = MeterProvider(metric_readers=[reader])
     metrics.set_meter_provider(provider)
     runtime = os.environ.get("DEMO_RUNTIME", "process")
-    config = RunConfig(messages=1200, workers=8, dup_rate=0.5, seed=7, table="demoorders", runtime=runtime)
+    config = RunConfig(messages=1200, workers=8, dup_rate=0.5, seed=7, table="demoorders", runtime=runtime,
+                       show_log=args.verbose)  # fmt: skip
     with ExitStack() as stack:
         azurite = stack.enter_context(Azurite())
         if os.environ.get("DEDUP_STORE", "table") == "cosmos":

@@ -100,6 +100,7 @@ class RunConfig:
     # This share of the producer's sends is scheduled (ScheduledEnqueueTimeUtc) up to
     # ``lock_duration`` ahead: numbered when sent, delivered later, seen by the audit meanwhile.
     scheduled_rate: float = 0.0
+    show_log: bool = False  # the dedup log lines on the console too (lab.demo --verbose), not only counted
 
 
 @dataclass
@@ -149,11 +150,11 @@ class _OutcomeCounter(logging.Handler):
 
 
 @contextmanager
-def _counting_outcomes(counts: Counter[str]) -> Iterator[None]:
+def _counting_outcomes(counts: Counter[str], *, shown: bool = False) -> Iterator[None]:
     logger = logging.getLogger("idempotency")
     handler = _OutcomeCounter(counts)
     logger.addHandler(handler)
-    previous, logger.propagate = logger.propagate, False  # keep the console for the summary
+    previous, logger.propagate = logger.propagate, shown  # unless shown, the console keeps to the summary
     level = logger.level
     logger.setLevel(logging.DEBUG)  # every outcome, the everyday ones included
     try:
@@ -249,7 +250,7 @@ Deliver = Callable[[Lock], None]
 
 def _deliver_all(config: RunConfig, azurite: Azurite, queue: PeekLockQueue, deliver: Deliver, plan: FaultPlan,
                  report: Report, resubmit: Callable[[], int]) -> None:  # fmt: skip
-    with _counting_outcomes(report.outcomes):
+    with _counting_outcomes(report.outcomes, shown=config.show_log):
         trouble = _start_trouble(config, azurite, queue, plan, report)
         _run_workers(config, queue, deliver, plan)
         trouble.join()

@@ -329,7 +329,18 @@ def main(argv: list[str] | None = None) -> int:
         f"with this app in .runtime/ for the real-worker tests. Offline: set {SOURCE_SETTING} to the release "
         "archive instead (.ci/run does).",
     ).parse_args(argv)
-    print(download())
+    import requests
+
+    try:
+        if os.environ.get(SOURCE_SETTING):  # offline, as .ci/run: the release is here already
+            print(f"{SOURCE_SETTING} gives the worker release: {configured()} (nothing to download)")
+            return 0
+        print(download())
+    except (FileNotFoundError, requests.RequestException) as exc:
+        print(f"make worker: {exc if isinstance(exc, FileNotFoundError) else type(exc).__name__ + ' reaching GitHub'}"
+              f"; offline, set {SOURCE_SETTING} to the worker {RELEASE} release archive or folder",
+              file=sys.stderr)  # fmt: skip
+        return 2
     return 0
 
 

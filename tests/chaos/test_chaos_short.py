@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -13,8 +14,10 @@ import pytest
 
 from lab.azurite import Azurite, NotListening
 from lab.harness import RunConfig, run
+from shared.idempotency.facts import CANARY_PREFIX
 from shared.idempotency.keys import encode_key
 from shared.idempotency.stores import Commit, CommitResult, CommitStatus, TableStore
+from shared.idempotency.telemetry import fields_of
 from tests.targets import ITEMS
 
 
@@ -170,3 +173,19 @@ def test_a_store_slow_to_come_back_is_waited_out(persistent_azurite: Azurite, mo
     assert report.violations == [] and report.store_restarts == 1
     assert (report.double_effects, report.lost) == (0, 0)
     assert report.effects_applied == report.messages - report.dead_lettered
+
+
+@pytest.mark.parametrize("shown", [False, True])
+def test_the_dedup_log_is_counted_and_on_the_console_only_when_asked(
+    azurite: Azurite, shown: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`lab.demo --verbose` (``show_log``): every outcome's log line reaches the console's
+    handlers, the everyday ones included; without it they are counted, and none is shown (the
+    closing canary, processed after the run, is the app's own: left out)."""
+    config = RunConfig(messages=30, workers=2, dup_rate=0.3, seed=3, table="shownlog" + str(shown), show_log=shown)
+    with caplog.at_level("DEBUG"):
+        report = run(config, azurite, ITEMS)
+    lines = [fields_of(r) for r in caplog.records if "outcome" in fields_of(r)]
+    outcomes = Counter(f["outcome"] for f in lines if not str(f["message_id"]).startswith(CANARY_PREFIX))
+    assert report.outcomes["processed"] > 0  # the everyday outcome, logged at DEBUG
+    assert outcomes == (Counter({k: v for k, v in report.outcomes.items() if v}) if shown else Counter())

@@ -4,6 +4,7 @@ so in one line."""
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,19 @@ def test_a_python_version_not_on_the_machine_is_named_in_one_line() -> None:
                           timeout=60)  # fmt: skip
     assert done.returncode == 2 and done.stdout == "", done.stderr
     assert done.stderr.count("\n") == 1 and "Python 2.1 not found" in done.stderr, done.stderr
+
+
+def test_make_worker_without_the_network_says_what_to_do_in_one_line(tmp_path: Path) -> None:
+    """`make worker`'s program offline (a proxy that refuses: no request leaves): one line naming
+    FUNCTIONS_PYTHON_WORKER, exit 2; that setting given, nothing to download."""
+    offline = {k: v for k, v in os.environ.items() if k not in ("FUNCTIONS_PYTHON_WORKER", "NO_PROXY", "no_proxy")}
+    offline |= {"HTTPS_PROXY": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
+    release = tmp_path / "worker.tar.gz"
+    release.write_bytes(b"")
+    for env, code in ((offline, 2), ({**offline, "FUNCTIONS_PYTHON_WORKER": str(tmp_path / "none")}, 2),
+                      ({**offline, "FUNCTIONS_PYTHON_WORKER": str(release)}, 0)):  # fmt: skip
+        done = subprocess.run([sys.executable, "-m", "lab.runtime.build"], cwd=ROOT, capture_output=True, text=True,
+                              env=env, timeout=120)  # fmt: skip
+        assert done.returncode == code, done.stderr[-2000:]
+        said = done.stderr if code else done.stdout
+        assert said.count("\n") == 1 and "FUNCTIONS_PYTHON_WORKER" in said, said
