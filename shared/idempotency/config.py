@@ -22,7 +22,8 @@ class StepPolicy:
     call (its timeout) plus clock skew, and lapse while the broker still has deliveries
     left (``make check-leases``). A takeover of a live but slow owner repeats the call with
     the same downstream idempotency key, and the owner's fenced completion is refused, so
-    the lease bounds wasted calls, not correctness. ``in_flight_wait``: how long a delivery
+    the lease bounds wasted calls, not correctness — for a service that honours the key (one
+    that does not needs the step's ``reconcile``). ``in_flight_wait``: how long a delivery
     that meets a live claim waits for it to finish (or lapse, then takes it over) before
     giving the message back to the broker."""
 

@@ -101,8 +101,9 @@ def message_id(key: DedupKey, name: str) -> str:
 def rows(key: DedupKey, messages: Sequence[Outgoing], traceparent: str | None = None) -> list[Entity]:
     """The outgoing messages as entities to commit with the marker; InvalidMessage when
     the handler's messages cannot be stored or told apart. ``traceparent``: the incoming
-    message's span, an application property of each message that has no trace context of
-    its own, so that the trace goes on through the send — now or from the sweep."""
+    message's span, the ``traceparent`` and ``Diagnostic-Id`` application properties of each
+    message that has no trace context of its own, so that the trace goes on through the
+    send — now or from the sweep."""
     if len(messages) > MAX_MESSAGES:
         raise InvalidMessage(Reason.TOO_MANY_MESSAGES, f"{len(messages)} outgoing messages; at most {MAX_MESSAGES}")
     names = [m.name or str(i) for i, m in enumerate(messages)]
@@ -115,8 +116,8 @@ def rows(key: DedupKey, messages: Sequence[Outgoing], traceparent: str | None = 
         if not message.destination:
             raise InvalidMessage(Reason.OUTGOING_DESTINATION, f"outgoing message {name!r} has no destination")
         body, properties = _json(message.body, name), dict(message.properties)
-        if traceparent and not _TRACED & properties.keys():
-            properties["traceparent"] = traceparent
+        if traceparent and not _TRACED & properties.keys():  # both: the SDK's tracing would set its own Diagnostic-Id
+            properties.update(dict.fromkeys(_TRACED, traceparent))
         data = {"destination": message.destination, "messageId": message_id(key, name),
                 **_parts(body), "properties": _json(properties, name)}  # fmt: skip
         if message.session_id is not None:

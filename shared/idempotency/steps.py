@@ -3,11 +3,12 @@ step. Claim the step *in progress* with a lease, make the call with a downstream
 idempotency key, then mark it *completed* with its result — every write fenced by the
 marker's version, so a worker whose lease was taken over can never complete it.
 
-On a store that folds completions (``DedupStore.folds_completions``: Table Storage, Cosmos
-DB, memory), the completion is not a request of its own: it commits in the message's
-transaction, with its marker and effects (2 requests per message with a step: the claim,
-then the commit). Whenever the message does not commit (the handler failed, a duplicate,
-an unavailable store), ``settle`` completes the steps one by one, as before."""
+On a store that folds completions (``DedupStore.folds_completions``: Table Storage and
+memory; Cosmos DB completes each step on its own), the completion is not a request of its
+own: it commits in the message's transaction, with its marker and effects (2 requests per
+message with a step: the claim, then the commit). Whenever the message does not commit (the
+handler failed, a duplicate, an unavailable store), ``settle`` completes the steps one by
+one, as before."""
 
 from __future__ import annotations
 
@@ -92,10 +93,12 @@ class Context:
 
         ``reconcile(idempotency_key)``, for a service that does not honour the key: asked
         first when this delivery resumes the step from an earlier attempt that did not
-        complete it (a failed call, a lapsed lease), which may have made the call. It
-        returns the call's result when the service has it (the call is not made again),
-        None when it has not (the call is made); raising ``InvalidMessage`` escalates to an
-        operator (the message is dead-lettered with that reason, the step left in progress)."""
+        complete it (``Marker.resumed``), which may have made the call. It returns the
+        call's result when the service has it (the call is not made again; so a call whose
+        result is None needs another, e.g. ``{}``), None when it has not (the call is made).
+        Any exception it raises leaves the step in progress, never refused: an
+        ``InvalidMessage`` (or ``DownstreamRejected``) escalates to an operator — the message
+        is dead-lettered with its reason; another is retried as any failure."""
         if name in self._done:  # called already in this delivery: its completion is pending
             return self._done[name][1]
         key = self.key.for_step(name)
@@ -110,8 +113,12 @@ class Context:
             if "reason" in refusal:
                 raise InvalidMessage(str(refusal["reason"]), str(refusal["detail"]))
             raise DownstreamRejected(int(refusal["status"]), str(refusal["detail"]))
-        try:
+        try:  # a lookup's refusal is not the call's: the step stays in progress
             found = reconcile(key.downstream_key) if reconcile is not None and claimed.resumed else None
+        except Exception:
+            self._end_lease(claimed)
+            raise
+        try:
             result = call(key.downstream_key) if found is None else found
         except DownstreamRejected as refused:
             self._complete(claimed, {"status": refused.status, "detail": refused.detail}, State.REFUSED)

@@ -91,7 +91,7 @@ def span(consumer: str, delivery: Delivery) -> trace.Span:
 
 
 def traceparent() -> str | None:
-    """The current span's W3C trace context (None outside a sampled or valid one): what a
+    """The current span's W3C trace context (None outside a valid one): what a
     message sent on its behalf carries, so that its consumer's span continues this trace."""
     carrier: dict[str, str] = {}
     _propagator.inject(carrier)

@@ -257,8 +257,9 @@ def test_the_messages_a_handler_sends_continue_its_trace_now_and_from_the_sweep(
             sent.extend(messages)
 
     def handler(payload: Any, context: Context) -> Effects:
-        own_context = Outgoing("events", payload, "own", {"traceparent": own})
-        return Effects([Entity("order", payload)], None, [Outgoing("events", payload, "plain"), own_context])
+        own_context = [Outgoing("events", payload, "own", {"traceparent": own}),
+                       Outgoing("events", payload, "legacy", {"Diagnostic-Id": own})]  # fmt: skip
+        return Effects([Entity("order", payload)], None, [Outgoing("events", payload, "plain"), *own_context])
 
     store, sender = new_table_store(azurite, lean=True), Capture()
     flow = IdempotentConsumer("traced", store, handler, sender=sender, config=DedupConfig(transient_wait=timedelta(0)))
@@ -271,16 +272,23 @@ def test_the_messages_a_handler_sends_continue_its_trace_now_and_from_the_sweep(
         ]
         return f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}-{span.context.trace_flags:02x}"
 
+    def contexts(message_id: str) -> None:
+        """What each message sent carries: its message's span, unless it had a context of its own."""
+        mine = spans_traceparent(message_id)
+        got = {m.name: (m.properties.get("traceparent"), m.properties.get("Diagnostic-Id")) for m in sent}
+        assert got == {"plain": (mine, mine), "own": (own, None), "legacy": (None, own)}
+
     SPANS.clear()
     incoming = f"00-{uuid.uuid4().hex}-b7ad6b7169203331-01"
     assert flow.process(Delivery(b'{"n": 1}', message_id="m-1", traceparent=incoming)).outcome is Outcome.PROCESSED
-    assert {m.name: m.properties.get("traceparent") for m in sent} == {"plain": spans_traceparent("m-1"), "own": own}
-    assert to_servicebus(sent[0]).application_properties == {"traceparent": spans_traceparent("m-1")}
+    contexts("m-1")
+    both = dict.fromkeys(["traceparent", "Diagnostic-Id"], spans_traceparent("m-1"))
+    assert to_servicebus(sent[0]).application_properties == both  # the SDK's tracing keeps a Diagnostic-Id set
 
     sent.clear()
     sender.down = True  # an HTTP call (no delivery count): parked, then sent by the sweep
     assert flow.process(Delivery(b'{"n": 2}', message_id="m-2")).reason == "outbox_parked"
     sender.down = False
     later = utcnow() + DedupConfig().outbox_sweep_delay + timedelta(seconds=1)
-    assert Outbox(store, sender).sweep(later, since=timedelta(hours=2)).sent == 2
-    assert {m.name: m.properties.get("traceparent") for m in sent} == {"plain": spans_traceparent("m-2"), "own": own}
+    assert Outbox(store, sender).sweep(later, since=timedelta(hours=2)).sent == 3
+    contexts("m-2")

@@ -20,7 +20,7 @@ from shared.idempotency import Effects, IdempotentConsumer, Outcome, StepPolicy
 from shared.idempotency.config import DedupConfig
 from shared.idempotency.consumer import Handler
 from shared.idempotency.downstream import IdempotentHttp
-from shared.idempotency.errors import DownstreamUnavailable, InvalidMessage
+from shared.idempotency.errors import DownstreamRejected, DownstreamUnavailable, InvalidMessage
 from shared.idempotency.functions import RetryLater
 from shared.idempotency.functions.adapters import servicebus_delivery
 from shared.idempotency.keys import DedupKey, consumer_partition
@@ -453,6 +453,36 @@ def test_a_step_retried_within_its_delivery_is_reconciled_too(azurite: Azurite) 
     assert (mailer.sent[notify_key(body["id"])], mailer.asked) == (1, [notify_key(body["id"])])
 
 
+def test_a_step_whose_completion_was_lost_with_the_commit_is_reconciled_within_its_delivery(
+    azurite: Azurite,
+) -> None:
+    """The mail was sent, then the commit that carried its completion and the completion written
+    on its own both failed (the store down): the claim is still this delivery's, live. The
+    delivery's retry resumes it and asks ``reconcile``: the mail is not sent again."""
+    from shared.idempotency.errors import StoreUnavailable
+    from tests.conftest import new_table_store
+
+    store, mailer, body = new_table_store(azurite, lean=True), Mailer(), item()
+    commit_many, replace = store.commit_many, store.replace
+    failing = {"commit": 1, "settle": 1}
+
+    def down_once(name: str, write: Callable[..., Any]) -> Callable[..., Any]:
+        def written(*args: Any, **kwargs: Any) -> Any:
+            if failing[name]:
+                failing[name] -= 1
+                raise StoreUnavailable(f"{name}: the store is down")
+            return write(*args, **kwargs)
+
+        return written
+
+    store.commit_many = down_once("commit", commit_many)  # type: ignore[method-assign]
+    store.replace = down_once("settle", replace)  # type: ignore[method-assign]
+    result = mailing(store, mailer, wait=30).process(servicebus_delivery(servicebus_message(body, body["id"])))
+    assert result.outcome is Outcome.PROCESSED and failing == {"commit": 0, "settle": 0}
+    assert (mailer.sent[notify_key(body["id"])], mailer.asked) == (1, [notify_key(body["id"])])
+    assert effects_by_item(store, body["id"]) == {body["id"]: ONCE}
+
+
 def test_a_resumed_step_the_service_never_got_is_called_once(azurite: Azurite) -> None:
     """The gateway was down: ``reconcile`` finds nothing, and the call is made, once."""
     from tests.conftest import new_table_store
@@ -465,16 +495,22 @@ def test_a_resumed_step_the_service_never_got_is_called_once(azurite: Azurite) -
     assert (mailer.sent[notify_key(body["id"])], mailer.asked) == (1, [notify_key(body["id"])])
 
 
-def test_a_step_reconcile_cannot_resolve_is_escalated_not_called(azurite: Azurite) -> None:
+UNRESOLVED = InvalidMessage("mail_unknown", "the gateway's log cannot tell whether it was sent")
+
+
+@pytest.mark.parametrize("raised", [UNRESOLVED, DownstreamRejected(404, "no such log")], ids=["unresolved", "refused"])
+def test_a_step_reconcile_cannot_resolve_is_escalated_not_called(azurite: Azurite, raised: Exception) -> None:
     """``reconcile`` raising ``InvalidMessage`` escalates: the message is dead-lettered with its
-    reason for an operator, the mail not sent again, the step left in progress."""
+    reason for an operator, the mail not sent again, the step left in progress — and a lookup
+    the service refuses is no refusal of the step either (never recorded refused for good)."""
     from tests.conftest import new_table_store
 
     store, mailer, body = new_table_store(azurite, lean=True), Mailer(answers_lost=1), item()
+    reason = "mail_unknown" if isinstance(raised, InvalidMessage) else "downstream_rejected"
 
     def unknown(key: str) -> None:
         mailer.asked.append(key)
-        raise InvalidMessage("mail_unknown", "the gateway's log cannot tell whether it was sent")
+        raise raised
 
     def handler(payload: dict[str, Any], context: Any) -> Any:
         context.step("notify", mailer.send, reconcile=unknown)
@@ -484,8 +520,8 @@ def test_a_step_reconcile_cannot_resolve_is_escalated_not_called(azurite: Azurit
                                   config=DedupConfig(transient_wait=timedelta(0)))  # fmt: skip
     consumer.process(servicebus_delivery(servicebus_message(body, body["id"])))
     again = consumer.process(servicebus_delivery(servicebus_message(body, body["id"], delivery_count=2)))
-    assert (again.outcome, again.reason) == (Outcome.INVALID, "mail_unknown")
-    assert [r.reason for r in store.dead_letters("items")] == ["mail_unknown"]
+    assert (again.outcome, again.reason) == (Outcome.INVALID, reason)
+    assert [r.reason for r in store.dead_letters("items")] == [reason]
     assert (mailer.sent[notify_key(body["id"])], len(mailer.asked)) == (1, 1)
     marker = store.get(DedupKey("items", body["id"], "notify"), consumer_partition("items", body["id"]))
     assert marker is not None and marker.state is State.IN_PROGRESS

@@ -305,7 +305,8 @@ class DedupStore(ABC):
         """Claim ``marker.key`` in progress. A live marker raises AlreadyClaimed; an
         expired one (or one whose lease ran out, for the same payload) is taken over with
         a write fenced by its version, so that of two workers racing for the same stale
-        marker exactly one wins."""
+        marker exactly one wins. ``resumed`` on the claim returned: it continues an earlier
+        attempt's claim of the same payload, never completed, whose call may have been made."""
         assert marker.state is State.IN_PROGRESS
         for _ in range(3):  # the existing marker may vanish between insert and read
             created = self.insert(marker)
@@ -314,14 +315,17 @@ class DedupStore(ABC):
             existing = self.get(marker.key, marker.partition)
             if existing is None:
                 continue
-            if marker.owner is not None and existing.owner == marker.owner and existing.claimed:
-                # our own insert, whose response was lost; or our earlier attempt's, whose call failed
-                return dataclasses.replace(existing, resumed=existing.reclaimable(now))
+            # An earlier attempt's claim of this payload, not completed: it may have made the call
+            resumed = existing.claimed and existing.fingerprint == marker.fingerprint
+            ours = marker.owner is not None and existing.owner == marker.owner and existing.claimed
+            if ours and not existing.reclaimable(now):
+                # our own insert, whose response was lost, or this delivery's earlier attempt
+                return dataclasses.replace(existing, resumed=True)
             other_payload = existing.fingerprint != marker.fingerprint and existing.expires_at > now
             if other_payload or not existing.reclaimable(now) or existing.version is None:
                 raise AlreadyClaimed(existing)  # a different payload never takes a claim over
-            try:
-                return dataclasses.replace(self.replace(marker, existing.version), resumed=True)
+            try:  # a lapsed claim, even our own, is taken back with a new lease: fenced
+                return dataclasses.replace(self.replace(marker, existing.version), resumed=resumed)
             except VersionConflict:
                 raise AlreadyClaimed(self.get(marker.key, marker.partition) or existing) from None
         raise AlreadyClaimed(None)

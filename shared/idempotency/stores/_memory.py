@@ -78,8 +78,9 @@ class MemoryStore(DedupStore):
         key, partition, fingerprint, effects, expires_at = (commit.key, commit.partition, commit.fingerprint,
                                                             commit.effects, commit.expires_at)  # fmt: skip
         names = [encode_key(effect.name) for effect in effects]
-        if len(effects) > self.max_effects or len(set(names)) < len(names):
-            raise ValueError(f"a commit holds at most {self.max_effects} entities, each name once")
+        size = len(effects) + len({change.name for change in commit.changes}) + len(commit.completions)
+        if size > self.max_effects or len(set(names)) < len(names):
+            raise ValueError(f"a commit holds at most {self.max_effects} entities, changes and steps, each name once")
         try:
             self.check_effects(effects)  # what the real stores' encoders refuse
         except (TypeError, StoreRefused) as exc:

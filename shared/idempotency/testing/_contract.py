@@ -228,9 +228,12 @@ class StoreContract:
         k = key()
         first = store.claim(in_progress(k, owner="w1"), utcnow())
         again = store.claim(in_progress(k, owner="w1"), utcnow())  # the insert's response was lost
-        assert again.owner == "w1" and again.version == first.version and not again.resumed
+        assert again.owner == "w1" and again.version == first.version
+        assert again.resumed  # or it is this delivery's earlier attempt, which may have made the call
         store.replace(replace(again, lease_until=utcnow()), again.version or "")  # its call failed: lease ended
-        assert store.claim(in_progress(k, owner="w1"), utcnow()).resumed  # the call may have been made
+        taken_back = store.claim(in_progress(k, owner="w1"), utcnow())
+        assert taken_back.resumed and taken_back.version != again.version  # with a new lease, fenced
+        assert taken_back.lease_until is not None and taken_back.lease_until > utcnow()
 
     def test_a_live_claim_is_not_taken(self, store: DedupStore) -> None:
         k = key()
@@ -249,6 +252,9 @@ class StoreContract:
         for taken in (store.claim(in_progress(expired, owner="new"), utcnow()),
                       store.claim(in_progress(live, owner="new"), utcnow())):  # fmt: skip
             assert taken.owner == "new" and taken.resumed  # the old owner may have made the call
+        done = key()
+        store.complete(store.claim(in_progress(done, expires=-HOUR, owner="old"), utcnow()), {"charge": "ch_1"})
+        assert not store.claim(in_progress(done, owner="new"), utcnow()).resumed  # completed, then expired: anew
         with pytest.raises(AlreadyClaimed):
             store.claim(in_progress(unexpired, owner="new"), utcnow())
         stored = store.get(unexpired, unexpired.id)
