@@ -332,24 +332,24 @@ def main(argv: list[str] | None = None) -> int:
     import requests
 
     try:
-        if os.environ.get(SOURCE_SETTING):  # offline, as .ci/run: the release is here already, checked
-            release = configured()
-            assert release is not None
+        if os.environ.get(SOURCE_SETTING):  # offline, as .ci/run: the release is here already; checked
+            release = Path(os.environ[SOURCE_SETTING])
             verified_release(release)
             print(f"{SOURCE_SETTING} gives the worker release {RELEASE}, checked: {release} (nothing to download)")
-            return 0
-        print(download())
+        else:
+            print(download())
     except requests.HTTPError as exc:
         print(f"make worker: GitHub answered {exc} for {RELEASE_URL}"[:300], file=sys.stderr)
+        return 2
     except requests.RequestException as exc:
         print(f"make worker: {type(exc).__name__} reaching GitHub; offline, set {SOURCE_SETTING} to the worker "
               f"{RELEASE} release archive or folder", file=sys.stderr)  # fmt: skip
+        return 2
     except (OSError, ValueError, tarfile.TarError) as exc:  # a missing path, not the release
         print(f"make worker: {SOURCE_SETTING} is not the worker {RELEASE} release: {exc}"[:300].replace("\n", " "),
               file=sys.stderr)  # fmt: skip
-    else:
-        return 0
-    return 2
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

@@ -239,9 +239,9 @@ def test_the_poison_queue_alert_reads_the_line_the_host_logs_as_it_moves_a_messa
 
 
 def test_the_messages_a_handler_sends_continue_its_trace_now_and_from_the_sweep(azurite: Azurite) -> None:
-    """Each outgoing message carries its message's span as ``traceparent`` (an application
-    property on Service Bus, which the next consumer's span continues) — sent at once, or by
-    the sweep from another invocation; a trace context the handler set itself is kept."""
+    """Each outgoing message carries its message's span as ``traceparent`` and ``Diagnostic-Id``
+    (application properties on Service Bus; the next consumer's span continues it) — sent at
+    once, or by the sweep from another invocation; a trace context the handler set is kept."""
     from shared.idempotency.functions._senders import to_servicebus
     from shared.idempotency.outbox import Outbox
 

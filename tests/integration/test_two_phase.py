@@ -20,7 +20,7 @@ from shared.idempotency import Effects, IdempotentConsumer, Outcome, StepPolicy
 from shared.idempotency.config import DedupConfig
 from shared.idempotency.consumer import Handler
 from shared.idempotency.downstream import IdempotentHttp
-from shared.idempotency.errors import DownstreamRejected, DownstreamUnavailable, InvalidMessage
+from shared.idempotency.errors import DownstreamRejected, DownstreamUnavailable, InvalidMessage, StoreUnavailable
 from shared.idempotency.functions import RetryLater
 from shared.idempotency.functions.adapters import servicebus_delivery
 from shared.idempotency.keys import DedupKey, consumer_partition
@@ -59,8 +59,8 @@ def app(azurite: Azurite, payments: PaymentService) -> Iterator[TableStore]:
         yield store
 
 
-def step_marker(store: TableStore, item_id: str) -> Marker | None:
-    return store.get(DedupKey("items", item_id, "charge"), consumer_partition("items", item_id))
+def step_marker(store: TableStore, item_id: str, step: str = "charge") -> Marker | None:
+    return store.get(DedupKey("items", item_id, step), consumer_partition("items", item_id))
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -408,9 +408,10 @@ class Mailer:
         return {"mail": key} if self.sent[key] else None
 
 
-def mailing(store: TableStore, mailer: Mailer, *, reconcile: bool = True, wait: float = 0) -> IdempotentConsumer:
+def mailing(store: TableStore, mailer: Mailer, reconcile: Callable[[str], Any] | None, *,
+            wait: float = 0) -> IdempotentConsumer:  # fmt: skip
     def handler(payload: dict[str, Any], context: Any) -> Any:
-        context.step("notify", mailer.send, reconcile=mailer.find if reconcile else None)
+        context.step("notify", mailer.send, reconcile=reconcile)
         return item_handler()(payload, context)
 
     return IdempotentConsumer("items", store, handler, schema=SCHEMA,
@@ -430,14 +431,14 @@ def test_a_step_resumed_after_a_lost_answer_is_reconciled_not_repeated(azurite: 
     from tests.conftest import new_table_store
 
     store, mailer, body = new_table_store(azurite, lean=True), Mailer(answers_lost=1), item()
-    consumer = mailing(store, mailer, reconcile=reconcile)
+    consumer = mailing(store, mailer, mailer.find if reconcile else None)
     first = consumer.process(servicebus_delivery(servicebus_message(body, body["id"])))
     assert (first.outcome, first.reason, mailer.asked) == (Outcome.TRANSIENT, "downstream_unavailable", [])
     again = consumer.process(servicebus_delivery(servicebus_message(body, body["id"], delivery_count=2)))
     assert again.outcome is Outcome.PROCESSED
     assert mailer.sent[notify_key(body["id"])] == (1 if reconcile else 2)
     assert mailer.asked == ([notify_key(body["id"])] if reconcile else [])
-    marker = store.get(DedupKey("items", body["id"], "notify"), consumer_partition("items", body["id"]))
+    marker = step_marker(store, body["id"], "notify")
     assert marker is not None and marker.state is State.COMPLETED and marker.result == {"mail": notify_key(body["id"])}
     assert effects_by_item(store, body["id"]) == {body["id"]: ONCE}
 
@@ -448,7 +449,9 @@ def test_a_step_retried_within_its_delivery_is_reconciled_too(azurite: Azurite) 
     from tests.conftest import new_table_store
 
     store, mailer, body = new_table_store(azurite, lean=True), Mailer(answers_lost=1), item()
-    result = mailing(store, mailer, wait=30).process(servicebus_delivery(servicebus_message(body, body["id"])))
+    result = mailing(store, mailer, mailer.find, wait=30).process(
+        servicebus_delivery(servicebus_message(body, body["id"]))
+    )
     assert result.outcome is Outcome.PROCESSED
     assert (mailer.sent[notify_key(body["id"])], mailer.asked) == (1, [notify_key(body["id"])])
 
@@ -459,7 +462,6 @@ def test_a_step_whose_completion_was_lost_with_the_commit_is_reconciled_within_i
     """The mail was sent, then the commit that carried its completion and the completion written
     on its own both failed (the store down): the claim is still this delivery's, live. The
     delivery's retry resumes it and asks ``reconcile``: the mail is not sent again."""
-    from shared.idempotency.errors import StoreUnavailable
     from tests.conftest import new_table_store
 
     store, mailer, body = new_table_store(azurite, lean=True), Mailer(), item()
@@ -477,7 +479,9 @@ def test_a_step_whose_completion_was_lost_with_the_commit_is_reconciled_within_i
 
     store.commit_many = down_once("commit", commit_many)  # type: ignore[method-assign]
     store.replace = down_once("settle", replace)  # type: ignore[method-assign]
-    result = mailing(store, mailer, wait=30).process(servicebus_delivery(servicebus_message(body, body["id"])))
+    result = mailing(store, mailer, mailer.find, wait=30).process(
+        servicebus_delivery(servicebus_message(body, body["id"]))
+    )
     assert result.outcome is Outcome.PROCESSED and failing == {"commit": 0, "settle": 0}
     assert (mailer.sent[notify_key(body["id"])], mailer.asked) == (1, [notify_key(body["id"])])
     assert effects_by_item(store, body["id"]) == {body["id"]: ONCE}
@@ -488,7 +492,7 @@ def test_a_resumed_step_the_service_never_got_is_called_once(azurite: Azurite) -
     from tests.conftest import new_table_store
 
     store, mailer, body = new_table_store(azurite, lean=True), Mailer(down_before_sending=1), item()
-    consumer = mailing(store, mailer)
+    consumer = mailing(store, mailer, mailer.find)
     assert consumer.process(servicebus_delivery(servicebus_message(body, body["id"]))).outcome is Outcome.TRANSIENT
     again = consumer.process(servicebus_delivery(servicebus_message(body, body["id"], delivery_count=2)))
     assert again.outcome is Outcome.PROCESSED
@@ -512,17 +516,12 @@ def test_a_step_reconcile_cannot_resolve_is_escalated_not_called(azurite: Azurit
         mailer.asked.append(key)
         raise raised
 
-    def handler(payload: dict[str, Any], context: Any) -> Any:
-        context.step("notify", mailer.send, reconcile=unknown)
-        return item_handler()(payload, context)
-
-    consumer = IdempotentConsumer("items", store, handler, schema=SCHEMA,
-                                  config=DedupConfig(transient_wait=timedelta(0)))  # fmt: skip
+    consumer = mailing(store, mailer, unknown)
     consumer.process(servicebus_delivery(servicebus_message(body, body["id"])))
     again = consumer.process(servicebus_delivery(servicebus_message(body, body["id"], delivery_count=2)))
     assert (again.outcome, again.reason) == (Outcome.INVALID, reason)
     assert [r.reason for r in store.dead_letters("items")] == [reason]
     assert (mailer.sent[notify_key(body["id"])], len(mailer.asked)) == (1, 1)
-    marker = store.get(DedupKey("items", body["id"], "notify"), consumer_partition("items", body["id"]))
+    marker = step_marker(store, body["id"], "notify")
     assert marker is not None and marker.state is State.IN_PROGRESS
     assert effects_by_item(store, body["id"]) == {}
