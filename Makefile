@@ -117,7 +117,7 @@ test: lint typecheck check-retention check-leases scan-infra
 # every recipe switched on, the example removed; then lint, types, the checks and the suites such
 # a change can break (lab/adopters.py). FULL=1: make test in each copy, and in an unchanged one to compare.
 test-adopters: install .venv-checkov/.installed
-	$(PY) -m lab.adopters $(if $(FULL),--full template walkthrough own-entities recipes without-example)
+	$(PY) -m lab.adopters $(if $(FULL),--full template walkthrough own-names recipes without-example)
 
 # The other supported Pythons (of 3.11, 3.12, 3.13), each in .venv-X.Y: types, unit, infra, integration
 # and runtime tests (lab/pythons.py; a missing interpreter is named in one line).

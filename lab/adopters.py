@@ -5,7 +5,8 @@ the copy; .venv, .venv-checkov, lab/node_modules and the worker's .runtime linke
 - ``walkthrough``: every walkthrough (``WALKTHROUGHS``: README "Start your own app", and
   docs/triggers.md's Event Grid consumer, Storage queue consumer and HTTP route), every block
   applied literally (under another name where the app has a consumer of that name);
-- ``own-entities``: a name of the adopter's own in every ``var app… = []`` list of main.bicep;
+- ``own-names``: a name of the adopter's own in every ``var app… = []`` list of main.bicep, and
+  consumers (and their tests) of the adopter's own under every walkthrough's file names;
 - ``recipes``: every recipe switched on, ``make recipe NAME=<name>`` each;
 - ``without-example``: ``make remove-example``.
 
@@ -16,7 +17,7 @@ template's, one for one. ``--full`` runs ``make test`` there instead, the whole 
 counts the library's tests that passed and skipped in each; ``template``, a copy left as it is,
 gives the figures to compare with (``--full template walkthrough recipes without-example``).
 
-    python -m lab.adopters [--full] [--keep DIR] [template|walkthrough|own-entities|recipes|without-example ...]
+    python -m lab.adopters [--full] [--keep DIR] [template|walkthrough|own-names|recipes|without-example ...]
 """
 
 from __future__ import annotations
@@ -274,21 +275,47 @@ def remove_the_example(tree: Path) -> str:
     return f"switched off: {', '.join(switched_off)}; {removed}" if switched_off else removed
 
 
-def name_entities_of_your_own(tree: Path) -> str:
-    """A name of the adopter's own in every list of the app's own entities main.bicep has."""
+def names_of_your_own(tree: Path) -> str:
+    """A name of the adopter's own in every list of the app's own entities main.bicep has; and
+    a consumer of the adopter's own, with its test, under each file name a walkthrough writes
+    (``consumers/invoices.py``…): the template's tests must leave a user's names alone."""
     bicep = tree / "infra" / "main.bicep"
     listed = [m.group(1) for m in APP_LIST.finditer(bicep.read_text())]
     if not listed:
         raise AdopterFailure("infra/main.bicep has no list of the app's own entities (var app… = [])")
     for name in listed:
         append_to_app_list(bicep, name, [OWN_NAME])
-    return f"'{OWN_NAME}' added to {', '.join(listed)}"
+    written = [path for page, title in WALKTHROUGHS for language, path, _ in walkthrough(tree / page, title)
+               if language == "python"]  # fmt: skip
+    modules = sorted(Path(path).stem for path in written if path.startswith("consumers/"))
+    for module in modules:
+        (tree / "consumers" / f"{module}.py").write_text(OWN_CONSUMER.format(name=module))
+        (tree / "tests" / f"test_{module}.py").write_text(OWN_TEST.format(name=module))
+    return f"'{OWN_NAME}' added to {', '.join(listed)}; consumers of its own: {', '.join(modules)}"
 
 
 OWN_NAME = "adopter-own"
+OWN_CONSUMER = '''"""The adopter's own {name}, under the name of a walkthrough's consumer."""
+
+import azure.functions as func
+
+bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
+
+
+@bp.function_name("own_{name}")
+@bp.route(route="own-{name}", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+def own_{name}(req: func.HttpRequest) -> func.HttpResponse:
+    return func.HttpResponse("{name}, our own")
+'''
+OWN_TEST = """from tests.functions import http_request, user_function
+
+
+def test_our_own_{name}_answers() -> None:
+    assert user_function("own_{name}")(http_request(b"", method="GET")).get_body() == b"{name}, our own"
+"""
 PATHS: dict[str, Callable[[Path], str]] = {
     "walkthrough": follow_the_walkthroughs,
-    "own-entities": name_entities_of_your_own,
+    "own-names": names_of_your_own,
     "recipes": switch_every_recipe_on,
     "without-example": remove_the_example,
 }

@@ -45,6 +45,7 @@ from shared.idempotency.config import (
     DEFAULT_MAX_DELIVERY_COUNT,
     DEFAULT_OUTBOX_SWEEP_DELAY,
     DEFAULT_TRANSIENT_WAIT,
+    EXPIRY_MARGIN,
 )
 from shared.idempotency.dead_letters import PARK_WAIT
 from shared.idempotency.downstream import DEFAULT_TIMEOUT
@@ -261,7 +262,9 @@ def retention_check(infra: Path = INFRA, host: dict[str, Any] | None = None,
     retention = timedelta(days=int(values["dedupRetentionDays"]))
     margin = timedelta(days=int(values["deadLetterResubmitDays"]))
     lines = [f"recipes {_recipes(infra, recipes)}",
-             f"dedup retention {_days(retention)}; dead-letter resubmission margin {_days(margin)}"]  # fmt: skip
+             f"dedup retention {_days(retention)}; dead-letter resubmission margin {_days(margin)}; expiry margin "
+             f"{EXPIRY_MARGIN}: a message first enqueued more than {_days(retention - EXPIRY_MARGIN)} ago is "
+             "refused (expired)"]  # fmt: skip
     failures: list[str] = []
     for place in redeliveries(infra, recipes, host or _host()):
         # Each delivery holds the message: for its lock (or the host's renewal), or a Storage queue
@@ -271,8 +274,8 @@ def retention_check(infra: Path = INFRA, host: dict[str, Any] | None = None,
         window = place.time_to_live + place.max_deliveries * each
         explained = (f"{place.name} ({place.broker}): TTL {_days(place.time_to_live)}"
                      + (f" + {place.max_deliveries} deliveries x {each}" if each else "")
-                     + f" + margin = {_days(window + margin)}")  # fmt: skip
-        (lines if window + margin <= retention else failures).append(explained)
+                     + f" + margin + expiry margin = {_days(window + margin + EXPIRY_MARGIN)}")  # fmt: skip
+        (lines if window + margin + EXPIRY_MARGIN <= retention else failures).append(explained)
     records = dedup_settings(infra, recipes).dead_letter_retention
     (lines if records >= margin else failures).append(
         f"dead-letter records kept {_days(records)} >= resubmission margin (DEDUP_DEAD_LETTER_RETENTION)"

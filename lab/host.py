@@ -12,6 +12,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from importlib.util import find_spec
 from pathlib import Path
@@ -182,16 +183,17 @@ def cloudevent(data: dict[str, Any], *, source: str, event_id: str, event_type: 
                            subject=subject)  # fmt: skip
 
 
-def storage_queue_message(body: bytes | dict[str, Any], *, message_id: str | None = None,
-                          dequeue_count: int = 1) -> func.QueueMessage:  # fmt: skip
+def storage_queue_message(body: bytes | dict[str, Any], *, message_id: str | None = None, dequeue_count: int = 1,
+                          inserted: datetime | None = None) -> func.QueueMessage:  # fmt: skip
     """A Storage queue message as the host passes a queue-triggered function one: the body
     (the host sends it as text: UTF-8), the service's id (a new one unless given: a producer's
     retry enqueues a new message), the dequeue count (1 at the first delivery, one more at each
-    dequeue), a pop receipt and the message's times."""
+    dequeue), a pop receipt and the message's times (inserted now, unless ``inserted``)."""
     if dequeue_count < 1:
         raise ValueError(f"a dequeued message's dequeue count is at least 1, not {dequeue_count}")
     own = str(uuid.uuid4()) if message_id is None else message_id
-    invocation = triggers.storage_queue({"name": "msg"}, triggers.StorageQueueMessage(_raw(body), dequeue_count, own))
+    message = triggers.StorageQueueMessage(_raw(body), dequeue_count, own)
+    invocation = triggers.storage_queue({"name": "msg"}, replace(message, inserted=inserted or message.inserted))
     return cast(func.QueueMessage, _decoded(QueueMessageInConverter.decode, invocation))
 
 

@@ -42,22 +42,41 @@ def azurite() -> Iterator[Azurite]:
         yield emulator
 
 
-def new_table_store(azurite: Azurite, *, lean: bool = False, hook: Callable[[Any], None] | None = None) -> TableStore:
+def new_table_store(azurite: Azurite, *, lean: bool = False, hook: Callable[[Any], None] | None = None,
+                    wire: Callable[[Any], Any] | None = None) -> TableStore:  # fmt: skip
     """``lean``: commits through table_batch.TableTransactions, else the SDK's; ``hook``: sees
-    every request of both paths (to count them)."""
+    every request of both paths (to count them); ``wire``: wraps the transport the store's
+    transactions go through (a ``lab.faults.PassThrough``, to lose an answer)."""
+    from azure.core.pipeline.transport import RequestsTransport
     from azure.data.tables import TableServiceClient
 
     from shared.idempotency.stores import TableStore
     from shared.idempotency.stores._azure import TRANSPORT
     from shared.idempotency.stores._table_batch import TableTransactions
+    from shared.idempotency.stores._transport import transaction_transport
 
     name = "t" + uuid.uuid4().hex[:16]
     options = {**TRANSPORT, **({"raw_request_hook": hook} if hook else {})}
-    service = TableServiceClient.from_connection_string(azurite.connection_string, **options)
-    transactions = TableTransactions.of(service, name, **options) if lean else None
+    sdk_wire = {"transport": wire(RequestsTransport())} if wire and not lean else {}
+    service = TableServiceClient.from_connection_string(azurite.connection_string, **options, **sdk_wire)
+    lean_wire = {"transport": wire(transaction_transport())} if wire and lean else {}
+    transactions = TableTransactions.of(service, name, **options, **lean_wire) if lean else None
     store = TableStore(service, table=name, dead_letter_table=name + "dl", transactions=transactions)
     store.create_tables()
     return store
+
+
+CHANGING_STORES = ("memory", "table", "table-lean")  # the stores that commit changes of what a handler read
+
+
+def changing_store(request: pytest.FixtureRequest, kind: str, *,
+                   wire: Callable[[Any], Any] | None = None) -> DedupStore:  # fmt: skip
+    """A fresh store of ``kind`` (of CHANGING_STORES); ``wire`` as ``new_table_store`` takes it."""
+    from shared.idempotency.stores import MemoryStore
+
+    if kind == "memory":
+        return MemoryStore()
+    return new_table_store(request.getfixturevalue("azurite"), lean=kind == "table-lean", wire=wire)
 
 
 @pytest.fixture

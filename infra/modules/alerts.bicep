@@ -85,6 +85,16 @@ var coreAlerts = [
     query: 'customMetrics | where name == "dedup.audit" and tostring(customDimensions.found) == "unaccounted" | summarize value = sum(valueSum)'
   }
   {
+    // A message first enqueued longer ago than DEDUP_RETENTION (less an hour): its marker may be
+    // gone, so it was refused, never applied; a producer or a resubmission sent something stale.
+    name: 'dedup-expired'
+    description: 'A message older than its marker is sure to be kept was refused (reason expired): its dead-letter record holds it.'
+    severity: 2
+    window: 'PT1H'
+    threshold: 0
+    query: 'customMetrics | where name == "dedup.outcomes" and tostring(customDimensions.reason) == "expired" | summarize value = sum(valueSum)'
+  }
+  {
     name: 'dedup-purge-backlog'
     description: 'Every purge run of the last hour (one per 5 min) stopped with work left: expired markers pile up faster than they are deleted.'
     severity: 3

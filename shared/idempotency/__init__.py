@@ -6,12 +6,13 @@ the contract suite ``.testing``.
 - the flow: ``IdempotentConsumer`` processes a ``Delivery`` into a ``Result`` with an
   ``Outcome``; its handler gets the payload and a ``Context`` and returns ``Effects`` (the
   ``Entity`` records to commit with the marker, the changes of what it read with
-  ``context.read``, a JSON result, and ``Outgoing`` messages sent after the
-  commit) or ``LatestState``; ``context.step`` runs an effect outside the
-  transaction (``StepPolicy``), and ``IdempotentHttp`` calls a service with the step's
-  Idempotency-Key;
-- keys: a ``KeySource`` (``from_message_id``, ``from_body_field``, ``from_data_field`` for a
-  CloudEvent's data);
+  ``context.read``, a JSON result, ``Outgoing`` messages sent after the commit, or that it
+  ``Declined`` the message: a business "no" recorded with the marker) or ``LatestState``;
+  ``context.step`` runs an effect outside the transaction (``StepPolicy``), and
+  ``IdempotentHttp`` calls a service with the step's Idempotency-Key;
+- keys: a key source, ``(message_id, payload) -> key`` (``from_message_id``,
+  ``from_body_field``, ``from_data_field`` for a CloudEvent's data; its type:
+  ``keys.KeySource``);
 - configuration: ``DedupConfig`` (from the app settings by default);
 - errors, all under ``DedupError``: ``InvalidMessage`` (refused for good),
   ``DownstreamUnavailable`` (retried), ``DownstreamRejected`` (refused by the service).
@@ -23,12 +24,13 @@ from .config import DedupConfig, StepPolicy
 from .consumer import IdempotentConsumer
 from .downstream import IdempotentHttp
 from .errors import DedupError, DownstreamRejected, DownstreamUnavailable, InvalidMessage
-from .keys import KeySource, from_body_field, from_data_field, from_message_id
-from .messages import Delivery, Effects, Entity, LatestState, Outcome, Outgoing, Result
+from .keys import from_body_field, from_data_field, from_message_id
+from .messages import Declined, Delivery, Effects, Entity, LatestState, Outcome, Outgoing, Result
 from .steps import Context
 
 __all__ = [
     "Context",
+    "Declined",
     "DedupConfig",
     "DedupError",
     "Delivery",
@@ -39,7 +41,6 @@ __all__ = [
     "IdempotentConsumer",
     "IdempotentHttp",
     "InvalidMessage",
-    "KeySource",
     "LatestState",
     "Outcome",
     "Outgoing",

@@ -39,6 +39,10 @@ DEFAULT_DEAD_LETTER_RETENTION: str = isodate.duration_isoformat(DEAD_LETTER_RETE
 
 
 DEFAULT_RETENTION = "P30D"
+# How much younger than DEDUP_RETENTION a message must be to be applied (half the retention, if
+# that is shorter): clock skew between the broker and the app. An older one may have outlived its
+# marker, so the consumer refuses it (``expired``); ``make check-retention`` counts it.
+EXPIRY_MARGIN = timedelta(hours=1)
 DEFAULT_TRANSIENT_WAIT = "PT2M"
 DEFAULT_OUTBOX_SWEEP_DELAY = "PT10M"
 DEFAULT_PURGE_BUDGET = "1000000"  # records per purge run: the time limit binds first (docs/operations.md)

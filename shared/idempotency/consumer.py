@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,7 +19,7 @@ from opentelemetry import trace
 
 from . import canary, dead_letters, facts, telemetry, wait
 from .cache import CompletedKeys
-from .config import DedupConfig
+from .config import EXPIRY_MARGIN, DedupConfig
 from .errors import DedupError, InvalidMessage
 from .keys import DedupKey, KeySource, consumer_partition, from_message_id
 from .messages import (
@@ -37,11 +38,12 @@ from .outbox import Dispatch, Outbox, Sender
 from .payload import fingerprint, parse_json
 from .reasons import Reason
 from .steps import Context, settle
-from .stored import PartitionView
+from .stored import AlreadyDecided, PartitionView
 from .stores._base import DedupStore
 from .stores._records import Commit, CommitStatus, Marker, State, StateStatus
 
-_COMMITTED = frozenset({Outcome.PROCESSED, Outcome.DUPLICATE})  # the marker is there: its outbox is due
+# The marker is there: its outbox is due.
+_COMMITTED = frozenset({Outcome.PROCESSED, Outcome.DECLINED, Outcome.DUPLICATE})
 _REFUSALS = frozenset({Outcome.INVALID, Outcome.CONFLICT})  # recorded as dead letters before acknowledging
 
 Handler = Callable[[Any, Context], Effects | LatestState]
@@ -109,6 +111,7 @@ class IdempotentConsumer:
         self._key_source = key_source
         self._validator = Draft202012Validator(schema) if schema is not None else None
         self._retention = config.retention
+        self._margin = min(EXPIRY_MARGIN, config.retention / 2)  # a message older than retention less it: refused
         self._steps = config.steps
         self._partition_for = partition_for
         self._partition_from = partition_from
@@ -227,6 +230,8 @@ class IdempotentConsumer:
                 result = dispatch.send(delivery, item, result, retry=retry)
             if result.outcome is Outcome.DUPLICATE and delivery.sequence is not None:
                 result = self._seen(delivery, result)
+            if result.outcome is Outcome.CONFLICT and delivery.origin is not None:
+                result = self._reused(result)
             if self._record_refusals and result.outcome in _REFUSALS:
                 result = dead_letters.record(self.store, self.name, delivery, result)
             results.append(result)
@@ -257,7 +262,7 @@ class IdempotentConsumer:
             markers = [*keys] if again or len(keys) + len(names) <= self.store.rows_per_read else []
             try:
                 current = self.store.read_current(partition, markers, [*names])
-                views[partition] = PartitionView(self.store, partition, current)
+                views[partition] = PartitionView(self.store, partition, current, markers)
             except DedupError as exc:
                 views[partition] = exc
         return views
@@ -279,6 +284,9 @@ class IdempotentConsumer:
                               enqueued_at=delivery.enqueued_at)  # fmt: skip
             payload, key, fp = self._read(delivery)
             self._validate(payload)
+            self._check_age(delivery)
+            if self._bind_request_keys and delivery.message_id:  # before anything answers: a reused key is 422
+                self._bind(delivery.message_id, fp, utcnow() + self._retention)
             if self._completed.get(key) == fp:
                 return Result(Outcome.DUPLICATE, key, Reason.COMPLETED_RECENTLY, fingerprint=fp, stored_fingerprint=fp)
             partition, expires_at = self.partition_of(key, payload), utcnow() + self._retention
@@ -287,19 +295,17 @@ class IdempotentConsumer:
                 raise view
             known = view.markers.get(key)
             if known is not None and known.final:  # found with the entities read: decided without the handler
-                if known.fingerprint != fp:
-                    return mismatch(key, fp, known.fingerprint)
-                if known.version is not None:  # a marker read back, not an earlier copy's of this attempt
-                    self._completed.put(key, fp)
-                response = known.result if self._replay else None
-                return Result(Outcome.DUPLICATE, key, response=response, fingerprint=fp, stored_fingerprint=fp)
+                return self._known(delivery, Commit(key, partition, fp, [], None, expires_at), owner, known, dispatch)
             pinned = self._partition_from is None or known is not None
             if not pinned and (clash := self._pin(key, partition, fp, expires_at)) is not None:
                 return clash
-            if self._bind_request_keys and delivery.message_id:
-                self._bind(delivery.message_id, fp, expires_at)
             context = Context(key, partition, fp, self.store, self._steps, expires_at, owner, siblings, view)
-            effects = self._handler(payload, context)
+            try:
+                effects = self._handler(payload, context)
+            except AlreadyDecided as decided:  # its marker, read with the first entity read
+                context.settle()
+                return self._known(delivery, Commit(key, partition, fp, [], None, expires_at), owner, decided.marker,
+                                   dispatch)  # fmt: skip
             if isinstance(effects, LatestState):
                 context.settle()
                 status = self.store.upsert_if_newer(partition, effects.entity, effects.version)
@@ -317,6 +323,13 @@ class IdempotentConsumer:
                                      f"{len(effects.messages)} outgoing messages, {changed} changed entities "
                                      f"and {len(steps)} steps; one commit holds {self.store.max_effects}")  # fmt: skip
             check_result(effects.result, "the handler's result")
+            state, result = State.COMPLETED, effects.result
+            if effects.declined is not None:
+                if effects.result is not None:
+                    raise InvalidMessage(Reason.HANDLER_RESULT, "a declined message's result is its decline "
+                                         "(Effects.declined): Effects.result must be None")  # fmt: skip
+                state, result = State.DECLINED, effects.declined.result
+                check_result(result, "the decline")
             entities = list(effects.entities)
             if effects.messages:
                 if dispatch is None:
@@ -325,12 +338,28 @@ class IdempotentConsumer:
             changes = view.fold(effects.changes) if effects.changes else ()
             if changes:
                 view.markers[key] = Commit(key, partition, fp, [], None, expires_at).marker(utcnow())  # a later copy
-            return Commit(key, partition, fp, entities, effects.result, expires_at, owner, retry, steps, changes,
-                          delivery.sequence, delivery.enqueued_at)  # fmt: skip
+            return Commit(key, partition, fp, entities, result, expires_at, owner, retry, steps, changes,
+                          delivery.sequence, delivery.enqueued_at, state)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - mapped to exactly one outcome below
             if context is not None:
                 context.settle()  # the steps it called stay completed
             return failure(exc, key, fp)
+
+    def _known(self, delivery: Delivery, at: Commit, owner: str, known: Marker, dispatch: Dispatch | None) -> Result:
+        """A message whose final marker was read before its handler decided (``at``: its key,
+        partition and fingerprint): this delivery's own commit (its answer lost: applied, as it
+        was committed), a duplicate, or a twin. Its outgoing messages are sent as a commit's."""
+        key, fp = at.key, at.fingerprint
+        if known.fingerprint != fp:
+            return mismatch(key, fp, known.fingerprint)
+        if known.version is None:  # an earlier copy's of this attempt, not read back: it sends them
+            return self._replayed(key, fp, known)
+        ours = known.owner == owner
+        result = _applied(key, fp, known.state, known.result) if ours else self._replayed(key, fp, known)
+        if dispatch is not None:  # the cache learns the key once they are sent
+            return dispatch.send(delivery, at, result, retry=True)
+        self._completed.put(key, fp)
+        return result
 
     def _bind(self, request_key: str, fp: str, expires_at: datetime) -> None:
         """Bind a caller's request key to this payload: the first binding wins (a conditional
@@ -382,11 +411,20 @@ class IdempotentConsumer:
                 continue
             if self.sender is None:  # else once its outgoing messages are sent (Dispatch.send)
                 self._completed.put(item.key, item.fingerprint)
-            if commit.status is CommitStatus.NEW:
-                results.append(Result(Outcome.PROCESSED, item.key, response=item.result, fingerprint=item.fingerprint))
+            if commit.status is CommitStatus.NEW:  # as committed: by this attempt, or read back (an earlier one's)
+                done = commit.stored or item.marker(utcnow())
+                results.append(_applied(item.key, item.fingerprint, done.state, done.result))
             else:
                 results.append(self._duplicate(item.key, item.partition, item.fingerprint, commit.stored_fingerprint))
         return results
+
+    def _reused(self, result: Result) -> Result:
+        """A caller's key (an HTTP request's) reused with another body: the caller's doing, told
+        to the caller (``functions.refusal``) and counted as invalid — never a ``conflict``, whose
+        alert is for twins a broker delivers. Where the key is the caller's own, the caller reused
+        its key (``idempotency_key_reused``)."""
+        reason = Reason.IDEMPOTENCY_KEY_REUSED if self._key_source is from_message_id else result.reason
+        return replace(result, outcome=Outcome.INVALID, reason=reason)
 
     def _seen(self, delivery: Delivery, result: Result) -> Result:
         """A duplicate's own delivery, kept for the audit (one small insert); when it cannot be
@@ -404,8 +442,25 @@ class IdempotentConsumer:
             stored = self.store.get(key, partition)
         except DedupError as exc:  # the replay could not be read: wait and try again
             return Result(Outcome.TRANSIENT, key, Reason.STORE_UNAVAILABLE, str(exc)[:500])
-        result = stored.result if stored else None
-        return Result(Outcome.DUPLICATE, key, response=result, fingerprint=fp, stored_fingerprint=stored_fp)
+        return self._replayed(key, fp, stored, stored_fp)
+
+    def _replayed(self, key: DedupKey, fp: str, stored: Marker | None, stored_fp: str | None = None) -> Result:
+        """A duplicate, with what its marker holds: a declined message's decline (reason
+        ``declined``) always, the stored result when the consumer replays results."""
+        declined = stored is not None and stored.state is State.DECLINED
+        response = stored.result if stored is not None and (self._replay or declined) else None
+        return Result(Outcome.DUPLICATE, key, Reason.DECLINED if declined else None, response=response,
+                      fingerprint=fp, stored_fingerprint=stored_fp or fp)  # fmt: skip
+
+    def _check_age(self, delivery: Delivery) -> None:
+        """Fail closed: a message first enqueued longer ago than its marker is sure to be kept
+        (``DEDUP_RETENTION`` less ``EXPIRY_MARGIN``) may have been applied and its marker purged
+        since, so it is refused (``expired``), never applied a second time."""
+        enqueued = delivery.first_enqueued_at or delivery.enqueued_at
+        if enqueued is not None and enqueued <= utcnow() - self._retention + self._margin:
+            raise InvalidMessage(Reason.EXPIRED, f"first enqueued {enqueued.isoformat(timespec='seconds')}: older "
+                                 f"than DEDUP_RETENTION ({self._retention}) less {self._margin}, so its marker "
+                                 "may be purged: never applied (if it is new, send it as a new message)")  # fmt: skip
 
     def _validate(self, payload: Any) -> None:
         if self._validator is None:
@@ -435,6 +490,15 @@ class _Views(dict[str, "PartitionView | DedupError"]):
     def __missing__(self, partition: str) -> PartitionView:
         view = self[partition] = PartitionView(self._store, partition)
         return view
+
+
+def _applied(key: DedupKey, fp: str, state: State, result: Any) -> Result:
+    """The outcome of the delivery whose commit applied, from what was committed: processed,
+    or declined with the decline's reason and detail."""
+    if state is State.DECLINED:
+        return Result(Outcome.DECLINED, key, str(result["reason"]), str(result["detail"]), response=result,
+                      fingerprint=fp)  # fmt: skip
+    return Result(Outcome.PROCESSED, key, response=result, fingerprint=fp)
 
 
 def _payload(delivery: Delivery) -> Any:

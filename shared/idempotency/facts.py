@@ -5,7 +5,9 @@ resubmission keeps (resend.py): the number of each dead-lettered message it sent
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from .config import retention
 from .keys import DedupKey, consumer_partition
@@ -22,6 +24,19 @@ RESENT = "resent"  # scope suffix of a resubmitted message's record: ``<consumer
 # An application property: the dedup key of a message sent again under a new MessageId (resend.py),
 # taken by the Service Bus trigger as its MessageId
 KEY_PROPERTY = "dedup-key"
+# ... and when the original was first enqueued (ISO 8601): its age, for the consumer's refusal of a
+# message older than its marker is sure to be kept (``Delivery.first_enqueued_at``)
+ENQUEUED_PROPERTY = "dedup-enqueued-at"
+
+
+def first_enqueued(properties: Mapping[str, Any]) -> datetime | None:
+    """The original's first enqueued time a resubmission carries (``ENQUEUED_PROPERTY``), or None."""
+    text = properties.get(ENQUEUED_PROPERTY)
+    try:
+        found = datetime.fromisoformat(str(text)) if text else None
+    except ValueError:
+        return None
+    return found.replace(tzinfo=UTC) if found is not None and found.tzinfo is None else found
 
 
 def is_canary(delivery: Delivery) -> bool:

@@ -1,7 +1,7 @@
 """What goes through a consumer: a ``Delivery`` in, a ``Result`` with its ``Outcome`` out;
 and what a handler decides: ``Effects`` (``Entity`` records inserted with the marker, each
-``Change`` of what it read as ``Stored``, a JSON result, and ``Outgoing`` messages) or a
-``LatestState``."""
+``Change`` of what it read as ``Stored``, a JSON result, ``Outgoing`` messages, or that it
+``Declined`` the message) or a ``LatestState``."""
 
 from __future__ import annotations
 
@@ -100,6 +100,7 @@ class Change:
 
 class Outcome(StrEnum):
     PROCESSED = "processed"  # effects committed with the marker, now
+    DECLINED = "declined"  # a business "no" (Effects.declined) committed with the marker, now: acknowledge
     DUPLICATE = "duplicate"  # same key, same payload: nothing written, acknowledge
     IN_FLIGHT = "in_flight"  # another delivery holds a live claim: retry later
     CONFLICT = "conflict"  # same key, different payload: dead-lettered, alert raised
@@ -129,6 +130,9 @@ class Delivery:
     # How long this delivery may wait inside its invocation for a transient failure to
     # clear; None: the consumer's DEDUP_TRANSIENT_WAIT (Service Bus, which redelivers at once).
     wait: timedelta | None = None
+    # When the message was first enqueued, where it was sent again since (a resubmission keeps it):
+    # what its age is measured from, so that a copy older than its marker can be is never applied.
+    first_enqueued_at: datetime | None = None
     # How many times its source delivers it at most (a Storage queue's maxDequeueCount); None:
     # the consumer's DEDUP_MAX_DELIVERY_COUNT (every Service Bus queue's maxDeliveryCount).
     max_deliveries: int | None = None
@@ -189,16 +193,41 @@ def mismatch(key: DedupKey | None, fp: str, stored: str | None) -> Result:
 
 
 @dataclass(frozen=True)
+class Declined:
+    """A business "no" decided on what is stored ("insufficient stock", "sold out"): not an
+    invalid message (``InvalidMessage``: it could never be valid as sent), but a decision,
+    committed with the marker like any other, so that every later copy of the message gets the
+    same answer whatever the stored state has become. ``reason``: a short code (logs, metrics,
+    an HTTP problem's title); ``detail``: what to tell the sender ("3 seats asked, 2 left")."""
+
+    reason: str
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.reason, str) or not self.reason or not isinstance(self.detail, str):
+            raise TypeError("Declined(reason, detail): a non-empty reason and a detail, both text")
+
+    @property
+    def result(self) -> dict[str, str]:
+        """What the marker stores as its result, and what a replay answers."""
+        return {"reason": self.reason, "detail": self.detail}
+
+
+@dataclass(frozen=True)
 class Effects:
     """What a handler decides for one new message: the business entities to insert with
     the marker (one transaction), the changes of entities it read (``Stored.replaced``…, in
     the same transaction, each only at the version read), the result to store for replays, and
-    the messages it sends — committed in the same transaction, sent after it (the outbox)."""
+    the messages it sends — committed in the same transaction, sent after it (the outbox).
+    ``declined``: the message is refused on what the handler read, and that decision is what
+    the marker records (its result is the decline's reason and detail: ``result`` stays None);
+    records, changes and messages the handler adds still commit with it."""
 
     entities: list[Entity] = field(default_factory=list)
     result: JSON = None
     messages: Sequence[Outgoing] = ()
     changes: Sequence[Change] = ()
+    declined: Declined | None = None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ class Reason(StrEnum):
     CONTENDED = "contended"  # an entity it changes moved since it was read: decided again from a fresh read
     # acknowledged
     COMPLETED_RECENTLY = "completed_recently"  # a duplicate this instance saw completed
+    DECLINED = "declined"  # a copy of a message its handler declined: the decline replayed
     OUTBOX_PARKED = "outbox_parked"  # committed; its messages left for the outbox sweep
     PARKED = "parked"  # recorded for replay: the source moved on (Event Hubs)
     # refused: dead-lettered with the reason
@@ -33,6 +34,7 @@ class Reason(StrEnum):
     KEY_MISMATCH = "key_mismatch"
     IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
     FINGERPRINT_MISMATCH = "fingerprint_mismatch"
+    EXPIRED = "expired"  # first enqueued longer ago than its marker is sure to be kept: never applied
     KEY_PARTITION_MISMATCH = "key_partition_mismatch"  # the key was processed under another partition
     VERSION_CONFLICT = "version_conflict"
     HANDLER_RESULT = "handler_result"

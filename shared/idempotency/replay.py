@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{printable(record.message_id or '')}\t{TRUNCATED}\t{why}: replay it from its source")
                 continue
             result = consumer.process(Delivery(record.body, message_id=record.message_id,
-                                               correlation_id=record.correlation_id))  # fmt: skip
+                                               correlation_id=record.correlation_id,
+                                               first_enqueued_at=record.enqueued_at))  # fmt: skip
             outcomes[result.outcome.value] += 1
             print(f"{printable(record.message_id or '')}\t{result.outcome.value}\t{printable(result.reason or '')}")
     print(json.dumps({"parked": len(parked), **outcomes}))

@@ -5,10 +5,12 @@
 Each dead-lettered message is sent again with a **new MessageId** — duplicate detection drops a
 send that reuses an id inside its window, silently (the send succeeds) — and its dedup key in
 the application property ``dedup-key``, which the Service Bus trigger takes as the MessageId
-(``servicebus_delivery``): the consumer still knows it, and applies it once. Its original
-sequence number is recorded for the audit (the audit package) before the dead-lettered copy is
-completed. Sent, then recorded, then completed: a run that dies between them leaves the copy in
-the dead-letter queue, and the next run resends it under the same key (a duplicate).
+(``servicebus_delivery``): the consumer still knows it, and applies it once. The original's first
+enqueued time goes in ``dedup-enqueued-at``: a copy is as old as its original, and the consumer
+refuses one older than its marker is sure to be kept (``expired``). Its original sequence number
+is recorded for the audit (the audit package) before the dead-lettered copy is completed. Sent,
+then recorded, then completed: a run that dies between them leaves the copy in the dead-letter
+queue, and the next run resends it under the same key (a duplicate).
 
 Ask first what each message would do: ``python -m shared.idempotency.resubmit``. One line per
 message (sequence number, the new MessageId, the key), then a JSON summary; exit 2 when it
@@ -62,7 +64,9 @@ def resend(store: DedupStore, consumer: str, queue: DeadLetterQueue, count: int)
     for parked in queue.receive(count):
         key = parked.properties.get(facts.KEY_PROPERTY) or parked.message_id
         new_id = f"resent-{uuid.uuid4().hex}"
-        properties = {**parked.properties, **({facts.KEY_PROPERTY: key} if key else {})}
+        first = facts.first_enqueued(parked.properties) or parked.enqueued_at  # kept: the copy is as old
+        properties = {**parked.properties, **({facts.KEY_PROPERTY: key} if key else {}),
+                      **({facts.ENQUEUED_PROPERTY: first.isoformat()} if first else {})}  # fmt: skip
         queue.send(parked.body, new_id, properties, parked.fields)
         facts.record_resent(store, consumer, parked.sequence, parked.enqueued_at)
         queue.complete(parked)

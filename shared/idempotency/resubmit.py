@@ -70,6 +70,8 @@ VERDICTS = {
     "duplicate": "completed with this payload: a resubmit is acknowledged as a duplicate",
     "conflict": "completed with another payload: a resubmit is refused as a conflict",
     "completed": "completed: a resubmit is acknowledged as a duplicate if its payload is the same",
+    "declined": "declined by its handler: a resubmit gets the same decline (a duplicate) if its payload is the same",
+    "declines": "not processed: a resubmit is declined by its handler, and the decline recorded",
     "in_progress": "in progress (two-phase): a resubmit waits for or takes over the claim",
     "refused": "refused for good downstream: a resubmit is dead-lettered again",
     "new": "not processed: a resubmit is processed",
@@ -164,7 +166,7 @@ def check_bodies(consumer: IdempotentConsumer, bodies: Iterable[bytes], message_
             continue
         verdict, marker = _state(consumer, key, partition)
         reason = ""
-        if marker is not None and verdict == "completed":
+        if marker is not None and verdict in ("completed", "declined"):
             verdict = "duplicate" if marker.fingerprint == fp else "conflict"
         elif verdict == "new":
             verdict, reason = dry_run(consumer, delivery)
@@ -187,6 +189,8 @@ def dry_run(consumer: IdempotentConsumer, delivery: Delivery) -> tuple[str, str]
     match result.outcome:
         case Outcome.PROCESSED:
             return "new", UNSTORED
+        case Outcome.DECLINED:
+            return "declines", why
         case Outcome.DUPLICATE:  # versioned state (LatestState): this version is stored
             return "duplicate", "this version of the state is stored"
         case Outcome.STALE:

@@ -82,8 +82,9 @@ class Context:
         is none) or as an earlier message of the same batch left it; its ``replaced``, ``merged``
         or ``deleted`` in ``Effects.changes`` commit with the marker only if it is still as read.
         The consumer's ``reads`` names are read with the marker, in the same request; another
-        costs one request more."""
-        return self.view.read(name)
+        costs one request more (and reads the message's marker with it: a message decided already
+        stops its handler there, decided as before)."""
+        return self.view.read(name, self.key)
 
     def step(self, name: str, call: Callable[[str], JSON],
              reconcile: Callable[[str], JSON] | None = None) -> JSON:  # fmt: skip

@@ -4,7 +4,8 @@
 - one structured log line per outcome, with the dedup key and the correlation id — at
   DEBUG for the everyday ones (processed, duplicate, stale: the metrics and the span count
   them), INFO for in flight, WARNING and ERROR for what an operator must see;
-- metrics: ``dedup.outcomes`` (consumer, outcome), ``dedup.duplicates``,
+- metrics: ``dedup.outcomes`` (consumer, outcome, and its reason when it has one),
+  ``dedup.duplicates``, ``dedup.contended`` (consumer),
   ``dedup.duration`` and ``dedup.claim.duration`` histograms (ms),
   ``dedup.store.requests`` (every HTTP request a store client sends); elsewhere
   ``dedup.escalations`` (reconcile.py), ``dedup.outbox.swept`` (result: sent, failed;
@@ -59,7 +60,7 @@ def fields_of(record: logging.LogRecord) -> dict[str, Any]:
 # one per message cost the consumer a tenth of its throughput (lab/bench/worker.py: 0.75-0.84x
 # the no-dedup function at INFO, 0.89-0.96x at DEBUG, in one session).
 _LEVELS = {"conflict": logging.ERROR, "parked": logging.ERROR, "invalid": logging.WARNING, "transient": logging.WARNING,
-           "in_flight": logging.INFO}  # fmt: skip
+           "in_flight": logging.INFO, "declined": logging.INFO}  # fmt: skip
 
 
 def count_store_request(request: Any) -> None:
@@ -116,7 +117,7 @@ def record(consumer: str, delivery: Delivery, result: Result, duration_ms: float
         shown = " ".join(f"{name}={value!r}" for name, value in fields.items() if value is not None)
         log.log(level, "dedup %s", shown, extra=extra(fields))
     attributes = {"consumer": consumer, "outcome": outcome}
-    _outcomes.add(1, attributes)
+    _outcomes.add(1, attributes if result.reason is None else {**attributes, "reason": str(result.reason)})
     _duration.record(duration_ms, attributes)
     if outcome == "duplicate":
         _duplicates.add(1, {"consumer": consumer})

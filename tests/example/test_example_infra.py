@@ -27,7 +27,8 @@ SETTINGS = {
 RECIPE_SETTINGS = {"ORDER_TOPIC", "BILLING_SUBSCRIPTION", "SHIPPING_SUBSCRIPTION", "ORDER_ACCEPTED_TOPIC",
                    "ORDER_STATUS_QUEUE", "LEDGER_QUEUE", "BALANCES_QUEUE", "SHIPMENT_HUB",
                    "PAYMENT_API_URL"}  # fmt: skip
-ALERTS = ["dedup-conflicts", "dedup-transient-rate", "dedup-duplicate-rate", "dedup-unaccounted", "dedup-purge-backlog"]
+ALERTS = ["dedup-conflicts", "dedup-transient-rate", "dedup-duplicate-rate", "dedup-unaccounted", "dedup-expired",
+          "dedup-purge-backlog"]  # fmt: skip
 
 
 def places(recipes: list[str]) -> dict[str, Redelivery]:

@@ -26,7 +26,7 @@ from shared.idempotency.reasons import Reason
 from shared.idempotency.stores import DedupStore, MemoryStore
 from shared.idempotency.stores._records import Commit, CommitResult, CommitStatus
 from shared.idempotency.telemetry import fields_of
-from tests.conftest import new_table_store
+from tests.conftest import CHANGING_STORES, changing_store, new_table_store
 
 SCHEMA = {
     "type": "object",
@@ -78,11 +78,9 @@ class Counted:
         store.read_current = counted_read  # type: ignore[method-assign]
 
 
-@pytest.fixture(params=["memory", "table", "table-lean"])
+@pytest.fixture(params=CHANGING_STORES)
 def store(request: pytest.FixtureRequest) -> DedupStore:
-    if request.param == "memory":
-        return MemoryStore()
-    return new_table_store(request.getfixturevalue("azurite"), lean=request.param == "table-lean")
+    return changing_store(request, request.param)
 
 
 def delivery(message: dict[str, Any], count: int = 1) -> Delivery:

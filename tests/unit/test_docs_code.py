@@ -1,6 +1,7 @@
 """The docs' code runs: every Python block of the pages a user reads parses and its imports
-resolve, every `python -m …` and `make …` they name exists, every dotted name of the project
-they cite resolves, and every name they say comes from a module is importable from it."""
+resolve, every block marked ``run`` runs, every `python -m …` and `make …` they name exists,
+every dotted name of the project they cite resolves, and every name they say comes from a
+module is importable from it."""
 
 from __future__ import annotations
 
@@ -119,6 +120,15 @@ def test_every_python_block_parses_and_imports_what_exists(page: str) -> None:
                     wrong += [f"from {node.module} import {a.name}" for a in node.names
                               if not resolves(node.module, a.name)]  # fmt: skip
     assert not wrong, f"{page}: Python blocks import what does not exist: {wrong}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_runnable_block_runs(page: str) -> None:
+    """A block fenced ```python run``` is a whole example (an in-memory store, its own asserts):
+    it runs as a user would paste it, in a namespace of its own."""
+    for n, (language, label, text) in enumerate(blocks(page)):
+        if language == "python" and label == "run":
+            exec(compile(text, f"{page}: runnable block {n}", "exec"), {"__name__": f"docs_block_{n}"})
 
 
 @pytest.mark.parametrize("page", PAGES)

@@ -11,6 +11,7 @@ from ..errors import InvalidMessage
 from ..keys import joined_identity
 from ..messages import Delivery, Outcome, Result
 from ..payload import parse_json
+from ..reasons import Reason
 from ._eventgrid import cloudevent_delivery
 from ._http import HTTP_WAIT, REPLAYED, caller_identity, problem, ready, refusal, too_large
 from ._settle import Consumer
@@ -74,9 +75,14 @@ def webhook_handshake(req: func.HttpRequest) -> func.HttpResponse:
 
 
 def cloudevent_response(result: Result) -> func.HttpResponse:
-    """204: accepted, no content (CloudEvents HTTP webhook)."""
-    if result.outcome in (Outcome.PROCESSED, Outcome.DUPLICATE):
+    """204: accepted, no content (CloudEvents HTTP webhook), a declined event too (handled, as on
+    Event Grid); an event id its caller sent before with another payload, 409."""
+    if result.outcome in (Outcome.PROCESSED, Outcome.DECLINED, Outcome.DUPLICATE):
         return func.HttpResponse(
             status_code=204, headers={REPLAYED: "true"} if result.outcome is Outcome.DUPLICATE else {}
+        )
+    if result.outcome is Outcome.INVALID and result.reason == Reason.IDEMPOTENCY_KEY_REUSED:  # the event's id, reused
+        return problem(
+            409, "Conflict with an earlier event", "this source and id were sent before with another payload"
         )
     return refusal(result)

@@ -96,6 +96,8 @@ def stored_response(handler: Handler, status: int, location: str) -> Handler:
     def handle(payload: Any, context: Context) -> Effects:
         effects = handler(payload, context)
         assert isinstance(effects, Effects), "an HTTP response is stored with a marker"
+        if effects.declined is not None:  # the decline is stored, and answered as a problem (``declined``)
+            return effects
         safe = {name: quote(str(value), safe="") for name, value in effects.result.items()}
         headers = {"Location": location.format(**safe)}
         return replace(effects, result={"status": status, "body": effects.result, "headers": headers})
@@ -104,6 +106,8 @@ def stored_response(handler: Handler, status: int, location: str) -> Handler:
 
 
 def http_response(result: Result) -> func.HttpResponse:
+    if result.outcome is Outcome.DECLINED or (result.outcome is Outcome.DUPLICATE and result.reason == Reason.DECLINED):
+        return declined(result)
     if result.outcome in (Outcome.PROCESSED, Outcome.DUPLICATE) and isinstance(result.response, dict):
         headers = dict(result.response.get("headers") or {})
         if result.outcome is Outcome.DUPLICATE:
@@ -115,8 +119,21 @@ def http_response(result: Result) -> func.HttpResponse:
     return refusal(result)
 
 
+def declined(result: Result) -> func.HttpResponse:
+    """409 with the handler's reason and detail (``Effects.declined``): the request conflicts with
+    what is stored; its copies get the same answer, replayed."""
+    decline = result.response if isinstance(result.response, dict) else {}
+    reason, detail = str(decline.get("reason", result.reason)), str(decline.get("detail", result.detail or ""))
+    return problem(409, f"Declined: {reason}", detail, replayed=result.outcome is Outcome.DUPLICATE, reason=reason)
+
+
+# A key the caller reused with another body (the consumer's ``_reused``): an earlier request's.
+CALLER_CONFLICTS = frozenset({Reason.FINGERPRINT_MISMATCH, Reason.KEY_PARTITION_MISMATCH, Reason.VERSION_CONFLICT})
+
+
 def refusal(result: Result) -> func.HttpResponse:
-    if result.outcome is Outcome.CONFLICT:
+    caller = result.outcome is Outcome.INVALID and result.reason in CALLER_CONFLICTS
+    if result.outcome is Outcome.CONFLICT or caller:
         return problem(409, "Conflict with an earlier request",
                        "this business key was already used by another request or another caller")  # fmt: skip
     if result.outcome is Outcome.IN_FLIGHT:
@@ -143,9 +160,14 @@ def unavailable() -> func.HttpResponse:
     return problem(503, "Temporarily unavailable", "retry later", retry_after=True)
 
 
-def problem(status: int, title: str, detail: str, *, retry_after: bool = False) -> func.HttpResponse:
-    """RFC 9457 problem details."""
+def problem(status: int, title: str, detail: str, *, retry_after: bool = False, replayed: bool = False,
+            reason: str | None = None) -> func.HttpResponse:  # fmt: skip
+    """RFC 9457 problem details (``reason``: an extension member, a declined request's code)."""
     body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
+    if reason is not None:
+        body["reason"] = reason
     headers = {"Retry-After": RETRY_AFTER_SECONDS} if retry_after else {}
+    if replayed:
+        headers[REPLAYED] = "true"
     return func.HttpResponse(json.dumps(body), status_code=status, headers=headers,
                              mimetype="application/problem+json")  # fmt: skip

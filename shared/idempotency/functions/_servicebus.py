@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import azure.functions as func
 
-from ..facts import KEY_PROPERTY
+from ..facts import KEY_PROPERTY, first_enqueued
 from ..messages import Delivery
 from ._settle import Consumer, acknowledge_or_retry
 
@@ -47,6 +47,7 @@ def servicebus_delivery(msg: func.ServiceBusMessage) -> Delivery:
         properties=properties,
         sequence=msg.sequence_number,
         enqueued_at=_utc(msg.enqueued_time_utc),
+        first_enqueued_at=first_enqueued(properties),
     )
 
 

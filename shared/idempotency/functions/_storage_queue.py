@@ -24,9 +24,10 @@ def on_storage_queue(consumer: Consumer, msg: func.QueueMessage) -> None:
 
 def storage_queue_delivery(msg: func.QueueMessage) -> Delivery:
     """The service's message id and dequeue count go to logs and dead-letter records; the
-    dequeue count also tells the last delivery (``max_dequeue_count``)."""
+    dequeue count also tells the last delivery (``max_dequeue_count``); its insertion time, its
+    age (a message whose producer set no expiry may outlive its marker)."""
     return Delivery(body=msg.get_body(), message_id=msg.id or None, delivery_count=msg.dequeue_count,
-                    max_deliveries=max_dequeue_count())  # fmt: skip
+                    max_deliveries=max_dequeue_count(), first_enqueued_at=msg.insertion_time)  # fmt: skip
 
 
 def max_dequeue_count() -> int:

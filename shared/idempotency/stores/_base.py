@@ -122,7 +122,7 @@ class DedupStore(ABC):
             return CommitResult(CommitStatus.DUPLICATE, commit.fingerprint)
         stored = self.get(commit.key, commit.partition)
         if stored is not None and commit.owner is not None and stored.owner == commit.owner:
-            return CommitResult(CommitStatus.NEW, commit.fingerprint)
+            return CommitResult(CommitStatus.NEW, commit.fingerprint, stored=stored)  # ours: as it was committed
         if guard_exists:
             return CommitResult(CommitStatus.DUPLICATE, commit.fingerprint)
         if stored is None or stored.fingerprint == commit.fingerprint:

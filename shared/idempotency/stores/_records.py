@@ -21,6 +21,7 @@ LIBRARY_RECORD = "~"  # entity names the library writes beside the data (the out
 class State(StrEnum):
     IN_PROGRESS = "in_progress"  # claimed; an external effect may be under way
     COMPLETED = "completed"  # effects committed; the result can be replayed
+    DECLINED = "declined"  # a message its handler declined (Effects.declined): the result is the decline
     REFUSED = "refused"  # a step's call was refused for good (a final 4xx): never called again
     ESCALATED = "escalated"  # in progress long past its lease: operators were alerted, once
 
@@ -51,7 +52,7 @@ class Marker:
 
     @property
     def final(self) -> bool:
-        return self.state in (State.COMPLETED, State.REFUSED)
+        return self.state in (State.COMPLETED, State.DECLINED, State.REFUSED)
 
     def finished(self, result: JSON, state: State = State.COMPLETED) -> Marker:
         """This claim made final (completed, or refused) with its result, still at its version."""
@@ -105,6 +106,9 @@ class CommitResult:
     status: CommitStatus
     stored_fingerprint: str | None = None
     detail: str | None = None
+    # The marker read back when a conflict turned out to be this delivery's own earlier commit
+    # (``NEW`` on a retry): what was committed, which the retry's own decision may not be.
+    stored: Marker | None = None
 
 
 @dataclass(frozen=True)
@@ -158,7 +162,8 @@ class Commit(NamedTuple):
     its ``version`` (the claim's), on a store that ``folds_completions``. ``changes``: the
     state of each entity it changes once this message is applied (data None: deleted), only if
     the entity is still at the change's ``etag`` (None: it must not exist) — or, where an earlier
-    commit of the same ``commit_many`` call changes it too, at the version that one wrote."""
+    commit of the same ``commit_many`` call changes it too, at the version that one wrote.
+    ``state``: the marker's, ``COMPLETED`` or ``DECLINED`` (the handler declined the message)."""
 
     key: DedupKey
     partition: str
@@ -172,9 +177,10 @@ class Commit(NamedTuple):
     changes: tuple[Change, ...] = ()
     sequence: int | None = None  # the delivery's place in its broker (Delivery.sequence), kept on the marker
     enqueued_at: datetime | None = None
+    state: State = State.COMPLETED
 
     def marker(self, now: datetime) -> Marker:
-        return Marker(self.key, self.partition, State.COMPLETED, self.fingerprint, now, self.expires_at,
+        return Marker(self.key, self.partition, self.state, self.fingerprint, now, self.expires_at,
                       owner=self.owner, result=self.result, sequence=self.sequence,
                       enqueued_at=self.enqueued_at)  # fmt: skip
 

@@ -131,7 +131,8 @@ class StoreContract:
     @pytest.mark.parametrize("effects", [1, 2], ids=["one effect", "two effects"])
     def test_a_resent_commit_knows_its_own_earlier_attempt(self, store: DedupStore, effects: int) -> None:
         """A commit applied but answered 500 is resent with ``retry``: the marker carrying the
-        same owner is that delivery's own commit (NEW); another owner's is a DUPLICATE."""
+        same owner is that delivery's own commit (NEW, with the marker as it was committed: the
+        resend's own decision may differ); another owner's is a DUPLICATE."""
         k = key()
         entities = [Entity(f"e{i}", {"n": i}) for i in range(effects)]
 
@@ -140,10 +141,23 @@ class StoreContract:
             return store.commit_many([sent])[0].status
 
         assert commit("a", retry=False) is CommitStatus.NEW
-        assert commit("a", retry=True) is CommitStatus.NEW  # its own: the first answer was lost
+        own = store.commit_many([Commit(k, k.id, "fp1", entities, {"ok": "decided again"}, utcnow() + HOUR, "a",
+                                        True)])[0]  # fmt: skip
+        assert own.status is CommitStatus.NEW  # its own: the first answer was lost
+        assert own.stored is not None and (own.stored.state, own.stored.result) == (State.COMPLETED, {"ok": True})
         assert commit("b", retry=True) is CommitStatus.DUPLICATE
         assert commit("a", retry=False) is CommitStatus.DUPLICATE  # not a retry: no read, a duplicate
         assert len([item for item in store.scan(k.id) if item.entity]) == effects  # written once
+
+    def test_a_declined_commit_is_a_final_marker_holding_its_decline(self, store: DedupStore) -> None:
+        k, decline = key(), {"reason": "sold_out", "detail": "3 seats asked, 2 left"}
+        declined = Commit(k, k.id, "fp1", [Entity("refusal", {"n": 1})], decline, utcnow() + HOUR, "a",
+                          state=State.DECLINED)  # fmt: skip
+        assert store.commit_many([declined])[0].status is CommitStatus.NEW
+        stored = store.get(k, k.id)
+        assert stored is not None and stored.final and (stored.state, stored.result) == (State.DECLINED, decline)
+        assert store.commit_many([declined._replace(owner="b")])[0].status is CommitStatus.DUPLICATE
+        assert [item.entity for item in store.scan(k.id) if item.entity] == ["refusal"]  # with its records
 
     def test_data_the_store_cannot_hold_is_refused_for_good_and_nothing_is_written(self, store: DedupStore) -> None:
         k, other = key(), key()  # two messages of one partition: a store may commit them together
