@@ -308,7 +308,7 @@ class IdempotentConsumer:
                                    dispatch)  # fmt: skip
             if isinstance(effects, LatestState):
                 context.settle()
-                status = self.store.upsert_if_newer(partition, effects.entity, effects.version)
+                status = self.store.upsert_if_newer(partition, effects.entity, effects.version, owner=owner)
                 if status is StateStatus.CONFLICT:  # recorded as a dead letter and alerted, as any conflict
                     detail = f"version {effects.version} is already applied with other data; the stored state is kept"
                     return Result(Outcome.CONFLICT, key, Reason.VERSION_CONFLICT, detail, fingerprint=fp)

@@ -292,7 +292,8 @@ class DryRun(DedupStore):
     def replace(self, marker: Marker, if_version: str) -> Marker:
         return marker
 
-    def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None) -> bool:
+    def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None, *,
+                    owner: str | None = None) -> bool:  # fmt: skip
         check_storable([entity])  # TypeError, as every store raises it
         return True
 

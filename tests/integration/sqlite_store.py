@@ -193,9 +193,10 @@ class SqliteStore(DedupStore):
                              "AND name = ?", (encode_key(partition), encode_key(name))).fetchone()  # fmt: skip
         return StoredState(-1 if row[0] is None else row[0], row[1], row[2]) if row else None
 
-    def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None) -> bool:
+    def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None, *,
+                    owner: str | None = None) -> bool:  # fmt: skip
         check_storable([entity])
-        values = (dump(entity.data), etag(), version, state_fingerprint(entity.data))
+        values = (dump(entity.data), etag(), version, state_fingerprint(entity.data, owner))
         place = (encode_key(partition), encode_key(entity.name))
         try:
             with self._transaction() as db:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,7 +18,16 @@ import pytest
 from azure.core.exceptions import ServiceResponseError
 
 from lab.faults import PassThrough
-from shared.idempotency import Context, Declined, Effects, Entity, IdempotentConsumer, InvalidMessage, from_body_field
+from shared.idempotency import (
+    Context,
+    Declined,
+    Effects,
+    Entity,
+    IdempotentConsumer,
+    InvalidMessage,
+    LatestState,
+    from_body_field,
+)
 from shared.idempotency.config import DedupConfig
 from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.functions import on_eventgrid, on_http, on_servicebus, on_storage_queue, stored_response
@@ -125,43 +134,49 @@ def test_a_decline_commits_the_records_its_handler_adds_and_carries_no_result(st
 
 
 class LoseNextCommit(PassThrough):
-    """The next transaction (a POST to $batch) is applied by Azurite and its answer lost."""
+    """The next transaction (a POST to $batch; any write, a single insert too, once ``writes``)
+    is applied by Azurite and its answer lost."""
 
-    armed = False
+    armed, writes = False, False
 
     def send(self, request: Any, **kwargs: Any) -> Any:
         answer = self._inner.send(request, **kwargs)
-        if self.armed and request.method == "POST" and request.url.endswith("$batch"):
+        if self.armed and request.method in ("POST", "PUT") and (self.writes or request.url.endswith("$batch")):
             self.armed = False
             raise ServiceResponseError("injected: the answer was lost after the service applied the request")
         return answer
 
 
-@pytest.fixture
-def lossy(request: pytest.FixtureRequest, kind: str) -> Iterator[tuple[DedupStore, Callable[[], None]]]:
-    """A store whose next commit is applied and its answer lost once armed (``arm()``): at the
-    transport for Table Storage, at ``commit_many`` for the memory store."""
+def lossy_store(request: pytest.FixtureRequest, kind: str, write: str) -> tuple[DedupStore, Callable[[], None]]:
+    """A store whose next ``write`` (a commit, or a versioned state's) is applied and its answer
+    lost once armed (``arm()``): at the transport for Table Storage, at the method for the memory
+    store."""
     if kind != "memory":
         wires: list[LoseNextCommit] = []
 
         def wire(inner: Any) -> LoseNextCommit:
             wires.append(LoseNextCommit(inner))
+            wires[-1].writes = write == "write_state"
             return wires[-1]
 
-        yield changing_store(request, kind, wire=wire), lambda: setattr(wires[0], "armed", True)
-        return
+        return changing_store(request, kind, wire=wire), lambda: setattr(wires[0], "armed", True)
     store = changing_store(request, kind)
-    commit_many = store.commit_many
+    applies = getattr(store, write)
 
     def arm() -> None:
-        def lost(commits: Any) -> Any:
-            store.commit_many = commit_many  # type: ignore[method-assign]
-            commit_many(commits)
-            raise StoreUnavailable("injected: the answer was lost after the store applied the commit")
+        def lost(*args: Any, **kwargs: Any) -> Any:
+            setattr(store, write, applies)
+            applies(*args, **kwargs)
+            raise StoreUnavailable("injected: the answer was lost after the store applied the write")
 
-        store.commit_many = lost  # type: ignore[method-assign]
+        setattr(store, write, lost)
 
-    yield store, arm
+    return store, arm
+
+
+@pytest.fixture
+def lossy(request: pytest.FixtureRequest, kind: str) -> tuple[DedupStore, Callable[[], None]]:
+    return lossy_store(request, kind, "commit_many")
 
 
 def noted_step(message: dict[str, Any], context: Context) -> Effects:
@@ -230,6 +245,23 @@ def test_a_handler_never_decides_again_on_the_state_its_message_left(
     assert consumer.process(delivery(move("r-1", 0))).outcome is Outcome.PROCESSED
     assert consumer.process(delivery(move("r-1", 0), 2)).outcome is Outcome.DUPLICATE  # its settlement was lost
     assert level(store) == 3 and not store.dead_letters("stock")
+
+
+def test_a_versioned_state_whose_answer_was_lost_is_reported_once_as_applied(
+    request: pytest.FixtureRequest, kind: str
+) -> None:
+    """``LatestState`` has no marker: the writer's token is kept with the state, so a retry after a
+    lost answer finds its own write (processed), and a redelivery another's (duplicate)."""
+    store, arm = lossy_store(request, kind, "write_state")
+    consumer = IdempotentConsumer("state", store, lambda m, c: LatestState(Entity("status", {"s": m["s"]}), m["v"]),
+                                  key_source=from_body_field("id"), config=WAIT)  # fmt: skip
+    reported = []
+    for version in range(1, 21):  # a new entity's write (an insert) first, then replacements
+        body = {"id": "o-1", "s": f"s{version}", "v": version}
+        arm()
+        reported.append(consumer.process(delivery(body)).outcome)
+        assert consumer.process(delivery(body, 2)).outcome is Outcome.DUPLICATE
+    assert reported == [Outcome.PROCESSED] * 20
 
 
 def test_a_folded_batch_whose_answer_was_lost_reports_each_message_processed_once(

@@ -13,7 +13,7 @@ from ..config import DEAD_LETTER_RETENTION
 from ..errors import AlreadyClaimed, StoreRefused, VersionConflict
 from ..keys import DedupKey
 from ..messages import JSON, Entity
-from ._codec import state_fingerprint
+from ._codec import state_fingerprint, state_owner
 from ._records import (
     Commit,
     CommitResult,
@@ -184,9 +184,11 @@ class DedupStore(ABC):
         :raises StoreUnavailable: as every primitive."""
 
     @abstractmethod
-    def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None) -> bool:
-        """Write ``entity`` with ``version`` and the ``state_fingerprint`` of its data (for
-        ``same_state``): create it (``if_etag`` None) or replace it at ``if_etag``.
+    def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None, *,
+                    owner: str | None = None) -> bool:  # fmt: skip
+        """Write ``entity`` with ``version`` and ``state_fingerprint(entity.data, owner)`` (for
+        ``same_state``, and so that the writer knows its own write): create it (``if_etag``
+        None) or replace it at ``if_etag``.
 
         :returns: False when another writer got there first (it exists, or its ETag moved).
         :raises StoreRefused: the store can never hold this entity.
@@ -198,7 +200,7 @@ class DedupStore(ABC):
         fingerprint ``write_state`` stored with it.
 
         :raises TypeError: a value no store holds."""
-        return stored.fingerprint == state_fingerprint(entity.data)
+        return state_owner(stored.fingerprint)[0] == state_fingerprint(entity.data)
 
     # -- operators' records --------------------------------------------------------------
 
@@ -273,12 +275,13 @@ class DedupStore(ABC):
 
     # -- built on the primitives ---------------------------------------------------------
 
-    def upsert_if_newer(self, partition: str, entity: Entity, version: int) -> StateStatus:
+    def upsert_if_newer(self, partition: str, entity: Entity, version: int, *, owner: str | None = None) -> StateStatus:
         """Write the absolute state only when ``version`` is newer than the stored one,
         with a write conditional on what was read, never a blind read-modify-write: of
-        concurrent writers the highest version wins.
+        concurrent writers the highest version wins. ``owner``: the delivery's token, written
+        with the state, so that its retry after a lost answer finds its own write: ``APPLIED``.
 
-        :returns: ``APPLIED`` (written), ``STALE`` (a newer version is stored), ``SAME``
+        :returns: ``APPLIED`` (written, by this ``owner``), ``STALE`` (a newer version is stored), ``SAME``
             (this version is stored with equal data: a redelivery) or ``CONFLICT`` (this
             version is stored with other data: nothing written, the stored state kept).
         :raises TypeError: a value no store holds; nothing written.
@@ -289,8 +292,11 @@ class DedupStore(ABC):
             if current is not None and current.version > version:
                 return StateStatus.STALE
             if current is not None and current.version == version:
-                return StateStatus.SAME if self.same_state(partition, entity, current) else StateStatus.CONFLICT
-            if self.write_state(partition, entity, version, current.etag if current else None):
+                if not self.same_state(partition, entity, current):
+                    return StateStatus.CONFLICT
+                ours = owner is not None and state_owner(current.fingerprint)[1] == owner
+                return StateStatus.APPLIED if ours else StateStatus.SAME
+            if self.write_state(partition, entity, version, current.etag if current else None, owner=owner):
                 return StateStatus.APPLIED
 
     def complete(self, marker: Marker, result: JSON, state: State = State.COMPLETED) -> Marker:

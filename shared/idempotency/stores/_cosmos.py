@@ -221,7 +221,8 @@ class CosmosStore(DedupStore):
             if not self._carries(existing, marker.key):
                 return CommitResult(CommitStatus.DUPLICATE, None)
             if commit.retry and commit.owner is not None and existing.get("owner") == commit.owner:
-                return CommitResult(CommitStatus.NEW, marker.fingerprint)  # our earlier attempt, its answer lost
+                # our earlier attempt, its answer lost: as it was committed
+                return CommitResult(CommitStatus.NEW, marker.fingerprint, stored=self._marker_from(existing))
             stored_fp = existing.get("fingerprint")
             status = CommitStatus.DUPLICATE if stored_fp == marker.fingerprint else CommitStatus.MISMATCH
             return CommitResult(status, stored_fp)
@@ -316,9 +317,10 @@ class CosmosStore(DedupStore):
             return None
         return StoredState(int(current.get(STATE_VERSION, -1)), current["_etag"], current.get(STATE_FINGERPRINT))
 
-    def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None) -> bool:
+    def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None, *,
+                    owner: str | None = None) -> bool:  # fmt: skip
         body = {**self._document(partition, entity), STATE_VERSION: version,
-                STATE_FINGERPRINT: state_fingerprint(entity.data)}  # fmt: skip
+                STATE_FINGERPRINT: state_fingerprint(entity.data, owner)}  # fmt: skip
         try:
             with store_errors():
                 if if_etag is None:

@@ -194,10 +194,11 @@ class MemoryStore(DedupStore):
         data = item.data or {}
         return StoredState(int(data.get(STATE_VERSION, -1)), item.etag, data.get(STATE_FINGERPRINT))
 
-    def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None) -> bool:
+    def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None, *,
+                    owner: str | None = None) -> bool:  # fmt: skip
         self._check()
         place = (partition, encode_key(entity.name))
-        data = {**entity.data, STATE_VERSION: version, STATE_FINGERPRINT: state_fingerprint(entity.data)}
+        data = {**entity.data, STATE_VERSION: version, STATE_FINGERPRINT: state_fingerprint(entity.data, owner)}
         with self._lock:
             current = self._items.get(place)
             if (current.etag if current else None) != if_etag:

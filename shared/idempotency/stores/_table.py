@@ -340,10 +340,11 @@ class TableStore(DedupStore):
         return StoredState(-1 if stored is None else int(stored), str(current.metadata["etag"]),
                            current.get(STATE_FINGERPRINT))  # fmt: skip
 
-    def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None) -> bool:
+    def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None, *,
+                    owner: str | None = None) -> bool:  # fmt: skip
         # Int64 always: versions go up to 2**53 - 1 (JSON's exact integers), past Int32's range.
         body = {**self.effect_entity(encode_key(partition), entity), STATE_VERSION: (version, EdmType.INT64),
-                STATE_FINGERPRINT: state_fingerprint(entity.data)}  # fmt: skip
+                STATE_FINGERPRINT: state_fingerprint(entity.data, owner)}  # fmt: skip
         with store_errors():
             if if_etag is None:
                 return self._transactions.insert(body) is not None  # None: another writer created it first

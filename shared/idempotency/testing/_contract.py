@@ -408,6 +408,17 @@ class StoreContract:
         [status] = [item.data for item in store.scan(partition) if item.entity == "status"]
         assert status["s"] == "shipped"
 
+    def test_a_writer_finds_its_own_write_of_a_version_after_a_lost_answer(self, store: DedupStore) -> None:
+        """The writer's token is stored with the state: its retry finds its own write (APPLIED,
+        reported once as applied); another writer's copy of the same version is the SAME."""
+        partition = uuid.uuid4().hex
+        assert store.upsert_if_newer(partition, Entity("status", {"s": "paid"}), 2, owner="w1") is StateStatus.APPLIED
+        assert store.upsert_if_newer(partition, Entity("status", {"s": "paid"}), 2, owner="w1") is StateStatus.APPLIED
+        assert store.upsert_if_newer(partition, Entity("status", {"s": "paid"}), 2, owner="w2") is StateStatus.SAME
+        assert store.upsert_if_newer(partition, Entity("status", {"s": "paid"}), 2) is StateStatus.SAME
+        assert store.upsert_if_newer(partition, Entity("status", {"s": "void"}), 2, owner="w1") is StateStatus.CONFLICT
+        assert [item.data["s"] for item in store.scan(partition) if item.entity == "status"] == ["paid"]
+
     def test_an_equal_version_with_other_data_is_a_conflict_and_keeps_the_stored_state(self, store: DedupStore) -> None:
         partition = uuid.uuid4().hex
         assert store.upsert_if_newer(partition, Entity("status", {"s": "paid"}), 3) is StateStatus.APPLIED
