@@ -92,7 +92,7 @@ var coreAlerts = [
     severity: 2
     window: 'PT1H'
     threshold: 0
-    query: 'customMetrics | where name == "dedup.outcomes" and tostring(customDimensions.reason) == "expired" | summarize value = sum(valueSum)'
+    query: 'customMetrics | where name == "dedup.outcomes" and tostring(customDimensions.outcome) == "invalid" and tostring(customDimensions.reason) == "expired" | summarize value = sum(valueSum)'
   }
   {
     name: 'dedup-purge-backlog'

@@ -10,9 +10,8 @@ the contract suite ``.testing``.
   ``Declined`` the message: a business "no" recorded with the marker) or ``LatestState``;
   ``context.step`` runs an effect outside the transaction (``StepPolicy``), and
   ``IdempotentHttp`` calls a service with the step's Idempotency-Key;
-- keys: a key source, ``(message_id, payload) -> key`` (``from_message_id``,
-  ``from_body_field``, ``from_data_field`` for a CloudEvent's data; its type:
-  ``keys.KeySource``);
+- keys: a ``KeySource``, ``(message_id, payload) -> key`` (``from_message_id``,
+  ``from_body_field``, ``from_data_field`` for a CloudEvent's data);
 - configuration: ``DedupConfig`` (from the app settings by default);
 - errors, all under ``DedupError``: ``InvalidMessage`` (refused for good),
   ``DownstreamUnavailable`` (retried), ``DownstreamRejected`` (refused by the service).
@@ -24,7 +23,7 @@ from .config import DedupConfig, StepPolicy
 from .consumer import IdempotentConsumer
 from .downstream import IdempotentHttp
 from .errors import DedupError, DownstreamRejected, DownstreamUnavailable, InvalidMessage
-from .keys import from_body_field, from_data_field, from_message_id
+from .keys import KeySource, from_body_field, from_data_field, from_message_id
 from .messages import Declined, Delivery, Effects, Entity, LatestState, Outcome, Outgoing, Result
 from .steps import Context
 
@@ -41,6 +40,7 @@ __all__ = [
     "IdempotentConsumer",
     "IdempotentHttp",
     "InvalidMessage",
+    "KeySource",
     "LatestState",
     "Outcome",
     "Outgoing",

@@ -24,6 +24,7 @@ from .errors import DedupError, InvalidMessage
 from .keys import DedupKey, KeySource, consumer_partition, from_message_id
 from .messages import (
     RETRY_OUTCOMES,
+    Declined,
     Delivery,
     Effects,
     LatestState,
@@ -231,7 +232,7 @@ class IdempotentConsumer:
             if result.outcome is Outcome.DUPLICATE and delivery.sequence is not None:
                 result = self._seen(delivery, result)
             if result.outcome is Outcome.CONFLICT and delivery.origin is not None:
-                result = self._reused(result)
+                result = _reused(delivery, result)
             if self._record_refusals and result.outcome in _REFUSALS:
                 result = dead_letters.record(self.store, self.name, delivery, result)
             results.append(result)
@@ -285,11 +286,11 @@ class IdempotentConsumer:
             payload, key, fp = self._read(delivery)
             self._validate(payload)
             self._check_age(delivery)
+            partition, expires_at = self.partition_of(key, payload), utcnow() + self._retention
             if self._bind_request_keys and delivery.message_id:  # before anything answers: a reused key is 422
-                self._bind(delivery.message_id, fp, utcnow() + self._retention)
+                self._bind(delivery.message_id, fp, expires_at)
             if self._completed.get(key) == fp:
                 return Result(Outcome.DUPLICATE, key, Reason.COMPLETED_RECENTLY, fingerprint=fp, stored_fingerprint=fp)
-            partition, expires_at = self.partition_of(key, payload), utcnow() + self._retention
             view = (views if views is not None else _Views(self.store))[partition]
             if isinstance(view, DedupError):
                 raise view
@@ -302,10 +303,12 @@ class IdempotentConsumer:
             context = Context(key, partition, fp, self.store, self._steps, expires_at, owner, siblings, view)
             try:
                 effects = self._handler(payload, context)
-            except AlreadyDecided as decided:  # its marker, read with the first entity read
+            except Exception as exc:  # its marker may say it was decided: read with an entity, or now
+                decided = exc.marker if isinstance(exc, AlreadyDecided) else self._decided(view, key, partition, exc)
+                if decided is None:
+                    raise
                 context.settle()
-                return self._known(delivery, Commit(key, partition, fp, [], None, expires_at), owner, decided.marker,
-                                   dispatch)  # fmt: skip
+                return self._known(delivery, Commit(key, partition, fp, [], None, expires_at), owner, decided, dispatch)
             if isinstance(effects, LatestState):
                 context.settle()
                 status = self.store.upsert_if_newer(partition, effects.entity, effects.version, owner=owner)
@@ -336,8 +339,8 @@ class IdempotentConsumer:
                     raise ValueError(f"consumer {self.name!r} has no sender for the handler's outgoing messages")
                 entities += dispatch.rows(delivery, key, partition, effects.messages)
             changes = view.fold(effects.changes) if effects.changes else ()
-            if changes:
-                view.markers[key] = Commit(key, partition, fp, [], None, expires_at).marker(utcnow())  # a later copy
+            if changes or state is State.DECLINED:  # what a later copy in this attempt finds
+                view.markers[key] = Commit(key, partition, fp, [], result, expires_at, state=state).marker(utcnow())
             return Commit(key, partition, fp, entities, result, expires_at, owner, retry, steps, changes,
                           delivery.sequence, delivery.enqueued_at, state)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - mapped to exactly one outcome below
@@ -360,6 +363,18 @@ class IdempotentConsumer:
             return dispatch.send(delivery, at, result, retry=True)
         self._completed.put(key, fp)
         return result
+
+    def _decided(self, view: PartitionView, key: DedupKey, partition: str, exc: Exception) -> Marker | None:
+        """A handler that raised may have met the state its message's own earlier commit left
+        (in a batch whose markers were not read, an entity another message of it read first): its
+        marker, read now — on this failure path only — unless it was read already."""
+        if view.knows(key) or (isinstance(exc, DedupError) and not isinstance(exc, InvalidMessage)):
+            return None  # read already; or the store's, a step's: about neither the state nor the message
+        try:
+            found = self.store.get(key, partition)
+        except DedupError:
+            return None
+        return found if found is not None and found.final else None
 
     def _bind(self, request_key: str, fp: str, expires_at: datetime) -> None:
         """Bind a caller's request key to this payload: the first binding wins (a conditional
@@ -418,14 +433,6 @@ class IdempotentConsumer:
                 results.append(self._duplicate(item.key, item.partition, item.fingerprint, commit.stored_fingerprint))
         return results
 
-    def _reused(self, result: Result) -> Result:
-        """A caller's key (an HTTP request's) reused with another body: the caller's doing, told
-        to the caller (``functions.refusal``) and counted as invalid — never a ``conflict``, whose
-        alert is for twins a broker delivers. Where the key is the caller's own, the caller reused
-        its key (``idempotency_key_reused``)."""
-        reason = Reason.IDEMPOTENCY_KEY_REUSED if self._key_source is from_message_id else result.reason
-        return replace(result, outcome=Outcome.INVALID, reason=reason)
-
     def _seen(self, delivery: Delivery, result: Result) -> Result:
         """A duplicate's own delivery, kept for the audit (one small insert); when it cannot be
         kept, the broker keeps the message: the audit would count it lost."""
@@ -450,13 +457,13 @@ class IdempotentConsumer:
         declined = stored is not None and stored.state is State.DECLINED
         response = stored.result if stored is not None and (self._replay or declined) else None
         return Result(Outcome.DUPLICATE, key, Reason.DECLINED if declined else None, response=response,
-                      fingerprint=fp, stored_fingerprint=stored_fp or fp)  # fmt: skip
+                      fingerprint=fp, stored_fingerprint=stored_fp or fp, declined=declined)  # fmt: skip
 
     def _check_age(self, delivery: Delivery) -> None:
         """Fail closed: a message first enqueued longer ago than its marker is sure to be kept
         (``DEDUP_RETENTION`` less ``EXPIRY_MARGIN``) may have been applied and its marker purged
         since, so it is refused (``expired``), never applied a second time."""
-        enqueued = delivery.first_enqueued_at or delivery.enqueued_at
+        enqueued = min(filter(None, (delivery.first_enqueued_at, delivery.enqueued_at)), default=None)
         if enqueued is not None and enqueued <= utcnow() - self._retention + self._margin:
             raise InvalidMessage(Reason.EXPIRED, f"first enqueued {enqueued.isoformat(timespec='seconds')}: older "
                                  f"than DEDUP_RETENTION ({self._retention}) less {self._margin}, so its marker "
@@ -496,9 +503,20 @@ def _applied(key: DedupKey, fp: str, state: State, result: Any) -> Result:
     """The outcome of the delivery whose commit applied, from what was committed: processed,
     or declined with the decline's reason and detail."""
     if state is State.DECLINED:
-        return Result(Outcome.DECLINED, key, str(result["reason"]), str(result["detail"]), response=result,
-                      fingerprint=fp)  # fmt: skip
+        decline = Declined.of(result)
+        return Result(Outcome.DECLINED, key, decline.reason, decline.detail, response=result, fingerprint=fp,
+                      declined=True)  # fmt: skip
     return Result(Outcome.PROCESSED, key, response=result, fingerprint=fp)
+
+
+def _reused(delivery: Delivery, result: Result) -> Result:
+    """A key an HTTP caller sent (its request's) reused with another body: the caller's doing,
+    told to the caller (``functions.refusal``) and counted as invalid — never a ``conflict``, whose
+    alert is for twins a broker delivers. Where the key is the caller's own request key, the
+    caller reused its key (``idempotency_key_reused``)."""
+    own = result.reason == Reason.FINGERPRINT_MISMATCH and result.key is not None and (
+        result.key.id == delivery.message_id)  # fmt: skip
+    return replace(result, outcome=Outcome.INVALID, reason=Reason.IDEMPOTENCY_KEY_REUSED if own else result.reason)
 
 
 def _payload(delivery: Delivery) -> Any:

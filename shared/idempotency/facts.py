@@ -6,12 +6,12 @@ resubmission keeps (resend.py): the number of each dead-lettered message it sent
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from .config import retention
 from .keys import DedupKey, consumer_partition
-from .messages import Delivery, Result, utcnow
+from .messages import Delivery, Result, in_utc, utcnow
 from .stores._base import DedupStore
 from .stores._records import Marker, State
 
@@ -36,7 +36,7 @@ def first_enqueued(properties: Mapping[str, Any]) -> datetime | None:
         found = datetime.fromisoformat(str(text)) if text else None
     except ValueError:
         return None
-    return found.replace(tzinfo=UTC) if found is not None and found.tzinfo is None else found
+    return in_utc(found)
 
 
 def is_canary(delivery: Delivery) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -46,6 +47,11 @@ def check_result(value: JSON, what: str) -> None:
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def in_utc(when: datetime | None) -> datetime | None:
+    """A service's time as an aware one: naive means UTC (as the Functions host passes them)."""
+    return when.replace(tzinfo=UTC) if when is not None and when.tzinfo is None else when
 
 
 @dataclass(frozen=True)
@@ -158,6 +164,9 @@ class Result:
     response: JSON = None  # what the handler answered (Effects.result), and what a replay answers again
     fingerprint: str | None = None
     stored_fingerprint: str | None = None
+    # The message was declined (Effects.declined): now (``declined``), or a copy of one that was,
+    # found so (``duplicate``); ``response`` then holds the decline's reason and detail.
+    declined: bool = False
 
     @property
     def acknowledge(self) -> bool:
@@ -192,6 +201,9 @@ def mismatch(key: DedupKey | None, fp: str, stored: str | None) -> Result:
     return Result(Outcome.CONFLICT, key, Reason.FINGERPRINT_MISMATCH, detail, fingerprint=fp, stored_fingerprint=stored)
 
 
+_CODE = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # a reason: a short code (a log field, a metric's dimension)
+
+
 @dataclass(frozen=True)
 class Declined:
     """A business "no" decided on what is stored ("insufficient stock", "sold out"): not an
@@ -204,13 +216,19 @@ class Declined:
     detail: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.reason, str) or not self.reason or not isinstance(self.detail, str):
-            raise TypeError("Declined(reason, detail): a non-empty reason and a detail, both text")
+        if not isinstance(self.reason, str) or not _CODE.fullmatch(self.reason) or not isinstance(self.detail, str):
+            raise TypeError(f"Declined(reason, detail): a reason code ({_CODE.pattern}), and a detail text; "
+                            f"not {self.reason!r}")  # fmt: skip
 
     @property
     def result(self) -> dict[str, str]:
         """What the marker stores as its result, and what a replay answers."""
         return {"reason": self.reason, "detail": self.detail}
+
+    @staticmethod
+    def of(result: JSON) -> Declined:
+        """The decline a declined message's marker stores (``result``)."""
+        return Declined(str(result["reason"]), str(result["detail"]))
 
 
 @dataclass(frozen=True)

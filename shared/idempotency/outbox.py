@@ -329,6 +329,8 @@ class Dispatch:
                 # (a destination missing or a role not granted fails every send until fixed).
                 log.log(logging.WARNING if delivery.delivery_count is None else logging.ERROR,
                         "dedup outbox: %s left for the sweep: %s", commit.key, exc)  # fmt: skip
+                if result.declined:  # its reason and detail are the decline's, answered and replayed
+                    return result
                 return replace(result, reason=Reason.OUTBOX_PARKED, detail=str(exc)[:500])
             return Result(Outcome.TRANSIENT, commit.key, Reason.DISPATCH_FAILED, str(exc)[:500],
                           fingerprint=commit.fingerprint)  # fmt: skip

@@ -64,7 +64,8 @@ def resend(store: DedupStore, consumer: str, queue: DeadLetterQueue, count: int)
     for parked in queue.receive(count):
         key = parked.properties.get(facts.KEY_PROPERTY) or parked.message_id
         new_id = f"resent-{uuid.uuid4().hex}"
-        first = facts.first_enqueued(parked.properties) or parked.enqueued_at  # kept: the copy is as old
+        # kept: the copy is as old as its original (the earliest time known of it)
+        first = min(filter(None, (facts.first_enqueued(parked.properties), parked.enqueued_at)), default=None)
         properties = {**parked.properties, **({facts.KEY_PROPERTY: key} if key else {}),
                       **({facts.ENQUEUED_PROPERTY: first.isoformat()} if first else {})}  # fmt: skip
         queue.send(parked.body, new_id, properties, parked.fields)

@@ -37,6 +37,10 @@ class PartitionView:
         self._read: dict[str, Stored] = dict(current.entities) if current else {}
         self._now: dict[str, dict[str, JSON] | None] = {name: s.data for name, s in self._read.items()}
 
+    def knows(self, key: DedupKey) -> bool:
+        """Whether ``key``'s marker was read (found or not) with what this view read."""
+        return key in self._asked or key in self.markers
+
     def read(self, name: str, key: DedupKey | None = None) -> Stored:
         """The entity as the messages before this one left it (one request when it was not read
         yet). ``key``: the message reading it, whose marker that request reads too, unless it was

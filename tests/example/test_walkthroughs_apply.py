@@ -25,12 +25,14 @@ def test_every_block_applies_to_the_template_as_it_is(tmp_path: Path, page: str,
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         if language != "python" and (ROOT / path).is_file() and not (tmp_path / path).exists():
             shutil.copy(ROOT / path, tmp_path / path)
+    applied = []
     for block in blocks:
         try:
             adopters.apply(tmp_path, *block)
-        except adopters.NotApplicable as exc:
+        except adopters.NotApplicable:
             if block[0] != "json":  # a diff that no longer applies: the docs drifted from the template
                 raise
-            pytest.skip(f"the app has its own entity where the walkthrough adds one: {exc}")
-    for block in blocks:
+            continue  # the app has its own queue of that name: the block is the app's, not checked here
+        applied.append(block)
+    for block in applied:
         assert adopters.apply(tmp_path, *block) is False  # and each is then found applied

@@ -49,7 +49,7 @@ from shared.idempotency.stores import (
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS items (
     partition TEXT NOT NULL, name TEXT NOT NULL, kind TEXT, entity TEXT, fields TEXT NOT NULL,
-    etag TEXT NOT NULL, expires REAL, state_version INTEGER, state_fingerprint TEXT,
+    etag TEXT NOT NULL, expires REAL, state_version INTEGER, state_fingerprint TEXT, state_owner TEXT,
     PRIMARY KEY (partition, name));
 CREATE TABLE IF NOT EXISTS dead_letters (
     scope TEXT NOT NULL, record_id TEXT NOT NULL, fields TEXT NOT NULL, body BLOB NOT NULL,
@@ -189,23 +189,25 @@ class SqliteStore(DedupStore):
 
     def read_state(self, partition: str, name: str) -> StoredState | None:
         with self._transaction() as db:
-            row = db.execute("SELECT state_version, etag, state_fingerprint FROM items WHERE partition = ? "
-                             "AND name = ?", (encode_key(partition), encode_key(name))).fetchone()  # fmt: skip
-        return StoredState(-1 if row[0] is None else row[0], row[1], row[2]) if row else None
+            row = db.execute("SELECT state_version, etag, state_fingerprint, state_owner FROM items "
+                             "WHERE partition = ? AND name = ?",
+                             (encode_key(partition), encode_key(name))).fetchone()  # fmt: skip
+        return StoredState(-1 if row[0] is None else row[0], row[1], row[2], row[3]) if row else None
 
     def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None, *,
                     owner: str | None = None) -> bool:  # fmt: skip
         check_storable([entity])
-        values = (dump(entity.data), etag(), version, state_fingerprint(entity.data, owner))
+        values = (dump(entity.data), etag(), version, state_fingerprint(entity.data), owner)
         place = (encode_key(partition), encode_key(entity.name))
         try:
             with self._transaction() as db:
                 if if_etag is None:
-                    db.execute("INSERT INTO items (fields, etag, state_version, state_fingerprint, partition, name, "
-                               "entity) VALUES (?, ?, ?, ?, ?, ?, ?)", (*values, *place, entity.name))  # fmt: skip
+                    db.execute("INSERT INTO items (fields, etag, state_version, state_fingerprint, state_owner, "
+                               "partition, name, entity) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                               (*values, *place, entity.name))  # fmt: skip
                     return True
-                return db.execute("UPDATE items SET fields = ?, etag = ?, state_version = ?, state_fingerprint = ? "
-                                  "WHERE partition = ? AND name = ? AND etag = ?",
+                return db.execute("UPDATE items SET fields = ?, etag = ?, state_version = ?, state_fingerprint = ?, "
+                                  "state_owner = ? WHERE partition = ? AND name = ? AND etag = ?",
                                   (*values, *place, if_etag)).rowcount == 1  # fmt: skip
         except sqlite3.IntegrityError:
             return False  # another writer created it first

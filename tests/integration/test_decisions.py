@@ -26,14 +26,16 @@ from shared.idempotency import (
     IdempotentConsumer,
     InvalidMessage,
     LatestState,
+    Outgoing,
     from_body_field,
 )
-from shared.idempotency.config import DedupConfig
+from shared.idempotency.config import EXPIRY_MARGIN, DedupConfig
 from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.functions import on_eventgrid, on_http, on_servicebus, on_storage_queue, stored_response
+from shared.idempotency.keys import DedupKey
 from shared.idempotency.messages import Delivery, Outcome
 from shared.idempotency.reasons import Reason
-from shared.idempotency.stores import DedupStore
+from shared.idempotency.stores import DedupStore, MemoryStore, State
 from shared.idempotency.telemetry import fields_of
 from tests.conftest import CHANGING_STORES, changing_store
 from tests.functions import cloudevent, http_request, servicebus_message, storage_queue_message
@@ -369,6 +371,74 @@ def test_a_declined_message_is_settled_as_handled_on_every_trigger(store: DedupS
     for n, send in enumerate(sends.values()):
         send(move(f"r-{n}", -5))  # the same decision: nothing applied
     assert (level(store), moves(store)) == (100, ["move|m-1"])
+    declined = [store.get(DedupKey("stock", f"r-{n}"), "stock|s-1") for n in range(len(sends))]
+    assert [(m.state, m.result["reason"]) for m in declined if m] == [(State.DECLINED, "insufficient_stock")] * 3
+    assert store.dead_letters("stock") == []  # handled, not refused
+
+
+def test_a_decline_whose_messages_wait_for_the_sweep_is_still_answered_and_replayed_as_a_decline(
+    store: DedupStore,
+) -> None:
+    """A decline that sends a message ("sorry, sold out") on a route whose sender is down: the
+    messages are parked for the sweep, and the request (and its repeat) still gets the decline."""
+
+    class Down:
+        def send(self, messages: Any) -> None:
+            raise StoreUnavailable("the namespace is down")
+
+    def regretted(message: dict[str, Any], context: Context) -> Effects:
+        effects = move_stock(message, context)
+        return Effects(declined=effects.declined, messages=[Outgoing("regrets", {"id": message["id"]})])
+
+    route = stock_consumer(store, handler=stored_response(regretted, 201, "/api/moves/{id}"), replay_results=True,
+                           record_refusals=False, bind_request_keys=True, sender=Down())  # fmt: skip
+    for key in ("k-1", "k-2"):
+        answer = on_http(lambda: route, http_request(move("r-1", -3), idempotency_key=key))
+        assert (answer.status_code, json.loads(answer.get_body())["detail"]) == (409, "3 asked, 0 left")
+
+
+def test_a_batch_whose_messages_share_an_entity_never_refuses_one_its_own_commit_applied(
+    lossy: tuple[DedupStore, Callable[[], None]],
+) -> None:
+    """Without ``reads``, the first message of a batch reads the shared entity (and its own
+    marker); the others read it from the batch. Their commit applied, its answer lost, they are
+    decided again: the second meets the state it left and refuses — its marker, read then, says it
+    was applied. Both processed, nothing dead-lettered."""
+
+    def ship(message: dict[str, Any], context: Context) -> Effects:
+        opened = context.read("open")
+        if message["id"] not in (opened.data or {}).get("ids", []):
+            raise InvalidMessage("unknown_order", f"{message['id']} is not open")
+        left = [i for i in opened.data["ids"] if i != message["id"]]  # type: ignore[index]
+        return Effects([Entity(f"shipped|{message['id']}", {})], changes=[opened.replaced({"ids": left})])
+
+    store, arm = lossy
+    consumer = stock_consumer(store, lazy=True, handler=ship)
+    store.put_entity("stock|s-1", Entity("open", {"ids": ["a", "b"]}))
+    arm()
+    results = consumer.process_batch([delivery(move("a", 0)), delivery(move("b", 0))])
+    assert [r.outcome for r in results] == [Outcome.PROCESSED, Outcome.PROCESSED]
+    assert store.dead_letters("stock") == [] and len(store.read_entities("stock|s-1", "shipped|", 10)) == 2
+
+
+def test_only_a_callers_own_key_reused_is_idempotency_key_reused() -> None:
+    """From an HTTP caller (``origin``): its request key reused with another body is
+    ``idempotency_key_reused``; a business key's, or a versioned state's conflict, keeps its reason
+    — all ``invalid``, none a ``conflict``. From a broker, a conflict."""
+    store = MemoryStore()
+    notes = IdempotentConsumer("notes", store, lambda m, c: Effects([Entity("note", m)]))
+    states = IdempotentConsumer("states", store, lambda m, c: LatestState(Entity("s", m), 1),
+                                key_source=from_body_field("id"))  # fmt: skip
+
+    def sent(consumer: IdempotentConsumer, body: dict[str, Any], origin: str | None) -> tuple[Outcome, str | None]:
+        result = consumer.process(Delivery(json.dumps(body).encode(), message_id="k-1", origin=origin))
+        return result.outcome, result.reason
+
+    assert sent(notes, {"n": 1}, "caller")[0] is Outcome.PROCESSED
+    assert sent(notes, {"n": 2}, "caller") == (Outcome.INVALID, Reason.IDEMPOTENCY_KEY_REUSED)
+    assert sent(states, {"id": "s-1", "v": "a"}, "caller")[0] is Outcome.PROCESSED
+    assert sent(states, {"id": "s-1", "v": "b"}, "caller") == (Outcome.INVALID, Reason.VERSION_CONFLICT)
+    assert sent(notes, {"n": 2}, None) == (Outcome.CONFLICT, Reason.FINGERPRINT_MISMATCH)
 
 
 # -- fail closed on expired keys ---------------------------------------------------------------------
@@ -389,3 +459,16 @@ def test_a_message_older_than_its_marker_can_be_is_refused_on_every_source(store
     assert (level(store), moves(store)) == (5, ["move|m-4"])
     records = sorted((r.key_id, r.reason) for r in store.dead_letters("stock"))
     assert records == [("m-1", "expired"), ("m-2", "expired"), ("m-3", "expired")]
+
+
+def test_the_age_limit_is_the_retention_less_the_margin_and_a_copy_is_as_old_as_its_first(store: DedupStore) -> None:
+    consumer = stock_consumer(store, config=DedupConfig(retention=timedelta(days=30)))
+    limit = datetime.now(UTC) - timedelta(days=30) + EXPIRY_MARGIN
+    minute = timedelta(minutes=1)
+    on_servicebus(lambda: consumer, servicebus_message(move("m-1", 1), "m-1", enqueued_time=limit - minute))
+    on_servicebus(lambda: consumer, servicebus_message(move("m-2", 1), "m-2", enqueued_time=limit + minute))
+    later = {"dedup-enqueued-at": (datetime.now(UTC) + timedelta(days=1)).isoformat()}  # never younger than it is
+    on_servicebus(lambda: consumer, servicebus_message(move("m-3", 1), "m-3", enqueued_time=limit - minute,
+                                                       properties=later))  # fmt: skip
+    assert moves(store) == ["move|m-2"]
+    assert sorted(r.key_id or "" for r in store.dead_letters("stock")) == ["m-1", "m-3"]

@@ -132,7 +132,7 @@ def test_every_public_module_of_the_library_is_a_face_checked_above() -> None:
     assert {m for m in public if hasattr(importlib.import_module(m), "__all__")} == set(FACES)
 
 
-@pytest.mark.parametrize(("face", "most"), [("shared.idempotency", 20), ("shared.idempotency.functions", 9)])
+@pytest.mark.parametrize(("face", "most"), [("shared.idempotency", 21), ("shared.idempotency.functions", 9)])
 def test_the_faces_a_user_meets_first_stay_small(face: str, most: int) -> None:
     """The root is what a handler author writes; the Functions face one call per trigger
     (``on_*``, as many as there are sources) plus the consumer wiring. Building blocks live in

@@ -1,6 +1,7 @@
-"""A dead-lettered message sent again (shared.idempotency.resend) keeps its original's age: the
-consumer refuses a copy older than its marker is sure to be kept (``expired``), and a copy's
-copy is as old as the first."""
+"""A dead-lettered message sent again (shared.idempotency.resend) carries its original's first
+enqueued time (``dedup-enqueued-at``), a copy's copy the first's; what the consumer does with it
+(refuses a copy older than its marker is sure to be kept, ``expired``) is
+tests/integration/test_decisions.py's."""
 
 from __future__ import annotations
 

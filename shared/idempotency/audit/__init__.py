@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -51,13 +51,13 @@ from .. import telemetry
 from ..errors import ConfigurationError
 from ..facts import CANARIES, DUPLICATES, RESENT
 from ..keys import consumer_partition
-from ..messages import Entity, utcnow
+from ..messages import Entity, in_utc, utcnow
 from ..reasons import Reason
 from ..stores._base import DedupStore
 from ..stores._records import DeadLetter
 
 if TYPE_CHECKING:
-    from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver
+    from azure.servicebus import ServiceBusClient, ServiceBusReceiver
 
 log = logging.getLogger("idempotency")
 _accounted = metrics.get_meter("idempotency").create_counter(
@@ -213,7 +213,7 @@ class ServiceBusPeek:
     def _peek(self, dead: bool, start: int, count: int) -> list[Peeked]:
         with self._receiver(dead) as receiver:
             found = receiver.peek_messages(max_message_count=count, sequence_number=start)
-        return [Peeked(m.sequence_number or 0, _utc(m), dead) for m in found]
+        return [Peeked(m.sequence_number or 0, in_utc(m.enqueued_time_utc), dead) for m in found]
 
     def _receiver(self, dead: bool) -> ServiceBusReceiver:
         from azure.servicebus import ServiceBusSubQueue
@@ -223,11 +223,6 @@ class ServiceBusPeek:
             return self._client.get_queue_receiver(self._queue, sub_queue=sub_queue)
         assert self._topic is not None and self._subscription is not None
         return self._client.get_subscription_receiver(self._topic, self._subscription, sub_queue=sub_queue)
-
-
-def _utc(message: ServiceBusReceivedMessage) -> datetime | None:
-    when = message.enqueued_time_utc
-    return when.replace(tzinfo=UTC) if when is not None and when.tzinfo is None else when
 
 
 def checkpoint(store: DedupStore, consumer: str) -> tuple[int, datetime] | None:

@@ -17,7 +17,7 @@ import azure.functions as func
 from ..consumer import Handler, IdempotentConsumer
 from ..errors import StoreUnavailable
 from ..keys import joined_identity
-from ..messages import Delivery, Effects, Outcome, Result
+from ..messages import Declined, Delivery, Effects, Outcome, Result
 from ..reasons import PUBLIC, Reason
 from ..steps import Context
 from ._settle import Consumer
@@ -106,7 +106,7 @@ def stored_response(handler: Handler, status: int, location: str) -> Handler:
 
 
 def http_response(result: Result) -> func.HttpResponse:
-    if result.outcome is Outcome.DECLINED or (result.outcome is Outcome.DUPLICATE and result.reason == Reason.DECLINED):
+    if result.declined:
         return declined(result)
     if result.outcome in (Outcome.PROCESSED, Outcome.DUPLICATE) and isinstance(result.response, dict):
         headers = dict(result.response.get("headers") or {})
@@ -122,9 +122,9 @@ def http_response(result: Result) -> func.HttpResponse:
 def declined(result: Result) -> func.HttpResponse:
     """409 with the handler's reason and detail (``Effects.declined``): the request conflicts with
     what is stored; its copies get the same answer, replayed."""
-    decline = result.response if isinstance(result.response, dict) else {}
-    reason, detail = str(decline.get("reason", result.reason)), str(decline.get("detail", result.detail or ""))
-    return problem(409, f"Declined: {reason}", detail, replayed=result.outcome is Outcome.DUPLICATE, reason=reason)
+    decline = Declined.of(result.response)
+    return problem(409, f"Declined: {decline.reason}", decline.detail, replayed=result.outcome is Outcome.DUPLICATE,
+                   reason=decline.reason)  # fmt: skip
 
 
 # A key the caller reused with another body (the consumer's ``_reused``): an earlier request's.

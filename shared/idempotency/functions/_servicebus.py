@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import azure.functions as func
 
 from ..facts import KEY_PROPERTY, first_enqueued
-from ..messages import Delivery
+from ..messages import Delivery, in_utc
 from ._settle import Consumer, acknowledge_or_retry
 
 # Service Bus bodies reach the function as the producer's bytes. With the default (string)
@@ -46,10 +44,6 @@ def servicebus_delivery(msg: func.ServiceBusMessage) -> Delivery:
         traceparent=str(traceparent) if traceparent else None,
         properties=properties,
         sequence=msg.sequence_number,
-        enqueued_at=_utc(msg.enqueued_time_utc),
+        enqueued_at=in_utc(msg.enqueued_time_utc),
         first_enqueued_at=first_enqueued(properties),
     )
-
-
-def _utc(when: datetime | None) -> datetime | None:
-    return when.replace(tzinfo=UTC) if when is not None and when.tzinfo is None else when

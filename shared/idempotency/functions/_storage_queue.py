@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import azure.functions as func
 
-from ..messages import Delivery
+from ..messages import Delivery, in_utc
 from ._host import host_setting
 from ._settle import Consumer, acknowledge_or_retry
 
@@ -27,7 +27,7 @@ def storage_queue_delivery(msg: func.QueueMessage) -> Delivery:
     dequeue count also tells the last delivery (``max_dequeue_count``); its insertion time, its
     age (a message whose producer set no expiry may outlive its marker)."""
     return Delivery(body=msg.get_body(), message_id=msg.id or None, delivery_count=msg.dequeue_count,
-                    max_deliveries=max_dequeue_count(), first_enqueued_at=msg.insertion_time)  # fmt: skip
+                    max_deliveries=max_dequeue_count(), first_enqueued_at=in_utc(msg.insertion_time))  # fmt: skip
 
 
 def max_dequeue_count() -> int:

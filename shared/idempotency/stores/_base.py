@@ -13,7 +13,7 @@ from ..config import DEAD_LETTER_RETENTION
 from ..errors import AlreadyClaimed, StoreRefused, VersionConflict
 from ..keys import DedupKey
 from ..messages import JSON, Entity
-from ._codec import state_fingerprint, state_owner
+from ._codec import state_fingerprint
 from ._records import (
     Commit,
     CommitResult,
@@ -178,17 +178,17 @@ class DedupStore(ABC):
 
     @abstractmethod
     def read_state(self, partition: str, name: str) -> StoredState | None:
-        """The stored version of entity ``name`` (-1 when it has none), its ETag and the
-        fingerprint ``write_state`` stored with it (None when it has none), or None.
+        """The stored version of entity ``name`` (-1 when it has none), its ETag, and the
+        fingerprint and owner ``write_state`` stored with it (None when it has none), or None.
 
         :raises StoreUnavailable: as every primitive."""
 
     @abstractmethod
     def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None, *,
                     owner: str | None = None) -> bool:  # fmt: skip
-        """Write ``entity`` with ``version`` and ``state_fingerprint(entity.data, owner)`` (for
-        ``same_state``, and so that the writer knows its own write): create it (``if_etag``
-        None) or replace it at ``if_etag``.
+        """Write ``entity`` with ``version``, the ``state_fingerprint`` of its data (for
+        ``same_state``) and ``owner`` (the writer's token, when given: its retry after a lost
+        answer knows its own write): create it (``if_etag`` None) or replace it at ``if_etag``.
 
         :returns: False when another writer got there first (it exists, or its ETag moved).
         :raises StoreRefused: the store can never hold this entity.
@@ -200,7 +200,7 @@ class DedupStore(ABC):
         fingerprint ``write_state`` stored with it.
 
         :raises TypeError: a value no store holds."""
-        return state_owner(stored.fingerprint)[0] == state_fingerprint(entity.data)
+        return stored.fingerprint == state_fingerprint(entity.data)
 
     # -- operators' records --------------------------------------------------------------
 
@@ -294,7 +294,7 @@ class DedupStore(ABC):
             if current is not None and current.version == version:
                 if not self.same_state(partition, entity, current):
                     return StateStatus.CONFLICT
-                ours = owner is not None and state_owner(current.fingerprint)[1] == owner
+                ours = owner is not None and current.owner == owner
                 return StateStatus.APPLIED if ours else StateStatus.SAME
             if self.write_state(partition, entity, version, current.etag if current else None, owner=owner):
                 return StateStatus.APPLIED

@@ -156,7 +156,7 @@ def dead_letter_from(fields: Mapping[str, Any], body: bytes) -> DeadLetter:
 _EXACT = 2**53 - 1  # RFC 8785 numbers are doubles: integers beyond are tagged, never rounded
 
 
-def state_fingerprint(data: Mapping[str, Any], owner: str | None = None) -> str:
+def state_fingerprint(data: Mapping[str, Any]) -> str:
     """SHA-256 of an entity's data in RFC 8785 form, so that equal data match whatever its
     members' order or its numbers' spelling (1 and 1.0, 0.10 and 0.1): what tells a
     redelivered version from another payload under the same version. Values RFC 8785 has
@@ -164,18 +164,8 @@ def state_fingerprint(data: Mapping[str, Any], owner: str | None = None) -> str:
     are written as one-member objects named NUL and a capital letter, a name no member
     takes (one that starts with NUL is written as NUL and its UTF-8 in hex).
 
-    ``owner``: the writing delivery's token, kept after the hash and a colon, so that a retry
-    after a lost answer tells its own write from another's (``state_owner``).
-
     :raises TypeError: a value no store holds (``check_storable``)."""
-    digest = hashlib.sha256(rfc8785.dumps(_canonical(data))).hexdigest()
-    return digest if owner is None else f"{digest}:{owner}"
-
-
-def state_owner(stored: str | None) -> tuple[str | None, str | None]:
-    """A stored state fingerprint as (the data's hash, the writer's token), each None when absent."""
-    digest, _, owner = (stored or "").partition(":")
-    return digest or None, owner or None
+    return hashlib.sha256(rfc8785.dumps(_canonical(data))).hexdigest()
 
 
 def _canonical(value: Any) -> Any:

@@ -70,6 +70,7 @@ MAX_ITEM_BYTES = 2 * 1024 * 1024  # an item, as JSON
 _OWN_FIELDS_BYTES = 1024  # room for the store's own fields (id, partition key, entity, ttl, _etag, ...)
 STATE_VERSION = "stateVersion"  # the version of a document written by upsert_if_newer
 STATE_FINGERPRINT = "stateFingerprint"  # and the state_fingerprint of its data
+STATE_OWNER = "stateOwner"  # and the token of the delivery that wrote it
 _ITEM_FIELDS = frozenset({"id", "entity", "ttl", "_rid", "_self", "_etag", "_attachments", "_ts"})
 _TIME = "%Y-%m-%dT%H:%M:%S.%fZ"  # fixed width: string order is time order in queries
 _BY_IDS = "SELECT * FROM c WHERE ARRAY_CONTAINS(@ids, c.id)"
@@ -315,12 +316,14 @@ class CosmosStore(DedupStore):
                 current = self._container.read_item(encode_key(name), partition_key=partition)
         except exceptions.CosmosResourceNotFoundError:
             return None
-        return StoredState(int(current.get(STATE_VERSION, -1)), current["_etag"], current.get(STATE_FINGERPRINT))
+        return StoredState(int(current.get(STATE_VERSION, -1)), current["_etag"], current.get(STATE_FINGERPRINT),
+                           current.get(STATE_OWNER))  # fmt: skip
 
     def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None, *,
                     owner: str | None = None) -> bool:  # fmt: skip
         body = {**self._document(partition, entity), STATE_VERSION: version,
-                STATE_FINGERPRINT: state_fingerprint(entity.data, owner)}  # fmt: skip
+                STATE_FINGERPRINT: state_fingerprint(entity.data),
+                **({STATE_OWNER: owner} if owner else {})}  # fmt: skip
         try:
             with store_errors():
                 if if_etag is None:

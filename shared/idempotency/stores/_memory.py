@@ -34,6 +34,7 @@ from ._records import (
 
 STATE_VERSION = "stateVersion"
 STATE_FINGERPRINT = "stateFingerprint"  # of the data written with a version (state_fingerprint)
+STATE_OWNER = "stateOwner"  # the token of the delivery that wrote it
 
 
 @dataclass(frozen=True)
@@ -192,13 +193,15 @@ class MemoryStore(DedupStore):
         if item is None:
             return None
         data = item.data or {}
-        return StoredState(int(data.get(STATE_VERSION, -1)), item.etag, data.get(STATE_FINGERPRINT))
+        return StoredState(int(data.get(STATE_VERSION, -1)), item.etag, data.get(STATE_FINGERPRINT),
+                           data.get(STATE_OWNER))  # fmt: skip
 
     def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None, *,
                     owner: str | None = None) -> bool:  # fmt: skip
         self._check()
         place = (partition, encode_key(entity.name))
-        data = {**entity.data, STATE_VERSION: version, STATE_FINGERPRINT: state_fingerprint(entity.data, owner)}
+        data = {**entity.data, STATE_VERSION: version, STATE_FINGERPRINT: state_fingerprint(entity.data),
+                **({STATE_OWNER: owner} if owner else {})}  # fmt: skip
         with self._lock:
             current = self._items.get(place)
             if (current.etag if current else None) != if_etag:

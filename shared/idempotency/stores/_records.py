@@ -187,12 +187,14 @@ class Commit(NamedTuple):
 
 class StoredState(NamedTuple):
     """What ``upsert_if_newer`` reads before it writes: the stored version, the ETag its
-    conditional write is fenced by, and the fingerprint of the stored data
-    (``_codec.state_fingerprint``; None for a state written before it was kept)."""
+    conditional write is fenced by, the fingerprint of the stored data
+    (``_codec.state_fingerprint``; None for a state written before it was kept), and the token
+    of the delivery that wrote it (``owner``; None when none was given)."""
 
     version: int
     etag: str
     fingerprint: str | None = None
+    owner: str | None = None
 
 
 class Current(NamedTuple):

@@ -69,8 +69,8 @@ log = logging.getLogger("idempotency")
 MAX_TRANSACTION_OPERATIONS = 100  # Table entity-group transaction limit
 STATE_VERSION = "StateVersion"  # the version of an entity written by upsert_if_newer
 STATE_FINGERPRINT = "StateFingerprint"  # and the state_fingerprint of its data
+STATE_OWNER = "StateOwner"  # and the token of the delivery that wrote it
 _KEYS = ("PartitionKey", "RowKey")
-_STATE_FIELDS = (*_KEYS, STATE_VERSION, STATE_FINGERPRINT)
 CHANGE = -1  # the position of a chunk's change operation (each message's own count from 0: its guard)
 BROKEN = "(broken)"  # an entity whose earlier change in this call failed: what follows it is decided again
 
@@ -332,19 +332,20 @@ class TableStore(DedupStore):
         try:
             with store_errors():
                 current = self._table.get_entity(encode_key(partition), encode_key(name),
-                                                 select=[STATE_VERSION, STATE_FINGERPRINT])  # fmt: skip
+                                                 select=[STATE_VERSION, STATE_FINGERPRINT, STATE_OWNER])  # fmt: skip
         except ResourceNotFoundError:
             return None
         stored = current.get(STATE_VERSION)
         stored = getattr(stored, "value", stored)  # Edm.Int64 is read back typed
         return StoredState(-1 if stored is None else int(stored), str(current.metadata["etag"]),
-                           current.get(STATE_FINGERPRINT))  # fmt: skip
+                           current.get(STATE_FINGERPRINT), current.get(STATE_OWNER))  # fmt: skip
 
     def write_state(self, partition: str, entity: Entity, version: int, if_etag: str | None, *,
                     owner: str | None = None) -> bool:  # fmt: skip
         # Int64 always: versions go up to 2**53 - 1 (JSON's exact integers), past Int32's range.
         body = {**self.effect_entity(encode_key(partition), entity), STATE_VERSION: (version, EdmType.INT64),
-                STATE_FINGERPRINT: state_fingerprint(entity.data, owner)}  # fmt: skip
+                STATE_FINGERPRINT: state_fingerprint(entity.data),
+                **({STATE_OWNER: owner} if owner else {})}  # fmt: skip
         with store_errors():
             if if_etag is None:
                 return self._transactions.insert(body) is not None  # None: another writer created it first
