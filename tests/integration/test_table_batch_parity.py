@@ -24,14 +24,19 @@ at the failing index must not change the reading. Where the answers come from:
   an index or code, 413 (in the changeset and for the whole request), 500/503, Cosmos's error
   part with LF-only line breaks, and answers that are not a changeset at all.
 
-The end of the file runs the same classification against the real Azurite: an update or a
-delete of a missing entity inside a transaction, and a transaction on a missing table."""
+Then what the store makes of them: a delete of an entity already gone is done whether or not
+the service names its index (the purge and the sweep race other instances), and a write into a
+missing table — Table Storage's TableNotFound, Cosmos DB's Table API's ResourceNotFound for a
+write that creates — is a configuration error naming the table. The end of the file runs the
+same classification against the real Azurite: an update or a delete of a missing entity inside
+a transaction, and a transaction on a missing table."""
 
 from __future__ import annotations
 
 import json
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -40,11 +45,15 @@ from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.data.tables import TableTransactionError, UpdateMode
 
 from lab.azurite import Azurite
-from shared.idempotency.errors import DedupError, StoreRefused, StoreUnavailable
-from shared.idempotency.stores import TableStore
+from shared.idempotency.errors import ConfigurationError, DedupError, StoreRefused, StoreUnavailable
+from shared.idempotency.keys import DedupKey
+from shared.idempotency.messages import Entity, utcnow
+from shared.idempotency.stores import Commit, DeadLetter, TableStore
 from shared.idempotency.stores._azure import error_code, store_errors
+from shared.idempotency.stores._expiry import Note
 from shared.idempotency.stores._settings import table_store
 from shared.idempotency.stores._table_batch import TransactionFailure
+from shared.idempotency.stores._table_purge import delete_noted
 from shared.idempotency.testing import commits_lean, submit_transaction
 from tests.integration.canned import Canned, canned_server
 
@@ -165,6 +174,7 @@ ANSWERS: dict[str, Answer] = {
                                                     odata("ResourceNotFound", f"1:{MISSING}")), eol="\n"),
     "400 for the whole request": whole(400, "InvalidInput", odata("InvalidInput", "One of the input values is "
                                                                                    "invalid.")),
+    "404 ResourceNotFound for the whole request": whole(404, "ResourceNotFound", odata("ResourceNotFound", MISSING)),
     "404 TableNotFound for the whole request": whole(404, "TableNotFound",
                                                      odata("TableNotFound", "The table specified does not exist.")),
     "409 for the whole request": whole(409, "EntityAlreadyExists", odata("EntityAlreadyExists", EXISTS)),
@@ -258,13 +268,78 @@ EXPECTED: dict[str, tuple[Any, ...]] = {
 }
 
 
+# A "not found" of a write that creates (an insert, at the index named or at every operation when
+# none is): no entity was missing, the table was (Cosmos DB's Table API answers a missing table so):
+# it raises as a missing table does, never a decision. Where the transaction differs, by transaction.
+COSMOS_MISSING_TABLE = ("raised", TableTransactionError, 404, "ResourceNotFound")
+BY_TRANSACTION: dict[str, dict[str, tuple[Any, ...]]] = {
+    "404 missing entity at 0": {"inserts": COSMOS_MISSING_TABLE, "commit": COSMOS_MISSING_TABLE},
+    "404 missing entity at 3": {"inserts": COSMOS_MISSING_TABLE},
+    "404 missing entity without an index": {"inserts": COSMOS_MISSING_TABLE},
+    "Cosmos LF-only 404 missing entity": {"inserts": COSMOS_MISSING_TABLE, "commit": COSMOS_MISSING_TABLE},
+}
+
+
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_each_answer_means_what_the_store_expects(stores: tuple[Canned, dict[str, TableStore]], name: str) -> None:
     server, by_path = stores
     server.answer = ANSWERS[name]
     for path, store in by_path.items():
-        for transaction in TRANSACTIONS.values():
-            assert classified(store, transaction) == EXPECTED[name], path
+        for kind, transaction in TRANSACTIONS.items():
+            assert classified(store, transaction) == BY_TRANSACTION.get(name, {}).get(kind, EXPECTED[name]), path
+
+
+@pytest.mark.parametrize("name", ["404 missing entity without an index", "404 missing entity at 1",
+                                  "Cosmos LF-only 404 missing entity"])  # fmt: skip
+def test_deleting_what_another_instance_deleted_first_is_no_error(
+    stores: tuple[Canned, dict[str, TableStore]], name: str
+) -> None:
+    """The purge and the sweep race other instances: a delete of an entity already gone is
+    answered 404, with the operation's index or (as Azure answers it) without: done either way."""
+    server, by_path = stores
+    server.answer = ANSWERS[name]
+    for store in by_path.values():
+        store.delete_entities("p", ["gone", "gone too", "gone as well"])
+
+
+@pytest.mark.parametrize(("name", "requests"), [("404 missing entity without an index", 1 + 4),
+                                               ("412 without an index", 1 + 2)])  # fmt: skip
+def test_the_purge_deletes_each_marker_alone_when_the_service_does_not_say_which_failed(
+    stores: tuple[Canned, dict[str, TableStore]], name: str, requests: int
+) -> None:
+    """Two noted markers and their guards in one transaction, refused without an index: each
+    delete goes alone — one gone is passed over, one rewritten (412) keeps its guard — rather than
+    the whole partition left to the weekly sweep."""
+    server, by_path = stores
+    rewritten = changeset(refused_part("412 Precondition Failed", "UpdateConditionNotSatisfied", CONDITION))
+    server.answer = ANSWERS.get(name) or rewritten
+    notes = [Note("p", "m1", ETAG, "g1"), Note("p", "m2", ETAG, "g2")]
+    for store in by_path.values():
+        assert delete_noted(partial(submit_transaction, store), "p", notes) == (0, requests)
+
+
+@pytest.mark.parametrize(("name", "write"), [
+    ("Cosmos LF-only 404 missing entity", "a commit"), ("404 missing entity without an index", "a commit"),
+    ("404 TableNotFound for the whole request", "a commit"), ("real: 404 TableNotFound", "a commit"),
+    ("404 TableNotFound for the whole request", "a dead letter"),
+    ("404 ResourceNotFound for the whole request", "a dead letter"),
+    ("404 ResourceNotFound for the whole request", "an upsert")])  # fmt: skip
+def test_a_write_into_a_missing_table_names_the_table_on_both_paths(
+    stores: tuple[Canned, dict[str, TableStore]], name: str, write: str
+) -> None:
+    """Table Storage says TableNotFound; Cosmos DB's Table API says ResourceNotFound, where no
+    entity can be missing (an insert): a configuration error naming the table, never a decided
+    "not found" (a commit read as lease_lost), on both paths."""
+    server, by_path = stores
+    server.answer = ANSWERS[name]
+    for store in by_path.values():
+        with pytest.raises(ConfigurationError, match=r"table 'orders(dl)?' does not exist"):
+            if write == "a commit":
+                store.commit_many([Commit(DedupKey("c", "k"), "p", "fp", [Entity("e", {"n": 1})], None, utcnow())])
+            elif write == "a dead letter":
+                store.dead_letter(DeadLetter("c", "invalid_json", "", b"{"))
+            else:
+                store.put_entity("p", Entity("e", {"n": 1}))
 
 
 def test_the_real_success_answers_give_every_etag_in_order(stores: tuple[Canned, dict[str, TableStore]]) -> None:

@@ -61,10 +61,18 @@ class store_errors:  # lower case: used as ``with store_errors():``, as the func
       a 400 whose code says the data is too large (REFUSED_FOR_GOOD) → StoreRefused: this
       message's data can never be stored; dead-letter it;
     - any other 400 → StoreUnavailable, logged: likely the deployment's, not the message's;
+    - with ``table`` named, a table that does not exist (404 TableNotFound; and, for ``writes``,
+      Cosmos DB's Table API's 404 ResourceNotFound, which a write raises only for a missing
+      table) → ConfigurationError naming it: the deployment's, never a message's decision;
     - anything else (404 on a read, 409, 412) passes through: the callers read those.
 
     A class rather than a generator-based context manager: it wraps every store request,
     and costs a fifth as much."""
+
+    __slots__ = ("_table", "_writes")
+
+    def __init__(self, table: str | None = None, *, writes: bool = False) -> None:
+        self._table, self._writes = table, writes
 
     def __enter__(self) -> None:
         return None
@@ -75,6 +83,10 @@ class store_errors:  # lower case: used as ``with store_errors():``, as the func
         if not isinstance(exc, HttpResponseError):
             return
         code = error_code(exc)
+        missing = code == "TableNotFound" or (self._writes and code == "ResourceNotFound")
+        if self._table is not None and exc.status_code == 404 and missing:
+            raise ConfigurationError(f"table {self._table!r} does not exist (the service answered 404 {code}): "
+                                     "check the app settings, or deploy it") from exc  # fmt: skip
         if is_transient(exc.status_code):
             raise StoreUnavailable(f"{exc.status_code} {code}: {exc.message}") from exc
         if isinstance(exc, ClientAuthenticationError) or exc.status_code in (401, 403):

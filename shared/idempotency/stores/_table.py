@@ -185,7 +185,7 @@ class TableStore(DedupStore):
                            for name, (_, change) in last.items()]  # fmt: skip
             owners += [(i, CHANGE) for i, _ in last.values()]
             try:
-                with store_errors():
+                with store_errors(self._table.table_name, writes=True):
                     answer = self._submit(operations)
             except StoreRefused as exc:  # a value too large, say: whose? each message on its own
                 if len(chunk) == 1:
@@ -245,7 +245,7 @@ class TableStore(DedupStore):
             group = wanted[start : start + self.rows_per_read]
             either = " or ".join(f"RowKey eq @r{n}" for n in range(len(group)))
             parameters = {"pk": pk, **{f"r{n}": row for n, row in enumerate(group)}}
-            with store_errors():
+            with store_errors(self._table.table_name):
                 found = self._transactions.query(f"PartitionKey eq @pk and ( {either} )", parameters, len(group))
             rows.update((row["RowKey"], row) for row in found)
         markers = {key: self._marker_from(rows[marker_id(key)], partition) for key in keys if marker_id(key) in rows}
@@ -258,7 +258,7 @@ class TableStore(DedupStore):
 
     def get(self, key: DedupKey, partition: str) -> Marker | None:
         try:
-            with store_errors():
+            with store_errors(self._table.table_name):
                 entity = self._table.get_entity(encode_key(partition), marker_id(key))
         except ResourceNotFoundError as exc:
             if error_code(exc) == TableErrorCode.TABLE_NOT_FOUND:  # not "no marker": a missing table
@@ -267,12 +267,12 @@ class TableStore(DedupStore):
         return self._marker_from(entity, partition)
 
     def insert(self, marker: Marker) -> Marker | None:
-        with store_errors():
+        with store_errors(self._table.table_name, writes=True):
             etag = self._transactions.insert(self._marker_entity(marker))
         return None if etag is None else self._noted(replace(marker, version=etag))
 
     def replace(self, marker: Marker, if_version: str) -> Marker:
-        with store_errors():
+        with store_errors(self._table.table_name, writes=True):
             answer = self._transactions.submit([("update", self._marker_entity(marker), _at_version(if_version))])
         if isinstance(answer, TransactionFailure):  # changed or gone since it was read
             raise VersionConflict(answer.message)
@@ -293,7 +293,7 @@ class TableStore(DedupStore):
             parameters={"kind": MARKER_KIND, "state": State.IN_PROGRESS.value, "cutoff": lease_expired_before},
             results_per_page=min(limit, 1000),
         )
-        with store_errors():
+        with store_errors(self._table.table_name):
             return [self._marker_from(entity, entity["Partition"]) for entity in islice(query, limit)]
 
     def sequenced(self, scope: str, since: datetime, until: datetime) -> list[Marker]:
@@ -323,14 +323,14 @@ class TableStore(DedupStore):
             ],
             results_per_page=1000,
         )
-        with store_errors():
+        with store_errors(self._table.table_name):
             return [self._marker_from(entity, entity["PartitionKey"]) for entity in query]
 
     # -- naturally idempotent writes ----------------------------------------------------
 
     def read_state(self, partition: str, name: str) -> StoredState | None:
         try:
-            with store_errors():
+            with store_errors(self._table.table_name):
                 current = self._table.get_entity(encode_key(partition), encode_key(name),
                                                  select=[STATE_VERSION, STATE_FINGERPRINT, STATE_OWNER])  # fmt: skip
         except ResourceNotFoundError:
@@ -346,7 +346,7 @@ class TableStore(DedupStore):
         body = {**self.effect_entity(encode_key(partition), entity), STATE_VERSION: (version, EdmType.INT64),
                 STATE_FINGERPRINT: state_fingerprint(entity.data),
                 **({STATE_OWNER: owner} if owner else {})}  # fmt: skip
-        with store_errors():
+        with store_errors(self._table.table_name, writes=True):
             if if_etag is None:
                 return self._transactions.insert(body) is not None  # None: another writer created it first
             answer = self._transactions.submit([("update", body, _at_version(if_etag))])
@@ -390,34 +390,41 @@ class TableStore(DedupStore):
         # an encoded name holds.
         low = encode_key(prefix) if prefix else ""
         between, bounds = "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high", {"low": low, "high": low + "~"}
-        with store_errors():
+        with store_errors(self._table.table_name):
             rows = self._transactions.query(between, {"pk": encode_key(partition), **bounds}, limit)
         return [Entity(unquote(row["RowKey"]), {k: v for k, v in row.items() if k not in _KEYS})
                 for row in rows if row.get("Kind") not in (MARKER_KIND, GUARD_KIND)]  # fmt: skip
 
     def put_entity(self, partition: str, entity: Entity) -> None:
         check_storable([entity])
-        self._write(self._transactions, [("upsert", self.effect_entity(encode_key(partition), entity), REPLACE)])
+        self._write(self._transactions, [("upsert", self.effect_entity(encode_key(partition), entity), REPLACE)],
+                    self._table)  # fmt: skip
 
     def delete_entities(self, partition: str, names: Sequence[str]) -> None:
         """One transaction per 100 names (the outbox sweep's index rows); a transaction that
-        met a name gone already (all or nothing) goes again without it."""
+        met a name gone already (all or nothing) goes again without it — or, when the service
+        did not say which (a 404 without an index), each name on its own."""
         key = encode_key(partition)
         for start in range(0, len(names), MAX_TRANSACTION_OPERATIONS):
             chunk = [("delete", {"PartitionKey": key, "RowKey": encode_key(name)})
                      for name in names[start : start + MAX_TRANSACTION_OPERATIONS]]  # fmt: skip
             while chunk:
-                with store_errors():
+                with store_errors(self._table.table_name, writes=True):
                     answer = self._transactions.submit(chunk)
                 if not isinstance(answer, TransactionFailure):
                     break
-                if not answer.not_found or answer.index is None or not 0 <= answer.index < len(chunk):
+                if not answer.not_found:
                     raise StoreRefused(f"deleting {len(chunk)} entities of {partition!r}: {answer.message}")
+                if answer.index is None or not 0 <= answer.index < len(chunk):
+                    if len(chunk) > 1:  # which one is gone? each on its own
+                        for name in names[start : start + MAX_TRANSACTION_OPERATIONS]:
+                            self.delete_entities(partition, [name])
+                    break  # one, gone already
                 del chunk[answer.index]
 
-    def _write(self, transactions: Transactions, operations: list[Any]) -> None:
-        """Writes that cannot meet a decided refusal (upserts): applied, or an error raised."""
-        with store_errors():
+    def _write(self, transactions: Transactions, operations: list[Any], table: TableClient) -> None:
+        """Writes that cannot meet a decided refusal (upserts) to ``table``: applied, or an error raised."""
+        with store_errors(table.table_name, writes=True):
             answer = transactions.submit(operations)
         if isinstance(answer, TransactionFailure):
             raise StoreRefused(f"{len(operations)} writes refused: {answer.message}")
@@ -427,14 +434,15 @@ class TableStore(DedupStore):
     def dead_letter(self, record: DeadLetter) -> None:
         """One entity, or (a body past its 10 chunks) the record's entity and its parts in one
         entity-group transaction: never half a record."""
-        self._write(self._dead_transactions, [("upsert", e, REPLACE) for e in self._dead_letter_entities(record)])
+        self._write(self._dead_transactions, [("upsert", e, REPLACE) for e in self._dead_letter_entities(record)],
+                    self._dead)  # fmt: skip
 
     def _dead_letter_entities(self, record: DeadLetter) -> list[dict[str, Any]]:
         return dead_letter_entities(record, self.dead_letter_retention, utcnow())
 
     def dead_letters(self, scope: str) -> list[DeadLetter]:
         query = self._dead.query_entities("PartitionKey eq @pk", parameters={"pk": encode_key(scope)})
-        with store_errors():
+        with store_errors(self._dead.table_name):
             return dead_letter_records(list(query))
 
     def scan(self, partition: str | None = None) -> Iterator[StoredItem]:
@@ -442,7 +450,7 @@ class TableStore(DedupStore):
             entities = self._table.list_entities()
         else:
             entities = self._table.query_entities("PartitionKey eq @pk", parameters={"pk": encode_key(partition)})
-        with store_errors():
+        with store_errors(self._table.table_name):
             for entity in entities:
                 if entity["PartitionKey"].startswith(INDEX):  # the expiry index's: no record of the data
                     continue

@@ -159,6 +159,17 @@ class TransactionFailure:
         from the SDK's TableTransactionError too, whatever the operation at ``index``."""
         return self.already_exists or self.version_conflict or self.not_found
 
+    def decided_for(self, operations: Sequence[Operation]) -> bool:
+        """``decided``, but a "not found" of a write that creates (an insert, an upsert: at its
+        index, or every operation when the service named none): no entity was missing, the table
+        was — Cosmos DB's Table API answers a missing table so (404 ResourceNotFound, where Table
+        Storage says TableNotFound) — and it raises as a missing table does."""
+        if not self.not_found:
+            return self.decided
+        kinds = [operation_kind(op[0]) if isinstance(op, tuple) else "create" for op in operations]
+        named = [kinds[self.index]] if self.index is not None and 0 <= self.index < len(kinds) else kinds
+        return not all(kind in ("create", "upsert") for kind in named)
+
 
 class SharedKeyPolicy(SansIOHTTPPolicy):  # type: ignore[type-arg]
     """Table service Shared Key authorization: HMAC-SHA256 over verb, Content-MD5,
@@ -265,7 +276,7 @@ class TableTransactions:
         if not response.headers.get("Content-Type", "").startswith("multipart/mixed"):
             raise ServiceResponseError(f"a transaction was answered with {response.headers.get('Content-Type')!r}")
         answer = decode(response.content, len(operations))
-        if isinstance(answer, TransactionFailure) and not answer.decided:  # the SDK's class for an operation's
+        if isinstance(answer, TransactionFailure) and not answer.decided_for(operations):  # the SDK's class
             kind = {413: RequestTooLargeError, 401: TransactionAuthenticationError, 403: TransactionAuthenticationError}
             raise _refused(response, answer.status, answer.code, answer.message,
                            kind.get(answer.status, TableTransactionError))  # fmt: skip

@@ -48,13 +48,36 @@ def delete_noted(submit: Submit, pk: str, notes: list[Note]) -> tuple[int, int]:
                 deleted += len(operations)
                 break
             if answer.index is None or not 0 <= answer.index < len(operations):
-                break  # the service did not say which: the full sweep will
+                if answer.not_found or answer.version_conflict:  # the service did not say which: each alone
+                    alone, requests = _one_by_one(submit, notes, operations)
+                    deleted, made = deleted + alone, made + requests
+                break  # else neither gone nor rewritten: the full sweep will
             failed = operations[answer.index]
             if answer.version_conflict:  # the marker was rewritten: keep it and its guard
                 guard = _guard_of(notes, failed[1]["RowKey"])
                 operations = [op for op in operations if op[1]["RowKey"] not in (failed[1]["RowKey"], guard)]
             else:  # gone already
                 operations = [op for op in operations if op is not failed]
+    return deleted, made
+
+
+def _one_by_one(submit: Submit, notes: list[Note], operations: list[Any]) -> tuple[int, int]:
+    """Each delete in a transaction of its own (a marker before its guard): (deleted, requests).
+    A marker rewritten since keeps its guard; one gone already, and any other refusal, is passed
+    over (the full sweep's)."""
+    deleted = made = 0
+    kept: set[str] = set()  # the guards of markers rewritten since
+    for operation in operations:
+        row = operation[1]["RowKey"]
+        if row in kept:
+            continue
+        with store_errors():
+            answer = submit([operation])
+        made += 1
+        if not isinstance(answer, TransactionFailure):
+            deleted += 1
+        elif answer.version_conflict and (guard := _guard_of(notes, row)):
+            kept.add(guard)
     return deleted, made
 
 

@@ -61,7 +61,7 @@ class SdkTransactions:
             raise ServiceResponseError(f"the transaction's answer was cut short: {exc}", error=exc) from exc
         except TableTransactionError as exc:
             failure = TransactionFailure.of(exc.status_code or 0, error_code(exc), exc.message or "")
-            if not failure.decided:
+            if not failure.decided_for(tuples):
                 raise
             return failure
         return [str(answer.get("etag") or "") for answer in answers]
@@ -83,7 +83,7 @@ class SdkTransactions:
                 raise ValueError(f"Unrecognized operation: {kind}")
         except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError) as exc:
             failure = TransactionFailure(0, exc.status_code or 0, error_code(exc), exc.message or "")
-            if not failure.decided:
+            if not failure.decided_for([(kind, entity)]):
                 raise
             return failure
         return [str(meta.get("etag") or "")]
