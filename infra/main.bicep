@@ -260,11 +260,6 @@ var settings = {
   ServiceBusConnection__credential: 'managedidentity'
   ServiceBusConnection__clientId: identity.outputs.clientId
   ORDERS_QUEUE: serviceBus.outputs.queueName
-  // The hourly audit (audit_consumers): consumer=queue or consumer=topic/subscription, each a
-  // consumer and what it reads (not a session queue: it is peeked session by session).
-  DEDUP_AUDIT: join(concat(['orders=${serviceBus.outputs.queueName}'],
-    withTopic ? ['billing=${serviceBus.outputs.topicName}/billing', 'shipping=${serviceBus.outputs.topicName}/shipping'] : [],
-    withBatch ? ['ledger=ledger'] : [], withBalances ? ['balances=balances'] : []), ',')
   DEDUP_STORE: dedupStore
   EVENTGRID_TOPIC_ENDPOINT: eventGrid.outputs.endpoint // the canary's Event Grid topic (send_canaries)
   DEDUP_STORAGE_ENDPOINT: storage.outputs.tableEndpoint

@@ -64,8 +64,10 @@ class Lock:
 
 class PeekLockQueue:
     def __init__(
-        self, lock_duration: float, max_delivery_count: int, duplicate_window: int, lock_renewal: float = 0.0
-    ) -> None:
+        self, lock_duration: float, max_delivery_count: int, duplicate_window: int, lock_renewal: float = 0.0,
+        first_sequence: int = 1,
+    ) -> None:  # fmt: skip
+        """``first_sequence``: the number the next message gets (an entity long in use numbers in the millions)."""
         self.lock_duration = lock_duration
         self.lock_renewal = lock_renewal  # the host's maxAutoLockRenewalDuration
         self.max_delivery_count = max_delivery_count
@@ -75,7 +77,7 @@ class PeekLockQueue:
         self._scheduled: list[tuple[float, int, QueuedMessage]] = []  # a heap by when each is enqueued
         self._locked: dict[int, QueuedMessage] = {}
         self._history: OrderedDict[str, None] = OrderedDict()
-        self._seq = itertools.count(1)
+        self._seq = itertools.count(first_sequence)
         self._tokens = itertools.count(1)
         self.dead: list[QueuedMessage] = []
         self.sent = self.accepted = self.dropped_by_detection = self.deliveries = self.completed = 0

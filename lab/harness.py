@@ -394,7 +394,7 @@ def _audit(report: Report, store: DedupStore, scope: str, queue: PeekLockQueue, 
     found = account(store, scope, queue, after=0, since=started_at - timedelta(minutes=1),
                     until=datetime.now(UTC) + timedelta(minutes=1))  # fmt: skip
     report.audit = found.summary()
-    unaccounted = sorted(seq for seq, _ in found.unaccounted)
+    unaccounted = sorted(gap.sequence for gap in found.unaccounted)
     expected = sorted(seq for seq, _, _ in report.vanished)
     if unaccounted != expected:
         report.violations.append(f"the audit's unaccounted {unaccounted[:20]} are not the messages lost on the way "

@@ -3,7 +3,8 @@
 Sends N orders, resends a share of them as exact duplicates and a few under the same
 id with another payload, waits until every order is in the dedup store, then reports
 per outcome and peeks the queue's dead-letter queue. Exit code: 1 if any order was
-written twice, 2 if some never arrived, 0 otherwise.
+written twice, 2 if some never arrived or it cannot run (a setting, the store's tables, an
+unreachable namespace or store: one line), 0 otherwise.
 
 Settings (from `azd env get-values`): SERVICEBUS_FULLY_QUALIFIED_NAMESPACE (or
 SERVICEBUS_CONNECTION_STRING), SERVICEBUS_QUEUE, and the app's store settings
@@ -117,8 +118,18 @@ def report(store: DedupStore, scope: str, plan: Plan) -> SmokeReport:
     return result
 
 
+def checked(store: DedupStore) -> None:
+    """The store's tables exist (a mistyped table is refused before an order is sent); one it may
+    not read (a 403: a role for the records only) is read as ``report`` reads it."""
+    try:
+        store.check_tables()
+    except StoreUnavailable as exc:
+        if getattr(exc.__cause__, "status_code", None) != 403:
+            raise
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m lab.client.smoke", description=__doc__.split("\n\n")[0])
     parser.add_argument("--orders", type=int, default=50)
     parser.add_argument("--duplicate-share", type=float, default=0.3)
     parser.add_argument("--mismatches", type=int, default=3)
@@ -129,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from azure.servicebus import ServiceBusSubQueue
 
     from lab.client.producer import order_message, send_in_batches, servicebus_client
+    from shared.idempotency.commands import one_line_errors
     from shared.idempotency.config import setting
     from shared.idempotency.stores._settings import app_store
 
@@ -140,21 +152,23 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     plan = make_plan(args.orders, args.duplicate_share, args.mismatches)
-    queue = os.environ.get("SERVICEBUS_QUEUE") or setting("ORDERS_QUEUE", "orders")
-    with servicebus_client() as client:
-        with client.get_queue_sender(queue) as sender:
-            send_in_batches(sender, (order_message(order) for order in plan.orders))
-            send_in_batches(sender, (order_message(order) for order in plan.duplicates + plan.mismatches))
+    with one_line_errors("smoke", unreachable="cannot reach Service Bus or the store: "):
+        queue = os.environ.get("SERVICEBUS_QUEUE") or setting("ORDERS_QUEUE", "orders")
         store = app_store(create=False)
-        deadline = time.monotonic() + args.wait
-        result = report(store, args.consumer, plan)
-        while result.missing and time.monotonic() < deadline:
-            time.sleep(5)
+        checked(store)  # before anything is sent: the store the orders are looked for in
+        with servicebus_client() as client:
+            with client.get_queue_sender(queue) as sender:
+                send_in_batches(sender, (order_message(order) for order in plan.orders))
+                send_in_batches(sender, (order_message(order) for order in plan.duplicates + plan.mismatches))
+            deadline = time.monotonic() + args.wait
             result = report(store, args.consumer, plan)
-        with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
-            peeked = dlq.peek_messages(max_message_count=250)
-        result.broker_dead_letters = [(str(m.message_id), str(m.dead_letter_reason)) for m in peeked
-                                      if str(m.message_id).startswith(plan.run)]  # fmt: skip
+            while result.missing and time.monotonic() < deadline:
+                time.sleep(5)
+                result = report(store, args.consumer, plan)
+            with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+                peeked = dlq.peek_messages(max_message_count=250)
+            result.broker_dead_letters = [(str(m.message_id), str(m.dead_letter_reason)) for m in peeked
+                                          if str(m.message_id).startswith(plan.run)]  # fmt: skip
     print(result.render())
     return result.exit_code
 

@@ -342,7 +342,7 @@ class IdempotentConsumer:
             if changes or state is State.DECLINED:  # what a later copy in this attempt finds
                 view.markers[key] = Commit(key, partition, fp, [], result, expires_at, state=state).marker(utcnow())
             return Commit(key, partition, fp, entities, result, expires_at, owner, retry, steps, changes,
-                          delivery.sequence, delivery.enqueued_at, state)  # fmt: skip
+                          delivery.sequence, delivery.enqueued_at, state, delivery.origin)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - mapped to exactly one outcome below
             if context is not None:
                 context.settle()  # the steps it called stay completed

@@ -1,7 +1,8 @@
 """What a consumer records for an operator: a message it refuses (invalid, conflicting)
 before acknowledging it, one that still fails on the broker's last delivery before the
 broker dead-letters it, and an event parked for replay (its source moved on). The record
-holds the body, ids, reason and fingerprints (stores' ``dead_letter``)."""
+holds the body, ids, reason and fingerprints (stores' ``dead_letter``); an operator lists and
+exports them with ``python -m shared.idempotency.dead_letter_records``."""
 
 from __future__ import annotations
 

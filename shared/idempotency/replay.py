@@ -14,26 +14,22 @@ Records stay until DEDUP_DEAD_LETTER_RETENTION: a second replay is only duplicat
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections import Counter
 
-from .functions.registry import declared_consumer
+from .commands import app_consumer, command, consumer_options, one_line_errors, printable
 from .messages import Delivery
 from .reasons import Reason
-from .resubmit import one_line_errors, printable
 
 TRUNCATED = "truncated"  # a record keeping only the head of a body too large for it: never replayed
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--consumer", required=True, help="the consumer's name (its marker scope)")
-    parser.add_argument("--consumers", default="consumers", help="the module that declares the app's consumers")
+    parser = command("shared.idempotency.replay", __doc__)
+    consumer_options(parser)
     args = parser.parse_args(argv)
-    with one_line_errors("replay", unreachable="cannot read the store: "):
-        consumer = declared_consumer(args.consumer, args.consumers)
+    with one_line_errors("replay"), app_consumer(args) as consumer:
         parked = [r for r in consumer.store.dead_letters(consumer.name) if r.reason == Reason.PARKED]
         outcomes: Counter[str] = Counter()
         for record in parked:

@@ -21,7 +21,6 @@ only: a subscription's dead letters sent back to their topic would reach every s
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import uuid
@@ -108,20 +107,16 @@ def _parked(message: ServiceBusReceivedMessage) -> Parked:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .commands import app_consumer, command, consumer_options, one_line_errors, printable
     from .functions._senders import servicebus_client
-    from .functions.registry import declared_consumer
-    from .resubmit import one_line_errors, printable
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--consumer", required=True, help="the consumer's name (its marker scope)")
-    parser.add_argument("--consumers", default="consumers", help="the module that declares the app's consumers")
+    parser = command("shared.idempotency.resend", __doc__)
+    consumer_options(parser)
     parser.add_argument("--queue", required=True, help="the queue whose dead letters are sent back to it")
     parser.add_argument("--max", type=int, default=100, help="at most this many messages")
     args = parser.parse_args(argv)
-    with one_line_errors("resend"):
-        consumer = declared_consumer(args.consumer, args.consumers)
-        with servicebus_client("resend") as client:
-            done = resend(consumer.store, consumer.name, ServiceBusDeadLetters(client, args.queue), args.max)
+    with one_line_errors("resend"), app_consumer(args) as consumer, servicebus_client("resend") as client:
+        done = resend(consumer.store, consumer.name, ServiceBusDeadLetters(client, args.queue), args.max)
     for parked, new_id in done:
         key = parked.properties.get(facts.KEY_PROPERTY) or parked.message_id or ""
         print(f"{parked.sequence}\t{new_id}\t{printable(str(key))}")

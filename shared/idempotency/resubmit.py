@@ -21,22 +21,16 @@ file, the store, an unknown consumer) is one line on stderr and exit status 2.
 
 from __future__ import annotations
 
-import argparse
 import copy
-import io
 import json
-import logging
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from azure.core.exceptions import AzureError, ResourceNotFoundError
-
 from .cache import CompletedKeys
-from .config import setting
+from .commands import app_consumer, command, consumer_options, one_line_errors, printable
 from .consumer import IdempotentConsumer
 from .errors import (
     AlreadyClaimed,
@@ -47,12 +41,10 @@ from .errors import (
     StoreRefused,
     StoreUnavailable,
 )
-from .functions._app import declared_consumer, using_store
-from .keys import DedupKey, consumer_partition
+from .keys import DedupKey
 from .messages import Delivery, Entity, Outcome, Outgoing
 from .payload import parse_json
 from .reasons import Reason
-from .stores import app_store
 from .stores._base import DedupStore, check_storable, refused
 from .stores._records import (
     Commit,
@@ -82,38 +74,6 @@ VERDICTS = {
 }
 BY_ID = "judged by its id only: --bodies also runs its checks and its handler"
 UNSTORED = "its handler ran without effects, and the store would hold what it writes"
-
-
-_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def printable(text: str) -> str:
-    """``text`` safe for a terminal and a tab-separated line. Keys, bodies and reasons come
-    from senders: an escape sequence could drive the terminal, a newline forge a verdict.
-    What ``str.isprintable`` refuses (C0, DEL, C1, U+2028/U+2029, bidi and other format
-    controls, lone surrogates) is escaped as in a Python literal, and so is the backslash,
-    so that no two texts print alike."""
-    if text.isprintable() and "\\" not in text:
-        return text
-    return "".join(c if c.isprintable() and c != "\\" else _ESCAPES.get(c) or _escape(ord(c)) for c in text)
-
-
-@contextmanager
-def one_line_errors(tool: str, unreachable: str = "") -> Iterator[None]:
-    """An operator's tool that cannot run (a setting, an import, the store or the broker out of
-    reach) says why in one line on stderr and exits 2: never a traceback."""
-    try:
-        yield
-    except (ConfigurationError, ImportError) as exc:
-        print(f"{tool}: error: {printable(str(exc))}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except (DedupError, AzureError) as exc:
-        print(f"{tool}: error: {unreachable}{printable(str(exc).splitlines()[0])}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-def _escape(code: int) -> str:
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 @dataclass(frozen=True)
@@ -167,7 +127,9 @@ def check_bodies(consumer: IdempotentConsumer, bodies: Iterable[bytes], message_
         verdict, marker = _state(consumer, key, partition)
         reason = ""
         if marker is not None and verdict in ("completed", "declined"):
-            verdict = "duplicate" if marker.fingerprint == fp else "conflict"
+            # as the commit compared it: with its caller's, where an HTTP caller sent it
+            committed = fp if marker.origin is None else consumer.identify(replace(delivery, origin=marker.origin))[2]
+            verdict = "duplicate" if marker.fingerprint == committed else "conflict"
         elif verdict == "new":
             verdict, reason = dry_run(consumer, delivery)
         lines.append(Line(key.id, verdict, reason))
@@ -316,38 +278,17 @@ def _field(body: bytes, name: str | None) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--consumer", required=True, help="the consumer's name (its marker scope)")
+    parser = command("shared.idempotency.resubmit", __doc__)
+    consumer_options(parser)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--ids", nargs="+", help="message ids (the dedup keys)")
-    source.add_argument("--bodies", help="a file of message bodies, one JSON document per line")
+    source.add_argument("--bodies", help="a file of message bodies, one JSON document per line (dead_letters --export)")
     parser.add_argument("--message-id-field", help="with --bodies: the body field that holds the MessageId")
-    parser.add_argument("--consumers", default="consumers",
-                        help="the module that declares the app's consumers (default: consumers)")  # fmt: skip
     args = parser.parse_args(argv)
-
-    bodies: list[bytes] = []
-    if args.bodies:
-        try:
-            with open(args.bodies, "rb") as handle:
-                bodies = [line.strip() for line in handle if line.strip()]
-        except OSError as exc:
-            return _error(f"cannot read --bodies {args.bodies}: {exc.strerror or exc}")
-    try:
-        # Never create tables: a typo in DEDUP_TABLE must fail here, not report every message new.
-        with using_store(app_store(create=False)):
-            found = declared_consumer(args.consumer, args.consumers)
-            # One read of an empty partition: a missing table or container fails here, before any verdict.
-            next(found.store.scan(consumer_partition(found.name, "")), None)
+    with one_line_errors("resubmit"):
+        bodies = _bodies(args.bodies) if args.bodies else []
+        with app_consumer(args) as found:
             lines = check_ids(found, args.ids) if args.ids else check_bodies(found, bodies, args.message_id_field)
-    except ConfigurationError as exc:
-        return _error(str(exc))
-    except ImportError as exc:
-        return _error(f"cannot import --consumers {args.consumers}: {exc}")
-    except ResourceNotFoundError:
-        return _error(f"{_table()} does not exist: check the app settings (this tool never creates it)")
-    except (DedupError, AzureError) as exc:  # unreachable, access refused (store_errors maps them)
-        return _error(f"cannot read the store: {_first_line(exc)}")
     for line in lines:
         print(line)
     counts = {verdict: sum(line.verdict == verdict for line in lines) for verdict in VERDICTS}
@@ -355,27 +296,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _table() -> str:
-    """What the markers are read from, as app_store names it."""
-    table = setting("DEDUP_TABLE", "records")
-    if setting("DEDUP_STORE", "table").lower() != "cosmos":
-        return f"table '{table}'"
-    database = setting("COSMOS_DATABASE", "dedup")
-    return f"container '{setting('COSMOS_CONTAINER', table)}' of database '{database}'"
-
-
-def _first_line(exc: Exception) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def _error(message: str) -> int:
-    print(f"resubmit: error: {printable(message)}", file=sys.stderr)
-    return 2
+def _bodies(path: str) -> list[bytes]:
+    try:
+        with open(path, "rb") as handle:
+            return [line.strip() for line in handle if line.strip()]
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read --bodies {path}: {exc.strerror or exc}") from None
 
 
 if __name__ == "__main__":
-    logging.getLogger("idempotency").addHandler(logging.NullHandler())  # main says what failed, in one line
-    for stream in (sys.stdout, sys.stderr):  # a terminal that cannot show a character gets its escape
-        if isinstance(stream, io.TextIOWrapper):
-            stream.reconfigure(errors="backslashreplace")
     sys.exit(main())

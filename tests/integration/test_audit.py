@@ -21,6 +21,7 @@ from shared.idempotency import Context, Effects, Entity, IdempotentConsumer
 from shared.idempotency.audit import Account, ServiceBusPeek, account, checkpoint, report, save
 from shared.idempotency.config import DedupConfig
 from shared.idempotency.facts import CANARY_PROPERTY
+from shared.idempotency.functions import shared_store
 from shared.idempotency.functions._servicebus import servicebus_delivery
 from shared.idempotency.keys import DedupKey
 from shared.idempotency.messages import Delivery, Outcome
@@ -44,9 +45,10 @@ def consumer(store: DedupStore) -> IdempotentConsumer:
 class Run:
     """A queue and the consumer it feeds: what is delivered is processed and completed."""
 
-    def __init__(self, store: DedupStore) -> None:
+    def __init__(self, store: DedupStore, first_sequence: int = 1) -> None:
         self.store, self.consumer = store, consumer(store)
-        self.queue = PeekLockQueue(lock_duration=30, max_delivery_count=2, duplicate_window=100)
+        self.queue = PeekLockQueue(lock_duration=30, max_delivery_count=2, duplicate_window=100,
+                                   first_sequence=first_sequence)  # fmt: skip
         self.started = datetime.now(UTC)
 
     def send(self, message_id: str, body: Any, **properties: str) -> None:
@@ -92,8 +94,11 @@ def test_every_sequence_number_is_accounted_for_once_on_every_store(store: Dedup
     found = run.audit()
     assert (found.first, found.last, found.received) == (1, 7, 7)
     assert found.counts == {"processed": 2, "duplicates": 1, "refused": 1, "dead_lettered": 1, "in_flight": 1}
-    assert found.canaries == 1 and [seq for seq, _ in found.unaccounted] == [2] and not found.closes
-    assert found.unaccounted[0][1] is not None  # bounded by the number before it
+    assert found.canaries == 1 and [gap.sequence for gap in found.unaccounted] == [2] and not found.closes
+    gap = found.unaccounted[0]  # between its neighbours, with their real enqueued times
+    assert gap.earlier and gap.later and (gap.earlier[0], gap.later[0]) == (1, 3)
+    assert gap.earlier[1] is not None and gap.later[1] is not None and gap.earlier[1] <= gap.later[1]
+    assert gap.between().startswith(f"enqueued between {gap.earlier[1].isoformat()} (#1) and ")
     assert run.audit(after=2).closes and run.audit(after=2).received == 5  # the next window starts after it
 
 
@@ -123,7 +128,7 @@ def test_a_loss_at_the_end_of_a_window_is_found_once_a_later_message_is_seen() -
     assert run.audit().received == 1 and run.audit().closes  # nothing after it yet: the window ends at 1
     run.send("dedup-canary-1", {}, **{CANARY_PROPERTY: "timer"})
     run.deliver()
-    assert [seq for seq, _ in run.audit().unaccounted] == [2]
+    assert [gap.sequence for gap in run.audit().unaccounted] == [2]
 
 
 def test_a_business_message_with_the_canary_property_but_not_its_id_runs_its_handler() -> None:
@@ -175,7 +180,7 @@ def test_a_saved_window_is_where_the_next_audit_starts_and_its_losses_are_record
     [record] = [d for d in store.dead_letters("audited") if d.reason == Reason.UNACCOUNTED]
     assert (record.sequence, record.body) == (2, b"")
     again = run.audit()  # the same window read again: the record of a loss is not a refusal
-    assert [seq for seq, _ in again.unaccounted] == [2] and again.counts["refused"] == 0
+    assert [gap.sequence for gap in again.unaccounted] == [2] and again.counts["refused"] == 0
     run.send("o-5", {"orderId": "o-5"})
     run.deliver()
     after = run.audit(after=4)
@@ -206,7 +211,7 @@ def test_a_resend_under_the_same_message_id_is_dropped_and_the_templates_resubmi
         DedupKey("audited", "o-2")), "order|", 10)] == ["o-2"]  # fmt: skip
     found = run.audit()
     assert (found.received, found.counts["processed"], found.counts["dead_lettered"]) == (3, 1, 1)
-    assert [seq for seq, _ in found.unaccounted] == [1]  # what the other tool lost
+    assert [gap.sequence for gap in found.unaccounted] == [1]  # what the other tool lost
 
 
 # -- the operator's command (docs/operations.md), as a user runs it ------------------------------
@@ -220,6 +225,7 @@ ON_AZURE = pytest.mark.skipif(not AZURE, reason="peeking needs Service Bus itsel
 @pytest.mark.parametrize("tool", ["shared.idempotency.audit", "shared.idempotency.resend"])
 def test_the_commands_without_a_service_bus_connection_say_so_in_one_line(azurite: Azurite, tool: str) -> None:
     with fresh_app(azurite):
+        shared_store()  # the app's tables, as the app creates them (a command never does)
         done = run_tool(tool, "--consumer", "items", "--queue", "items", "--consumers", "tests.app",
                         ServiceBusConnection="", ServiceBusConnection__fullyQualifiedNamespace="")  # fmt: skip
     assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done.stderr
@@ -303,12 +309,60 @@ def test_the_audit_timer_audits_each_consumer_its_setting_names_and_saves_its_wi
     assert "DEDUP_AUDIT names consumer 'gone', which the app does not declare" in caplog.text
 
 
+def test_every_service_bus_consumer_of_the_app_is_audited_by_default() -> None:
+    """What the audit timer reads by default, found from the app's own declarations: each Service
+    Bus trigger with the consumer its function hands messages to — a queue's, a subscription's, a
+    batch's; not a session queue's (peeked session by session), nor an Event Grid consumer's."""
+    import tests.app
+    from shared.idempotency.functions._housekeeping import audited_consumers
+
+    found = {build.name: entity for build, entity in audited_consumers([tests.app.bp])}
+    assert found == {"queue_consumer": ("items", None, None), "subscriber_consumer": (None, "items", "subscriber"),
+                     "batch_consumer": ("item-batch", None, None)}  # fmt: skip
+
+
+def test_the_audit_setting_only_overrides_or_excludes_what_the_app_declares(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shared.idempotency import audit as audit_module
+    from shared.idempotency.functions import _housekeeping as timers
+    from shared.idempotency.functions._app import Once
+
+    store = MemoryStore()
+    audited_ones, peeked = (
+        [Once(lambda: consumer(store)), Once(lambda: IdempotentConsumer("other", store, handler))],
+        [],
+    )
+
+    class Client:
+        def __enter__(self) -> Client:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    monkeypatch.setattr(timers, "declared", lambda: [build() for build in audited_ones])
+    monkeypatch.setattr(timers, "servicebus_client", lambda who: Client())
+
+    def run(store: Any, name: str, entity: Any, keep: bool) -> Account:
+        peeked.append((name, entity))
+        return Account(name, 1, 0)
+
+    monkeypatch.setattr(audit_module, "run", run)
+    monkeypatch.setattr(audit_module, "ServiceBusPeek", lambda client, *entity: entity)
+    monkeypatch.setenv("OTHER_QUEUE", "others")
+    derived = [(audited_ones[0], ("orders", None, None)), (audited_ones[1], ("%OTHER_QUEUE%", None, None))]
+    timers.audit_now("", derived)
+    assert peeked == [("audited", ("orders", None, None)), ("other", ("others", None, None))]  # %SETTING% read
+    peeked.clear()
+    timers.audit_now("-other, audited=t/s", derived)  # one excluded, one audited elsewhere
+    assert peeked == [("audited", (None, "t", "s"))]
+
+
 @pytest.mark.parametrize("setting", ["orders", "=q", "a=", "a=t/", "a=/s", "a=t/s/x"])
 def test_a_dedup_audit_setting_that_names_no_entity_is_refused_in_one_line(setting: str) -> None:
     from shared.idempotency.audit import audited
     from shared.idempotency.errors import ConfigurationError
 
-    with pytest.raises(ConfigurationError, match="consumer=queue or consumer=topic/subscription"):
+    with pytest.raises(ConfigurationError, match="consumer=queue, consumer=topic/subscription or -consumer"):
         audited(setting)
 
 
@@ -332,3 +386,80 @@ def test_a_scheduled_message_is_numbered_when_sent_seen_in_flight_until_its_time
     assert run.deliver(wait=5) == Outcome.PROCESSED  # its time came
     found = run.audit()
     assert (found.counts["in_flight"], found.counts["processed"], found.closes) == (0, 2, True)
+
+
+# -- the window: where it starts, how far back, how large ---------------------------------------
+
+
+def test_a_first_window_with_nothing_recorded_starts_at_what_the_broker_holds_not_at_one(store: DedupStore) -> None:
+    """An entity long in use (numbers past 20,000,000), the consumer new: nothing recorded, three
+    messages dead-lettered. The first window is those three — not 20 million numbers from 1, each
+    a false loss and a record."""
+    run = Run(store, first_sequence=20_000_001)
+    for n in range(3):
+        run.send(f"o-{n}", {"nope": n})
+    for _ in range(6):
+        run.deliver(fail=True)  # each fails twice: the broker dead-letters it
+    assert len(run.queue.dead) == 3
+    found = run_audit(run, keep=True)
+    assert (found.first, found.last, found.counts["dead_lettered"], found.closes) == (20_000_001, 20_000_003, 3, True)
+    assert [d for d in store.dead_letters("audited") if d.reason == Reason.UNACCOUNTED] == []
+    assert checkpoint(store, "audited") is not None and checkpoint(store, "audited")[0] == 20_000_003  # type: ignore[index]
+
+
+def test_nothing_recorded_nor_held_is_nothing_to_audit_and_no_checkpoint(store: DedupStore) -> None:
+    found = run_audit(Run(store, first_sequence=5_000_000), keep=True)
+    assert (found.received, found.closes, checkpoint(store, "audited")) == (0, True, None)
+
+
+def test_a_window_older_than_the_store_keeps_its_facts_is_not_judged_and_says_so(store: DedupStore) -> None:
+    """The last audit saved 40 days ago: its facts may be purged since (dead-letter records after
+    14 days, markers after 30). The numbers in between are not judged, and the account says so;
+    the audit starts again from what the store keeps."""
+    run = Run(store)
+    run.send("o-1", {"orderId": "o-1"})
+    run.deliver()
+    save(store, Account("audited", 1, 0), datetime.now(UTC) - timedelta(days=40))  # a window that ended long ago
+    found = run_audit(run, keep=True)
+    assert (found.first, found.last, found.closes) == (1, 1, True)
+    assert found.skipped and "longer ago than the store keeps their facts" in found.skipped[0]
+
+
+def test_a_window_over_the_bound_is_cut_by_the_timer_and_refused_by_the_reading_command(
+    store: DedupStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MAX_WINDOW numbers per run (here 5): the timer (``keep``) audits the first 5, saves, and the
+    next run goes on; a read-only audit refuses (the command's exit 2)."""
+    from shared.idempotency import audit as audit_module
+
+    monkeypatch.setattr(audit_module, "MAX_WINDOW", 5)
+    run = Run(store)
+    for n in range(1, 9):
+        run.send(f"o-{n}", {"orderId": f"o-{n}"})
+        run.deliver()
+    with pytest.raises(audit_module.WindowTooLarge, match="holds 8 sequence numbers, over 5"):
+        run_audit(run, keep=False)
+    first = run_audit(run, keep=True)
+    assert (first.first, first.last, first.closes) == (1, 5, True) and "6..8" in first.skipped[0]
+    second = run_audit(run, keep=True)
+    assert (second.first, second.last, second.closes, second.skipped) == (6, 8, True, [])
+
+
+def test_a_read_only_audit_writes_nothing(store: DedupStore) -> None:
+    run = Run(store)
+    run.send("o-1", {"orderId": "o-1"})
+    run.send("o-2", {"orderId": "o-2"})
+    run.send("dedup-canary-1", {}, **{CANARY_PROPERTY: "timer"})
+    run.deliver()
+    run.deliver(skip=True)  # lost
+    run.deliver()
+    before = sorted((i.name, str(i.data)) for i in store.scan())
+    found = run_audit(run, keep=False)
+    assert [gap.sequence for gap in found.unaccounted] == [2]
+    assert sorted((i.name, str(i.data)) for i in store.scan()) == before and store.dead_letters("audited") == []
+
+
+def run_audit(run: Run, *, keep: bool) -> Account:
+    from shared.idempotency.audit import run as audit_run
+
+    return audit_run(run.store, "audited", run.queue, settle=timedelta(0), keep=keep)

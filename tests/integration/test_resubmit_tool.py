@@ -185,10 +185,12 @@ def test_reading_an_existing_store_creates_no_table(azurite: Azurite, app: str) 
     done = item()
     process(done)
     before = tables(azurite)
-    with app_settings(DEDUP_DEADLETTER_TABLE="t" + uuid.uuid4().hex[:16]):  # not read by the tool: never created
-        code, out, err = run("--ids", done["id"])
+    code, out, err = run("--ids", done["id"])
     assert (code, err) == (0, "")
     assert [c[1] for c in verdict_lines(out, 1)] == ["completed"]
+    typo = "t" + uuid.uuid4().hex[:16]
+    with app_settings(DEDUP_DEADLETTER_TABLE=typo):  # a mistyped table of the two: refused, never created
+        assert_one_error_line(run("--ids", done["id"]), f"table '{typo}' does not exist")
     assert tables(azurite) == before and app in before
 
 
@@ -221,7 +223,7 @@ def test_an_unreachable_or_refusing_store_is_one_error_line(azurite: Azurite, ap
     else:
         connection = azurite.connection_string.replace(f"AccountKey={KEY}", "AccountKey=" + "A" * 86 + "==")
     with app_settings(DEDUP_STORAGE_CONNECTION=connection):
-        assert_one_error_line(run("--ids", "o-1"), "cannot read the store")
+        assert_one_error_line(run("--ids", "o-1"), "cannot reach the store")
 
 
 # -- 4. an unknown consumer --------------------------------------------------------------

@@ -185,7 +185,7 @@ def emit_every_alerted_situation(azurite: Azurite) -> None:
     from datetime import timedelta
     from types import SimpleNamespace
 
-    from shared.idempotency.audit import Account, report
+    from shared.idempotency.audit import Account, Gap, report
     from shared.idempotency.messages import utcnow
     from shared.idempotency.outbox import Outbox
     from shared.idempotency.reconcile import escalate_stale_claims
@@ -210,7 +210,7 @@ def emit_every_alerted_situation(azurite: Azurite) -> None:
     store.insert(Marker(key, "p", State.IN_PROGRESS, "fp", long_ago, utcnow() + timedelta(days=1),
                         lease_until=long_ago, owner="o"))  # fmt: skip
     escalate_stale_claims(store, timedelta(minutes=1))  # an escalation
-    report(store, Account("alerts", 1, 1, unaccounted=[(1, utcnow())]))  # an audit's loss
+    report(store, Account("alerts", 1, 1, unaccounted=[Gap(1, later=(2, utcnow()))]))  # an audit's loss
 
     class Down:
         def send(self, messages: Any) -> None:

@@ -16,26 +16,25 @@ from . import __doc__ as described
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..commands import app_consumer, command, consumer_options, one_line_errors
     from ..functions._senders import servicebus_client
-    from ..functions.registry import declared_consumer
-    from ..resubmit import one_line_errors
 
-    parser = argparse.ArgumentParser(description=(described or "").split("\n\n")[0])
-    parser.add_argument("--consumer", required=True, help="the consumer's name (its marker scope)")
-    parser.add_argument("--consumers", default="consumers", help="the module that declares the app's consumers")
+    parser = command("shared.idempotency.audit", described)
+    consumer_options(parser)
     parser.add_argument("--queue", help="the queue it reads")
     parser.add_argument("--topic", help="the topic it reads, with --subscription")
     parser.add_argument("--subscription", help="its subscription")
     parser.add_argument("--settle", default=SETTLE, type=_duration, help="how long ago the window ends (ISO 8601)")
-    parser.add_argument("--save", action="store_true", help="record the window's end: the next audit starts there")
+    parser.add_argument("--save", action="store_true", help="record what it finds, and the window's end: the next "
+                        "audit starts there (without it, it reads only)")  # fmt: skip
     args = parser.parse_args(argv)
-    with one_line_errors("audit"):
-        consumer = declared_consumer(args.consumer, args.consumers)
-        with servicebus_client("the audit peeks") as client:
-            broker = ServiceBusPeek(client, args.queue, args.topic, args.subscription)
-            found = run(consumer.store, consumer.name, broker, settle=args.settle, keep=args.save)
-    for sequence, near in found.unaccounted:
-        print(f"{sequence}\tunaccounted\tenqueued at or after {near.isoformat() if near else 'an unknown time'}")
+    with one_line_errors("audit"), app_consumer(args) as consumer, servicebus_client("the audit peeks") as client:
+        broker = ServiceBusPeek(client, args.queue, args.topic, args.subscription)
+        found = run(consumer.store, consumer.name, broker, settle=args.settle, keep=args.save)
+    for gap in found.unaccounted:
+        print(f"{gap.sequence}\tunaccounted\t{gap.between()}")
+    for note in found.skipped:
+        print(f"not judged\t{note}")
     print(json.dumps(found.summary()))
     return 1 if found.unaccounted else 0
 

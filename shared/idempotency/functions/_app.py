@@ -49,6 +49,7 @@ class Once(Generic[T]):
     def __init__(self, build: Callable[[], T]) -> None:
         self._build = build
         self.module: str = getattr(build, "__module__", "")  # where it is declared
+        self.name: str = getattr(build, "__name__", "")  # the function that declares it
         self._lock = threading.Lock()
         self._built: list[T] = []
 
@@ -111,25 +112,34 @@ def declaring(module: str) -> None:
         importlib.import_module(info.name)
 
 
-def declared_consumer(name: str, module: str = "consumers") -> IdempotentConsumer:
+def declared_consumer(name: str, module: str = "consumers", declared_by: str | None = None) -> IdempotentConsumer:
     """The consumer ``name`` that ``module`` declares (``declaring`` imports it, and every
     module of a package), built: what operators' tools use, never the function app itself.
-    Consumers are built in turn until the one named: another that cannot be built here (a
-    setting only it reads) does not stop the tool. ConfigurationError naming the known
-    ones, and what failed, when none is; ImportError when a module cannot be imported."""
+    Every declared consumer is built: another that cannot be built here (a setting only it
+    reads) does not stop the tool. Two of that name (an Event Grid consumer and its HTTP route
+    share theirs) are told apart by ``declared_by``, the function that declares the one meant.
+    ConfigurationError naming the known ones, and what failed, when none is (or when it is
+    ambiguous); ImportError when a module cannot be imported."""
     declaring(module)
-    known, failed = [], []
+    known, failed, found = [], [], []
     for build in _declared_in(module):
         try:
             built = build()
         except ConfigurationError as exc:
             failed.append(str(exc))
             continue
-        if built.name == name:
-            return built
+        if built.name == name and declared_by in (None, build.name):
+            found.append((build.name, built))
         known.append(built.name)
+    if len(found) == 1:
+        return found[0][1]
+    if found:
+        raise ConfigurationError(f"consumer '{name}' is declared by {', '.join(by for by, _ in found)}: name the "
+                                 "one meant (--declared FUNCTION)")  # fmt: skip
     why = f" ({len(failed)} could not be built: {failed[0]})" if failed else ""
-    raise ConfigurationError(f"no consumer named '{name}' in {module}; known: {', '.join(sorted(set(known)))}{why}")
+    which = f" declared by {declared_by}" if declared_by else ""
+    raise ConfigurationError(f"no consumer named '{name}'{which} in {module}; known: "
+                             f"{', '.join(sorted(set(known)))}{why}")  # fmt: skip
 
 
 def check_app_settings() -> None:

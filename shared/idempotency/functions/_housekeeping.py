@@ -24,7 +24,7 @@ from ..errors import ConfigurationError
 from ..messages import utcnow
 from ..outbox import Sender
 from ..reconcile import escalate_stale_claims
-from ._app import declared, shared_store
+from ._app import Once, _declared, declared, shared_store
 from ._senders import servicebus_client
 
 log = logging.getLogger("idempotency")
@@ -48,11 +48,47 @@ def housekeeping(needs: Iterable[str] = (), watched: Iterable[func.Blueprint] = 
     wanted = set(needs)
     if wanted - NEEDS.keys():
         raise ValueError(f"housekeeping needs {sorted(wanted - NEEDS.keys())}: known are {sorted(NEEDS)}")
+    watched = list(watched)
     entities = watched_entities(watched)
-    return [markers, *(NEEDS[name] for name in sorted(wanted)), *([watching(entities)] if entities else [])]
+    audited = audited_consumers(watched)
+    return [markers, *(NEEDS[name] for name in sorted(wanted)),
+            *([watching(entities, audited)] if entities else [])]  # fmt: skip
 
 
 EVENT_GRID = canary.Entity("eventgrid", "%EVENTGRID_TOPIC_ENDPOINT%")  # the topic the app's subscriptions are on
+
+
+Audited = tuple[Once[IdempotentConsumer], audit.Peekable]  # a consumer's builder, and the entity its trigger reads
+
+
+def audited_consumers(blueprints: Iterable[func.Blueprint]) -> list[Audited]:
+    """What the audit reads by default: every Service Bus trigger of the Blueprints (but a session
+    queue's: it is peeked session by session), with the one consumer its function hands the
+    message to — the declared consumer (``@consumer``) its code names, as ``on_servicebus(invoices,
+    msg)`` does. Found from the declarations, without building anything; a function naming none,
+    or several, is not audited by default (DEDUP_AUDIT names what it reads)."""
+    found: list[Audited] = []
+    for blueprint in blueprints:
+        for builder in blueprint._function_builders:
+            function = builder._function
+            named = _consumers_named(function.get_user_function())
+            for binding in function.get_bindings():
+                declared_as = binding.get_dict_repr()
+                if binding.type != "serviceBusTrigger" or declared_as.get("isSessionsEnabled") or len(named) != 1:
+                    continue
+                queue = declared_as.get("queueName")
+                entity = (queue, None, None) if queue else (None, declared_as["topicName"],
+                                                            declared_as["subscriptionName"])  # fmt: skip
+                found.append((named[0], entity))
+    return found
+
+
+def _consumers_named(function: Any) -> list[Once[IdempotentConsumer]]:
+    """The declared consumers a function's code refers to by a global name."""
+    names = getattr(getattr(function, "__code__", None), "co_names", ())
+    scope = getattr(function, "__globals__", {})
+    declared_ones = [build for build in _declared if any(scope.get(name) is build for name in names)]
+    return list(dict.fromkeys(declared_ones))
 
 
 def watched_entities(blueprints: Iterable[func.Blueprint]) -> list[canary.Entity]:
@@ -109,8 +145,9 @@ def _resolved(entity: canary.Entity) -> canary.Entity:
     return entity
 
 
-def watching(entities: list[canary.Entity]) -> func.Blueprint:
-    """The canary and the audit timers of an app whose triggers read ``entities``."""
+def watching(entities: list[canary.Entity], audited: list[Audited] | None = None) -> func.Blueprint:
+    """The canary and the audit timers of an app whose triggers read ``entities``; the audit's
+    consumers by default ``audited`` (``audited_consumers``)."""
     timers = func.Blueprint()  # type: ignore[no-untyped-call]
 
     @timers.function_name("send_canaries")
@@ -136,17 +173,27 @@ def watching(entities: list[canary.Entity]) -> func.Blueprint:
     @timers.function_name("audit_consumers")
     @timers.timer_trigger(arg_name="timer", schedule="0 20 * * * *", use_monitor=True)
     def audit_consumers(timer: func.TimerRequest) -> None:
-        """Hourly: the audit of each consumer DEDUP_AUDIT names (``audit_now``)."""
-        audit_now(os.environ.get("DEDUP_AUDIT", ""))
+        """Hourly: the audit of each consumer the app's Service Bus triggers hand messages to,
+        and DEDUP_AUDIT's overrides (``audit_now``)."""
+        audit_now(os.environ.get("DEDUP_AUDIT", ""), audited or [])
 
     return timers
 
 
-def audit_now(setting: str) -> None:
-    """The audit (the audit package) of each ``consumer=queue`` or ``consumer=topic/subscription`` of
-    DEDUP_AUDIT, from its saved window on, up to 15 minutes ago; what it finds unaccounted is
-    recorded, logged and counted (the ``dedup-unaccounted`` alert). Nothing when it is empty."""
-    pairs = audit.audited(setting)
+def audit_now(setting: str, derived: Iterable[Audited] = ()) -> None:
+    """The audit (the audit package) of each consumer ``derived`` names (what its trigger reads,
+    ``%SETTING%`` read from the app settings), with DEDUP_AUDIT's ``consumer=queue``,
+    ``consumer=topic/subscription`` in place or beside, less its ``-consumer``s; each from its
+    saved window on, up to 15 minutes ago; what it finds unaccounted is recorded, logged and
+    counted (the ``dedup-unaccounted`` alert). Nothing when none is left."""
+    wanted: dict[str, audit.Peekable | None] = {}
+    for build, entity in derived:
+        try:
+            wanted[build().name] = tuple(_setting_of(name) for name in entity)  # type: ignore[assignment]
+        except ConfigurationError as exc:  # said each run; the others are audited
+            log.error("dedup audit: %s: not audited", exc)
+    wanted.update(audit.audited(setting))
+    pairs = [(name, entity) for name, entity in wanted.items() if entity is not None]
     if not pairs:
         return
     consumers = {built.name: built for built in declared()}
@@ -158,6 +205,11 @@ def audit_now(setting: str) -> None:
                 continue
             found = audit.run(consumers[name].store, name, audit.ServiceBusPeek(client, *entity), keep=True)
             log.info("dedup audit: %s", found.line())
+
+
+def _setting_of(name: str | None) -> str | None:
+    """A trigger's entity name, ``%NAME%`` read from the app setting NAME, as the host reads it."""
+    return None if name is None else _resolved(canary.Entity("queue", name)).name
 
 
 @claims.function_name("reconcile_claims")

@@ -268,6 +268,15 @@ class DedupStore(ABC):
         by scanning. This default is for stores whose purge misses nothing."""
         return Purge(0, 0, 0)
 
+    def check_tables(self) -> None:
+        """Each table (container) the store uses exists: read, never created — what an
+        operator's command checks before it reads or writes anything. This default is for
+        stores without tables to check (memory).
+
+        :raises ConfigurationError: one does not exist (named).
+        :raises StoreUnavailable: as every primitive."""
+        return None
+
     def scan(self, partition: str | None = None) -> Iterator[StoredItem]:
         """Every stored record (of one partition, or all): for the contract suite, checkers
         and the resubmit tool, never for the message path."""

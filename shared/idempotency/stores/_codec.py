@@ -27,7 +27,8 @@ ID_LIMIT = 1_024  # characters of an id kept with a dead letter (a property hold
 # Every field a marker may carry (optional ones are left out when empty): a business
 # document that is its own marker (Cosmos DB, one document) must use none of them.
 MARKER_FIELDS = frozenset({"kind", "scope", "keyId", "state", "fingerprint", "createdAt", "expiresAt", "step",
-                           "result", "leaseUntil", "owner", "partition", "sequence", "enqueuedAt"})  # fmt: skip
+                           "result", "leaseUntil", "owner", "partition", "sequence", "enqueuedAt",
+                           "requestOrigin"})  # fmt: skip
 
 
 def marker_fields(marker: Marker) -> dict[str, Any]:
@@ -51,6 +52,7 @@ def marker_fields(marker: Marker) -> dict[str, Any]:
         # text: a partitioned entity's sequence numbers pass 2**53 (the partition in the high bits)
         "sequence": None if marker.sequence is None else str(marker.sequence),
         "enqueuedAt": marker.enqueued_at,
+        "requestOrigin": marker.origin,
     }
     fields.update({name: value for name, value in optional.items() if value is not None})
     return fields
@@ -70,6 +72,7 @@ def marker_from(fields: Mapping[str, Any], partition: str, version: str | None) 
         version=version,
         sequence=_sequence(fields.get("sequence")),
         enqueued_at=fields.get("enqueuedAt"),
+        origin=fields.get("requestOrigin"),
     )
 
 

@@ -36,7 +36,7 @@ from azure.core import MatchConditions
 from azure.cosmos import ContainerProxy, exceptions
 
 from ..config import DEAD_LETTER_RETENTION
-from ..errors import StoreRefused, VersionConflict
+from ..errors import ConfigurationError, StoreRefused, VersionConflict
 from ..keys import DedupKey, encode_key, guard_id, marker_id
 from ..messages import Change, Entity, Stored, utcnow
 from ._azure import store_errors
@@ -105,6 +105,15 @@ class CosmosStore(DedupStore):
         # (partition, id, _etag) -> the marker fields of a document that is its own message's marker, as
         # read_current found it: a change of it keeps them, so that its message stays a duplicate
         self._carried: dict[tuple[str, str, str], dict[str, Any]] = {}
+
+    def check_tables(self) -> None:
+        for container in (self._container, self._dead):
+            try:
+                with store_errors():
+                    container.read()
+            except exceptions.CosmosResourceNotFoundError:
+                raise ConfigurationError(f"container {container.id!r} does not exist: check the app settings "
+                                         "(COSMOS_DATABASE, COSMOS_CONTAINER), or deploy it") from None  # fmt: skip
 
     @property
     def container(self) -> ContainerProxy:

@@ -44,6 +44,9 @@ class Marker:
     # The delivery it records, as its broker placed it (Delivery.sequence, .enqueued_at): the audit's facts
     sequence: int | None = None
     enqueued_at: datetime | None = None
+    # Who sent it, where anyone may send (an HTTP caller, Delivery.origin): part of its fingerprint,
+    # kept so that a tool can compare a body with it as the commit compared it (resubmit)
+    origin: str | None = None
 
     @property
     def claimed(self) -> bool:
@@ -178,11 +181,12 @@ class Commit(NamedTuple):
     sequence: int | None = None  # the delivery's place in its broker (Delivery.sequence), kept on the marker
     enqueued_at: datetime | None = None
     state: State = State.COMPLETED
+    origin: str | None = None  # who sent it (Delivery.origin), kept on the marker
 
     def marker(self, now: datetime) -> Marker:
         return Marker(self.key, self.partition, self.state, self.fingerprint, now, self.expires_at,
                       owner=self.owner, result=self.result, sequence=self.sequence,
-                      enqueued_at=self.enqueued_at)  # fmt: skip
+                      enqueued_at=self.enqueued_at, origin=self.origin)  # fmt: skip
 
 
 class StoredState(NamedTuple):

@@ -109,6 +109,12 @@ class TableStore(DedupStore):
     def dead_letter_table(self) -> str:
         return self._dead.table_name
 
+    def check_tables(self) -> None:
+        for client in (self._table, self._dead):  # one small query each: a missing table says TableNotFound
+            with store_errors(client.table_name):
+                next(iter(client.query_entities("PartitionKey eq @pk", parameters={"pk": "~"}, results_per_page=1)),
+                     None)  # fmt: skip
+
     def create_tables(self) -> None:
         with store_errors():
             for client in (self._table, self._dead):
