@@ -105,9 +105,9 @@ param eventTimeToLiveInMinutes int = 1440
 @maxValue(30)
 param eventMaxDeliveryAttempts int = 30
 
-@description('Days operators may take to resubmit dead-lettered messages; check-retention adds it to the redelivery window.')
-@minValue(0)
-param deadLetterResubmitDays int = 7
+@description('Days operators may take to resubmit dead-lettered messages: the dead-letter records are kept as long (DEDUP_DEAD_LETTER_RETENTION), and check-retention adds it to the redelivery window.')
+@minValue(1)
+param deadLetterResubmitDays int = 14
 
 @description('Create the Event Grid subscriptions. Each needs its function to exist, so azd sets it after the first deploy (postdeploy hook).')
 param deployEventSubscription bool = false
@@ -264,6 +264,7 @@ var settings = {
   EVENTGRID_TOPIC_ENDPOINT: eventGrid.outputs.endpoint // the canary's Event Grid topic (send_canaries)
   DEDUP_STORAGE_ENDPOINT: storage.outputs.tableEndpoint
   DEDUP_RETENTION: 'P${dedupRetentionDays}D'
+  DEDUP_DEAD_LETTER_RETENTION: 'P${deadLetterResubmitDays}D'
   DEDUP_MAX_DELIVERY_COUNT: '${maxDeliveryCount}' // the last delivery records why before the broker dead-letters
   // The outbox refuses, before its commit, a message larger than its destination takes:
   // Standard's 256 KiB, a Premium entity's 1 MiB (its default maxMessageSizeInKilobytes).

@@ -8,7 +8,8 @@ runs it (its checkpoint saved): the store requests it sends (its reads of the co
 facts, the checkpoint, the dead-letter records) and its peeks of the queue and of its DLQ,
 reported per 10,000 messages. The facts are read a page of 1,000 at a time: on Azurite a page
 is always full; the service may return shorter pages on a large table, so these counts are a
-floor there. Peeks are per entity and window, not per message."""
+floor there. Peeks are per entity and window, and per 250 messages still in it (``held``: sent
+after the window's messages were consumed, and left in the queue)."""
 
 from __future__ import annotations
 
@@ -52,9 +53,9 @@ def handler(payload: Any, context: Any) -> Effects:
     return Effects([Entity("order", payload)])
 
 
-def measure(azurite: Azurite, messages: int) -> dict[str, Any]:
+def measure(azurite: Azurite, messages: int, held: int = 0) -> dict[str, Any]:
     """The audit of a window of ``messages``, the consumer's checkpoint saved by an earlier one
-    (the hourly timer's steady state)."""
+    (the hourly timer's steady state), ``held`` more still in the queue."""
     target = Counted(azurite)
     try:
         queue = PeekLockQueue(60.0, 10, 0)
@@ -63,11 +64,14 @@ def measure(azurite: Azurite, messages: int) -> dict[str, Any]:
         deliver(queue, flow, 10, "before")
         run(target.store, "bench", broker, settle=timedelta(0), keep=True)  # the checkpoint
         deliver(queue, flow, messages, "window")
+        for i in range(held):  # sent, not consumed yet: in flight
+            queue.send(f"held-{i}", json.dumps({"n": i}).encode())
         target.store._expiry.flush()
         target.requests, broker.peeks = 0, 0
         found = run(target.store, "bench", broker, settle=timedelta(0), keep=True)
         return {
             "messages": messages,
+            "held": held,
             "received": found.received,
             "closes": found.closes,
             "store_requests": target.requests,

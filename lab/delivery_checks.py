@@ -33,6 +33,7 @@ from lab.infra_checks import (
     blob_triggered,
     body,
     is_poison,
+    main_bicep_defaults,
     parameter_values,
     parse,
     read_recipes,
@@ -413,7 +414,7 @@ def _days(value: timedelta) -> str:
 
 ADVICE = {
     "retention": "Markers would expire while the broker can still redeliver: raise dedupRetentionDays "
-    "(infra/main.parameters.json) and DEDUP_RETENTION, or shorten the broker's windows.",
+    "(main.bicep's default and infra/main.parameters.json), or shorten the broker's windows.",
     "leases": "A crashed step owner's claim would outlive the redeliveries: shorten DEDUP_LEASE, lengthen "
     "DEDUP_IN_FLIGHT_WAIT (within the lock and functionTimeout), or raise maxDeliveryCount.",
 }
@@ -428,15 +429,26 @@ def main(argv: list[str]) -> int:
     if not (infra / "main.bicep").is_file():
         print(f"delivery_checks: error: no main.bicep in {infra}", file=sys.stderr)
         return 2
-    try:
-        report = retention_check(infra) if command == "retention" else lease_check(infra)
+    check = retention_check if command == "retention" else lease_check
+    try:  # each deployment's values: azd's parameters file, or main.bicep's defaults (az deployment)
+        azd = check(infra)
+        with main_bicep_defaults():
+            defaults = check(infra)
     except RecipeError as exc:
         print(f"delivery_checks: error: {exc}", file=sys.stderr)
         return 2
-    print(report.explain())
-    if not report.ok:
+    if (azd.lines, azd.failures) == (defaults.lines, defaults.failures):
+        print(f"{AZD} and {DEFAULTS} (the same values):\n{azd.explain()}")
+    else:
+        print(f"{AZD}:\n{azd.explain()}\n{DEFAULTS}:\n{defaults.explain()}")
+    ok = azd.ok and defaults.ok
+    if not ok:
         print(ADVICE[command])
-    return 0 if report.ok else 1
+    return 0 if ok else 1
+
+
+AZD = "As azd deploys it (infra/main.parameters.json over main.bicep's defaults)"
+DEFAULTS = "as az deployment group create deploys it (main.bicep's defaults, docs/operations.md)"
 
 
 if __name__ == "__main__":

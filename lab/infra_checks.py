@@ -12,7 +12,9 @@ import copy
 import json
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cached_property, lru_cache, partial
@@ -48,12 +50,28 @@ def bicep_files(infra: Path) -> list[Path]:
 # -- parameters and host.json --------------------------------------------------------------
 
 
+# Which deployment the parameter values are those of: azd's (main.parameters.json over main.bicep's
+# defaults: True) or ``az deployment group create`` without a parameters file, as docs/operations.md
+# runs it (main.bicep's defaults: False). The checks judge both (``as_deployed``).
+WITH_PARAMETERS_FILE: ContextVar[bool] = ContextVar("with_parameters_file", default=True)
+
+
+@contextmanager
+def main_bicep_defaults() -> Iterator[None]:
+    """While open, parameter values are main.bicep's defaults: what ``az deployment`` deploys."""
+    token = WITH_PARAMETERS_FILE.set(False)
+    try:
+        yield
+    finally:
+        WITH_PARAMETERS_FILE.reset(token)
+
+
 def parameter_values(infra: Path) -> dict[str, Any]:
     """Defaults from main.bicep, overridden by main.parameters.json (an azd
-    ``${NAME=default}`` value counts as its default)."""
+    ``${NAME=default}`` value counts as its default) — but inside ``main_bicep_defaults``."""
     values = {name: spec.get("default") for name, spec in parse(infra / "main.bicep")["parameters"].items()}
     parameters_file = infra / "main.parameters.json"
-    if parameters_file.exists():
+    if parameters_file.exists() and WITH_PARAMETERS_FILE.get():
         for name, spec in json.loads(parameters_file.read_text())["parameters"].items():
             value = spec.get("value")
             if isinstance(value, str) and (match := re.fullmatch(r"\$\{\w+(?:=(.*))?\}", value)):
@@ -339,6 +357,14 @@ class Deployment:
         if not isinstance(settings, dict):
             raise ValueError(f"{self.infra / 'main.bicep'}: cannot read the function app's appSettings: {settings!r}")
         return settings
+
+
+def subscribed_functions(infra: Path = INFRA, recipes: Sequence[str] | None = None) -> dict[str, Any]:
+    """The function each Event Grid subscription deployed delivers to: module call -> the
+    ``functionName`` its eventgrid-subscription.bicep call passes."""
+    deployment = Deployment(infra, recipes)
+    return {call: scope("functionName") for call, (path, scope) in deployment.calls.items()
+            if Path(path).name == "eventgrid-subscription.bicep"}  # fmt: skip
 
 
 def _names(spec: dict[str, Any], scope: Scope) -> tuple[str, ...]:

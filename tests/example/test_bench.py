@@ -179,3 +179,5 @@ def test_the_audit_closes_its_window_in_a_page_per_thousand_facts_and_two_peeks(
     assert audited["peeks"] == 2
     assert audited["store_requests"] <= 2 + 4, audited
     assert all(audit_targets(audited).values()), audited
+    held = audit_cost.measure(azurite, 100, held=600)  # in flight: a peek per 250 more
+    assert held["closes"] and held["peeks"] == 2 + 3 and all(audit_targets(held).values()), held

@@ -21,6 +21,7 @@ ORDER_EVENTS = Redelivery("modules/eventgrid-subscription.bicep:subscription[ord
 SETTINGS = {
     "ServiceBusConnection__fullyQualifiedNamespace", "ServiceBusConnection__credential",
     "ServiceBusConnection__clientId", "ORDERS_QUEUE", "DEDUP_STORE", "DEDUP_STORAGE_ENDPOINT", "DEDUP_RETENTION",
+    "DEDUP_DEAD_LETTER_RETENTION",
     "DEDUP_MAX_DELIVERY_COUNT", "DEDUP_OUTGOING_MAX_BYTES", "PYTHON_THREADPOOL_THREAD_COUNT", "COSMOS_ENDPOINT",
     "COSMOS_DATABASE", "COSMOS_CONTAINER", "COSMOS_DEADLETTER_CONTAINER", "EVENTGRID_TOPIC_ENDPOINT",
 }  # fmt: skip

@@ -122,3 +122,23 @@ def test_the_report_fails_on_a_double_write_and_on_missing_orders(store: DedupSt
 def test_the_smoke_test_against_a_deployed_environment() -> None:
     os.environ.setdefault("SERVICEBUS_FULLY_QUALIFIED_NAMESPACE", os.environ["SMOKE_SERVICEBUS_NAMESPACE"])
     assert main(["--orders", "20", "--duplicate-share", "0.3", "--mismatches", "2", "--wait", "300"]) == 0
+
+
+@pytest.mark.parametrize("mistake", ["an unreachable namespace", "a mistyped table"])
+def test_the_smoke_test_that_cannot_run_says_so_in_one_line_exit_2(azurite: Azurite, mistake: str) -> None:
+    """Exit 1 keeps its one meaning (an order written twice): what it cannot do is 2, one line."""
+    from lab.azurite import free_port
+    from shared.idempotency.functions import shared_store
+    from tests.integration.operators import run_tool
+
+    nowhere = (
+        f"Endpoint=sb://127.0.0.1:{free_port()};SharedAccessKeyName=x;SharedAccessKey=eQ==;UseDevelopmentEmulator=true"
+    )
+    with fresh_app(azurite):
+        shared_store()  # the app's tables exist
+        typo = {"DEDUP_TABLE": "nosuchtable"} if mistake == "a mistyped table" else {}
+        done = run_tool("lab.client.smoke", "--orders", "2", "--wait", "0", SERVICEBUS_CONNECTION_STRING=nowhere,
+                        SERVICEBUS_QUEUE="orders", **typo)  # fmt: skip
+    assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done.stderr
+    assert done.stderr.startswith("smoke: error: ") and "Traceback" not in done.stderr
+    assert ("table 'nosuchtable' does not exist" in done.stderr) == (mistake == "a mistyped table")

@@ -30,6 +30,7 @@ from lab.infra_checks import (
     parameter_values,
     parse,
     policy_violations,
+    subscribed_functions,
     timespan,
 )
 
@@ -444,6 +445,38 @@ def test_the_check_retention_command_fails_on_bad_parameters(tmp_path: Path) -> 
     assert result.returncode == 1 and "FAIL" in result.stdout
 
 
+def test_the_check_retention_command_judges_main_bicep_defaults_too(tmp_path: Path) -> None:
+    """``az deployment group create`` (as docs/operations.md runs it) takes main.bicep's defaults,
+    not azd's parameters file: a short default fails the check, saying which deployment."""
+    broken = tmp_path / "infra"
+    shutil.copytree(INFRA, broken)
+    bicep = broken / "main.bicep"
+    bicep.write_text(bicep.read_text().replace("param dedupRetentionDays int = 30", "param dedupRetentionDays int = 5"))
+    result = subprocess.run([sys.executable, "-m", "lab.delivery_checks", "retention", str(broken)],
+                            cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    azd, defaults = result.stdout.split("as az deployment group create deploys it")
+    assert result.returncode == 1 and "FAIL" not in azd and "FAIL" in defaults, result.stdout
+
+
+def test_every_event_grid_subscription_delivers_to_a_function_of_the_app() -> None:
+    """Whatever infra deploys: each subscription's ``functionName`` names one of the app's
+    functions (a renamed function would leave its subscription delivering nowhere)."""
+    import consumers
+
+    names = {builder._function.get_function_name() for blueprint in consumers.blueprints()
+             for builder in blueprint._function_builders}  # fmt: skip
+    subscribed = subscribed_functions(INFRA, [])
+    assert all(name in names for name in subscribed.values()), (subscribed, sorted(names))
+
+
+def test_a_subscription_to_a_function_the_app_lacks_is_found(tmp_path: Path) -> None:
+    broken = tmp_path / "infra"
+    shutil.copytree(INFRA, broken)
+    bicep = broken / "main.bicep"
+    bicep.write_text(bicep.read_text().replace("functionName: 'order_events'", "functionName: 'order_event'"))
+    assert list(subscribed_functions(broken, []).values()) == ["order_event"]
+
+
 # -- only where the tools exist ----------------------------------------------------------
 
 
@@ -467,7 +500,12 @@ def test_what_if_against_a_resource_group() -> None:
 
 
 def test_dead_letter_records_must_outlive_the_resubmission_margin(tmp_path: Path) -> None:
-    report = retention_check(infra_copy(tmp_path, edits=(app_setting("DEDUP_DEAD_LETTER_RETENTION: 'P3D'"),)), HOST)
+    kept = (
+        "main.bicep",
+        "DEDUP_DEAD_LETTER_RETENTION: 'P${deadLetterResubmitDays}D'",
+        "DEDUP_DEAD_LETTER_RETENTION: 'P3D'",
+    )
+    report = retention_check(infra_copy(tmp_path, edits=(kept,)), HOST)
     assert [failure.split(" (")[0] for failure in report.failures] == [
         "dead-letter records kept 3.00 days >= resubmission margin"
     ]

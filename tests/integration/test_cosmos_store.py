@@ -89,7 +89,7 @@ def test_a_one_document_commit_refuses_every_marker_field(cosmos: CosmosStore, f
 def test_the_reserved_names_are_every_field_a_marker_can_carry() -> None:
     now = utcnow()
     full = Marker(DedupKey("s", "k", "step"), "p", State.IN_PROGRESS, "fp", now, now, lease_until=now,
-                  owner="w", result={"r": 1}, sequence=7, enqueued_at=now)  # fmt: skip
+                  owner="w", result={"r": 1}, sequence=7, enqueued_at=now, origin="o")  # fmt: skip
     assert marker_fields(full).keys() == MARKER_FIELDS
 
 

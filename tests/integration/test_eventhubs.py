@@ -20,7 +20,7 @@ from azure.functions import meta
 from lab.azurite import Azurite
 from shared.idempotency import Context, DownstreamUnavailable, Effects
 from shared.idempotency.errors import StoreUnavailable
-from shared.idempotency.functions import RetryLater, on_eventhub_batch
+from shared.idempotency.functions import RetryLater, on_eventhub_batch, shared_store
 from shared.idempotency.replay import main as replay
 from shared.idempotency.stores import DedupStore
 from shared.idempotency.telemetry import fields_of
@@ -207,6 +207,7 @@ def test_the_replay_tool_finds_its_consumer_when_another_cannot_be_built(
     with fresh_app(azurite, ITEMS_TOPIC="items"):
         for name in ("ServiceBusConnection", "ServiceBusConnection__fullyQualifiedNamespace", "DEDUP_SENDER"):
             monkeypatch.delenv(name, raising=False)
+        shared_store()  # the app's tables, as the app creates them (a command never does)
         found = run_tool("shared.idempotency.replay", "--consumer", "item-stream", "--consumers", "tests.app")
         assert (found.returncode, found.stdout.strip(), found.stderr) == (0, '{"parked": 0}', ""), found.stderr
         nobody = run_tool("shared.idempotency.replay", "--consumer", "nobody", "--consumers", "tests.app")

@@ -15,6 +15,7 @@ import pytest
 
 from lab.azurite import Azurite
 from shared.idempotency import Delivery, Outcome, Result
+from shared.idempotency.functions import shared_store
 from shared.idempotency.functions.registry import declared
 from tests.app import item, job_consumer, stream_consumer
 from tests.functions import fresh_app, servicebus_message, user_function
@@ -25,7 +26,12 @@ DOC = ROOT / "docs" / "operations.md"
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 COMMAND = re.compile(r"^(?:\.venv/bin/)?python -m (\S+)(.*)$")
 MENTION = re.compile(r"python -m ([\w.]+)")
-TOOLS = {"shared.idempotency.resubmit", "shared.idempotency.replay"}  # run below, as the page writes them
+TOOLS = {
+    "shared.idempotency.resubmit",
+    "shared.idempotency.replay",
+    "shared.idempotency.dead_letter_records",
+    "shared.idempotency.housekeeping",
+}  # run below, as the page writes them
 NOT_RUN = {  # the page's other commands, and where they are run instead
     "lab.client.smoke": "sends to a deployed namespace: tests/example/test_producer_and_smoke.py, when "
     "SMOKE_SERVICEBUS_NAMESPACE is set",
@@ -113,6 +119,34 @@ def test_the_replay_command_applies_what_was_parked_once(azurite: Azurite, consu
                                              ['{"parked": 2, "duplicate": 2}']]  # fmt: skip
 
 
+def test_the_dead_letter_records_command_lists_and_exports_what_the_page_shows(
+    azurite: Azurite, tmp_path: Path
+) -> None:
+    [(argv, shown)] = documented("shared.idempotency.dead_letter_records")
+    export = tmp_path / "dead-letters.jsonl"
+    argv = on_test_app([str(export) if arg.endswith(".jsonl") else arg for arg in argv])
+    with fresh_app(azurite):
+        refused = {"id": "o-17", "amount": -1}  # the schema's minimum: 0
+        user_function("items")(servicebus_message(refused, "o-17"))
+        done = run_tool(*argv)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    lines, expected = columns(done.stdout), columns(shown)
+    assert [line[1:4] for line in lines[:-1]] == [line[1:4] for line in expected[:-1]]  # when differs
+    assert lines[0][4].startswith("amount") and lines[-1] == expected[-1]
+    assert [json.loads(line) for line in export.read_text().splitlines()] == [refused]  # what resubmit --bodies reads
+
+
+def test_the_housekeeping_command_prints_what_the_page_shows(azurite: Azurite) -> None:
+    [(argv, shown)] = documented("shared.idempotency.housekeeping")
+    with fresh_app(azurite):
+        shared_store()
+        done = run_tool(*argv)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    found, expected = json.loads(done.stdout), json.loads(shown)
+    assert found.keys() == expected.keys() and found["requests"] > 0  # its reads of the index's hours
+    assert {k: v for k, v in found.items() if k != "requests"} == {k: v for k, v in expected.items() if k != "requests"}
+
+
 # A module, and a package whose ``__init__`` imports none of its modules; some of their consumers.
 APPS = {"tests.app": {"items", "item-stream", "item-job"}, "tests.integration.resubmit_app": {"checks", "states"}}
 
@@ -121,9 +155,10 @@ APPS = {"tests.app": {"items", "item-stream", "item-job"}, "tests.integration.re
 def test_an_unknown_consumer_in_a_fresh_process_lists_every_consumer_of_the_app(azurite: Azurite, module: str) -> None:
     """Nothing imported the consumers' modules before: the tools import them themselves."""
     with fresh_app(azurite):
+        shared_store()  # the app's tables, as the app creates them (a command never does)
         expected = {c.name for c in declared(module)}
         assert APPS[module] <= expected
-        for tool in sorted(TOOLS):
+        for tool in sorted(TOOLS - {"shared.idempotency.housekeeping"}):  # the one that takes no consumer
             ids = ["--ids", "o-1"] if tool.endswith("resubmit") else []
             done = run_tool(tool, "--consumer", "nosuch", *ids, "--consumers", module)
             assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1, done.stderr

@@ -24,7 +24,7 @@ from shared.idempotency.functions.registry import declared
 from shared.idempotency.resubmit import main
 from shared.idempotency.testing import reset
 from tests.app import item
-from tests.functions import app_settings, fresh_app, servicebus_message, user_function
+from tests.functions import app_settings, fresh_app, http_request, servicebus_message, user_function
 from tests.integration.operators import run_tool
 
 Output = tuple[int, str, str]
@@ -253,3 +253,15 @@ def test_the_tool_never_imports_the_function_app(app: str) -> None:
     imported = set(last.split())
     assert done.returncode == 0 and verdicts[0].startswith("o-1\tnew"), done.stderr
     assert "function_app" not in imported and APP in imported
+
+
+def test_a_body_an_http_route_committed_is_the_same_payload(app: str, tmp_path: Path) -> None:
+    """A route's fingerprint holds its caller: the body it committed is compared with that caller,
+    as the commit compared it — a duplicate, not "completed with another payload"."""
+    body = item("o-http", 7.0)
+    assert user_function("items_api")(http_request(body, idempotency_key="k-1", url="/api/items")).status_code == 201
+    other = {**body, "amount": 8.0}
+    code, out, err = run("--bodies", bodies_file(tmp_path, json.dumps(body).encode(), json.dumps(other).encode()),
+                         consumer="items-api")  # fmt: skip
+    assert (code, err) == (0, "")
+    assert [c[1] for c in verdict_lines(out, 2)] == ["duplicate", "conflict"]

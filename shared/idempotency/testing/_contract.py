@@ -149,6 +149,15 @@ class StoreContract:
         assert commit("a", retry=False) is CommitStatus.DUPLICATE  # not a retry: no read, a duplicate
         assert len([item for item in store.scan(k.id) if item.entity]) == effects  # written once
 
+    def test_a_marker_keeps_who_sent_its_message(self, store: DedupStore) -> None:
+        """An HTTP caller's commit keeps its origin (part of its fingerprint): a tool compares a
+        body as the commit compared it."""
+        k = key()
+        sent = Commit(k, k.id, "fp1", [Entity("e", {"n": 1})], None, utcnow() + HOUR, origin="key:5e1f")
+        assert store.commit_many([sent])[0].status is CommitStatus.NEW
+        stored = store.get(k, k.id)
+        assert stored is not None and stored.origin == "key:5e1f"
+
     def test_a_declined_commit_is_a_final_marker_holding_its_decline(self, store: DedupStore) -> None:
         k, decline = key(), {"reason": "sold_out", "detail": "3 seats asked, 2 left"}
         declined = Commit(k, k.id, "fp1", [Entity("refusal", {"n": 1})], decline, utcnow() + HOUR, "a",
