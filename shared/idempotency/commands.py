@@ -104,7 +104,8 @@ def one_line_errors(tool: str, unreachable: str = "") -> Iterator[None]:
               file=sys.stderr)  # fmt: skip
         raise SystemExit(2) from None
     except (DedupError, AzureError, OSError) as exc:
-        print(f"{tool}: error: {unreachable}{printable(_first_line(exc))}", file=sys.stderr)
+        which = "cannot reach Service Bus: " if type(exc).__module__.startswith("azure.servicebus") else unreachable
+        print(f"{tool}: error: {which}{printable(_first_line(exc))}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -129,6 +129,11 @@ class IdempotentConsumer:
         self.sender = sender
         self._sweep_delay = config.outbox_sweep_delay
 
+    @property
+    def retention(self) -> timedelta:
+        """How long its markers are kept (DEDUP_RETENTION, or its ``config``'s)."""
+        return self._retention
+
     def identify(self, delivery: Delivery) -> tuple[DedupKey, str, str]:
         """Key, partition and fingerprint as processing derives them, or InvalidMessage
         when processing would dead-letter the message; touches no store."""

@@ -282,7 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     consumer_options(parser)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--ids", nargs="+", help="message ids (the dedup keys)")
-    source.add_argument("--bodies", help="a file of message bodies, one JSON document per line (dead_letters --export)")
+    source.add_argument(
+        "--bodies", help="a file of message bodies, one JSON document per line (dead_letter_records --export)"
+    )
     parser.add_argument("--message-id-field", help="with --bodies: the body field that holds the MessageId")
     args = parser.parse_args(argv)
     with one_line_errors("resubmit"):

@@ -467,6 +467,8 @@ def test_every_event_grid_subscription_delivers_to_a_function_of_the_app() -> No
              for builder in blueprint._function_builders}  # fmt: skip
     subscribed = subscribed_functions(INFRA, [])
     assert all(name in names for name in subscribed.values()), (subscribed, sorted(names))
+    called = "'modules/eventgrid-subscription.bicep'" in (INFRA / "main.bicep").read_text()
+    assert bool(subscribed) == called  # each subscription main.bicep calls is found
 
 
 def test_a_subscription_to_a_function_the_app_lacks_is_found(tmp_path: Path) -> None:

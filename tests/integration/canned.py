@@ -14,6 +14,7 @@ class Canned(ThreadingHTTPServer):
     """Answers every request with ``answer``: (status, headers, body)."""
 
     answer: tuple[int, dict[str, str], bytes] = (500, {}, b"")
+    received = 0  # requests answered so far
 
 
 class _Answer(BaseHTTPRequestHandler):
@@ -22,6 +23,7 @@ class _Answer(BaseHTTPRequestHandler):
 
     def answer(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.server.received += 1
         status, headers, body = self.server.answer
         self.send_response(status)
         for name, value in headers.items():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -342,7 +343,7 @@ def test_the_audit_setting_only_overrides_or_excludes_what_the_app_declares(monk
     monkeypatch.setattr(timers, "declared", lambda: [build() for build in audited_ones])
     monkeypatch.setattr(timers, "servicebus_client", lambda who: Client())
 
-    def run(store: Any, name: str, entity: Any, keep: bool) -> Account:
+    def run(store: Any, name: str, entity: Any, keep: bool, kept_for: Any) -> Account:
         peeked.append((name, entity))
         return Account(name, 1, 0)
 
@@ -416,13 +417,18 @@ def test_a_window_older_than_the_store_keeps_its_facts_is_not_judged_and_says_so
     """The last audit saved 40 days ago: its facts may be purged since (dead-letter records after
     14 days, markers after 30). The numbers in between are not judged, and the account says so;
     the audit starts again from what the store keeps."""
-    run = Run(store)
-    run.send("o-1", {"orderId": "o-1"})
+    run = Run(store, first_sequence=5)  # 1..4: enqueued long ago, their facts gone since
+    run.send("o-5", {"orderId": "o-5"})
     run.deliver()
     save(store, Account("audited", 1, 0), datetime.now(UTC) - timedelta(days=40))  # a window that ended long ago
     found = run_audit(run, keep=True)
-    assert (found.first, found.last, found.closes) == (1, 1, True)
-    assert found.skipped and "longer ago than the store keeps their facts" in found.skipped[0]
+    assert (found.first, found.last, found.closes) == (5, 5, True)
+    assert len(found.skipped) == 1 and found.skipped[0].startswith("1..4: enqueued before ")
+    assert "longer ago than the store keeps their facts" in found.skipped[0]
+    run.send("o-6", {"orderId": "o-6"})
+    run.deliver()
+    again = run_audit(run, keep=True)  # goes on from there: never back, nothing skipped again
+    assert (again.first, again.last, again.closes, again.skipped) == (6, 6, True, [])
 
 
 def test_a_window_over_the_bound_is_cut_by_the_timer_and_refused_by_the_reading_command(
@@ -463,3 +469,104 @@ def run_audit(run: Run, *, keep: bool) -> Account:
     from shared.idempotency.audit import run as audit_run
 
     return audit_run(run.store, "audited", run.queue, settle=timedelta(0), keep=keep)
+
+
+def test_a_first_window_finds_what_is_held_past_a_page_of_old_dead_letters(store: DedupStore) -> None:
+    """An entity past #1,000,000 whose DLQ holds 300 messages dead-lettered long ago, then two
+    recent ones: the first window starts at the recent ones, not at "nothing to audit"."""
+    run = Run(store, first_sequence=1_000_001)
+    for n in range(302):
+        run.send(f"o-{n}", {"nope": n})
+    for _ in range(604):
+        run.deliver(fail=True)
+    for old in run.queue.dead[:300]:
+        old.enqueued_at -= timedelta(days=30)  # before the first window's week
+    found = run_audit(run, keep=False)
+    assert (found.first, found.last, found.counts["dead_lettered"], found.closes) == (1_000_301, 1_000_302, 2, True)
+
+
+def test_a_cut_window_goes_on_where_it_stopped_even_when_the_facts_are_kept_briefly(
+    store: DedupStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Markers kept an hour (the first window then starts at what is kept): a window cut at
+    MAX_WINDOW is followed by the rest, never started over."""
+    from shared.idempotency import audit as audit_module
+
+    monkeypatch.setattr(audit_module, "MAX_WINDOW", 5)
+    run = Run(store)
+    for n in range(1, 9):
+        run.send(f"o-{n}", {"orderId": f"o-{n}"})
+        run.deliver()
+    windows = [audit_module.run(store, "audited", run.queue, settle=timedelta(0), keep=True,
+                                kept_for=timedelta(hours=1)) for _ in range(3)]  # fmt: skip
+    assert [(w.first, w.last, w.closes) for w in windows] == [(1, 5, True), (6, 8, True), (9, 8, True)]
+
+
+def test_the_consumer_a_function_hands_messages_to_is_found_through_decorators_and_closures(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Found: named directly, through a ``functools.wraps`` decorator, in a closure. Not found,
+    each said: a function that hands messages to a helper; a consumer fed by two entities."""
+    import azure.functions as func
+
+    from shared.idempotency.functions import consumer, on_servicebus
+    from shared.idempotency.functions._housekeeping import audited_consumers
+
+    @consumer
+    def direct() -> IdempotentConsumer:
+        return IdempotentConsumer("direct", MemoryStore(), handler)
+
+    @consumer
+    def wrapped() -> IdempotentConsumer:
+        return IdempotentConsumer("wrapped", MemoryStore(), handler)
+
+    @consumer
+    def twice() -> IdempotentConsumer:
+        return IdempotentConsumer("twice", MemoryStore(), handler)
+
+    def logged(function: Any) -> Any:
+        @functools.wraps(function)
+        def wrapper(msg: func.ServiceBusMessage) -> None:
+            function(msg)
+
+        return wrapper
+
+    def helper(msg: func.ServiceBusMessage) -> None:
+        on_servicebus(direct, msg)
+
+    bp = func.Blueprint()  # type: ignore[no-untyped-call]
+    trigger = functools.partial(bp.service_bus_queue_trigger, arg_name="msg", connection="ServiceBusConnection")
+
+    @bp.function_name("plain")
+    @trigger(queue_name="q-plain")
+    def plain(msg: func.ServiceBusMessage) -> None:
+        on_servicebus(direct, msg)
+
+    @bp.function_name("decorated")
+    @trigger(queue_name="q-decorated")
+    @logged
+    def decorated(msg: func.ServiceBusMessage) -> None:
+        on_servicebus(wrapped, msg)
+
+    held = twice
+
+    @bp.function_name("closure")
+    @trigger(queue_name="q-closure")
+    def closure(msg: func.ServiceBusMessage) -> None:
+        on_servicebus(held, msg)
+
+    @bp.function_name("again")
+    @trigger(queue_name="q-again")
+    def again(msg: func.ServiceBusMessage) -> None:
+        on_servicebus(held, msg)
+
+    @bp.function_name("helped")
+    @trigger(queue_name="q-helped")
+    def helped(msg: func.ServiceBusMessage) -> None:
+        helper(msg)
+
+    with caplog.at_level(logging.WARNING, logger="idempotency"):
+        found = [(build.name, entity[0]) for build, entity in audited_consumers([bp])]
+    assert found == [("direct", "q-plain"), ("wrapped", "q-decorated")]
+    assert "function helped reads Service Bus but names no declared consumer" in caplog.text
+    assert "twice reads several Service Bus entities" in caplog.text

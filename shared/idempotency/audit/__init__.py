@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -191,10 +192,15 @@ def account(store: DedupStore, consumer: str, broker: Broker, *, after: int, sin
     ``since`` on (the previous window's ``until``; a little earlier is harmless)."""
     where: dict[int, tuple[Found, datetime | None]] = {}
     canaries: set[int] = set()
-    beyond = after + MAX_WINDOW  # what a peek need not read past
+    beyond = after + MAX_WINDOW  # what a peek need not read past, nor the account keep
+    over: list[int] = []  # the highest number past it enqueued before ``until``, if any
 
     def found(sequence: int | None, how: Found, enqueued: datetime | None) -> None:
         if sequence is None or sequence <= after:
+            return
+        if sequence > beyond:  # the next window's: only how far it goes is kept
+            if (enqueued is None or enqueued < until) and (not over or sequence > over[0]):
+                over[:] = [sequence]
             return
         if sequence not in where or _RANK[how] < _RANK[where[sequence][0]]:
             where[sequence] = (how, enqueued)
@@ -217,7 +223,7 @@ def account(store: DedupStore, consumer: str, broker: Broker, *, after: int, sin
         if letter.reason != Reason.UNACCOUNTED and letter.enqueued_at is not None and since <= letter.enqueued_at:
             found(letter.sequence, Found.REFUSED, letter.enqueued_at)
     closed = [seq for seq, (_, enqueued) in where.items() if enqueued is None or enqueued < until]
-    last = max(closed, default=after)
+    last = max([*closed, *over], default=after)
     skipped = []
     if last > beyond:
         if not cut:
@@ -335,21 +341,27 @@ def report(store: DedupStore, found: Account) -> None:
 
 
 def run(store: DedupStore, consumer: str, broker: Broker, *, settle: timedelta = SETTLE, keep: bool,
-        page: int = 250) -> Account:  # fmt: skip
+        page: int = 250, kept_for: timedelta | None = None) -> Account:  # fmt: skip
     """The window after the consumer's checkpoint (or its first, FIRST_WINDOW back), up to
     ``settle`` ago, accounted for. ``keep``: reported (recorded, logged, counted) and its end saved
     as the next checkpoint, a window over MAX_WINDOW cut there; else read only, and such a window
-    refused (WindowTooLarge). A checkpoint older than the store keeps its facts starts again as a
-    first window does, from what is kept: the numbers between are not judged, and said so."""
+    refused (WindowTooLarge). ``kept_for``: how long the consumer keeps its markers (its
+    retention; default DEDUP_RETENTION), its dead-letter records the store's: facts read from
+    further back may be purged. A checkpoint older than that goes on as a first window does, from
+    the lowest number recorded or held since what is kept (never back before the checkpoint): the
+    numbers between are not judged, and said so."""
     until = utcnow() - settle
-    kept_since = utcnow() - min(retention(), store.dead_letter_retention) + settle  # facts older may be purged
+    kept_since = utcnow() - min(kept_for or retention(), store.dead_letter_retention) + settle
     saved = checkpoint(store, consumer)
     first_since = max(until - FIRST_WINDOW, kept_since)
     skipped = []
-    if saved is not None and saved[1] < kept_since:
-        skipped.append(f"{saved[0] + 1}..: enqueued before {kept_since.isoformat(timespec='seconds')}, longer ago "
-                       "than the store keeps their facts (markers, dead-letter records): not judged")  # fmt: skip
-        saved = None
+    if saved is not None and saved[1] < kept_since:  # facts since the checkpoint may be purged
+        lowest = _first(store, consumer, broker, kept_since, page)
+        if lowest is not None and lowest > saved[0]:
+            skipped.append(f"{saved[0] + 1}..{lowest}: enqueued before {kept_since.isoformat(timespec='seconds')}, "
+                           "longer ago than the store keeps their facts (markers, dead-letter records): "
+                           "not judged")  # fmt: skip
+        saved = (max(saved[0], lowest or 0), kept_since)
     after, since = saved or (_first(store, consumer, broker, first_since, page), first_since)
     if after is None:  # nothing recorded nor held yet: nothing to judge, no checkpoint
         return Account(consumer, 1, 0, skipped=skipped)
@@ -389,10 +401,12 @@ def _first(store: DedupStore, consumer: str, broker: Broker, since: datetime, pa
     found at all: nothing to audit yet (and no checkpoint: the next run looks again)."""
     numbers = [m.sequence for m in store.sequenced(consumer, since, utcnow() + timedelta(days=1))]
     numbers += [
-        d.sequence for d in store.dead_letters(consumer) if d.enqueued_at is not None and d.enqueued_at >= since
-    ]
-    for peek in (broker.peek, broker.peek_dead_letters):
-        held = (p.sequence for p in islice(_all(peek, 0, page, MAX_WINDOW), MAX_WINDOW)
+        d.sequence
+        for d in store.dead_letters(consumer)
+        if d.reason != Reason.UNACCOUNTED and d.enqueued_at is not None and d.enqueued_at >= since
+    ]  # an audit's own records are no facts
+    for peek in (broker.peek, broker.peek_dead_letters):  # the first held since: among at most MAX_WINDOW
+        held = (p.sequence for p in islice(_all(peek, 0, page, sys.maxsize), MAX_WINDOW)
                 if p.enqueued_at is None or p.enqueued_at >= since)  # fmt: skip
         numbers.append(next(held, None))
     lowest = min((n for n in numbers if n is not None), default=None)

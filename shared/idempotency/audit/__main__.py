@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with one_line_errors("audit"), app_consumer(args) as consumer, servicebus_client("the audit peeks") as client:
         broker = ServiceBusPeek(client, args.queue, args.topic, args.subscription)
-        found = run(consumer.store, consumer.name, broker, settle=args.settle, keep=args.save)
+        found = run(consumer.store, consumer.name, broker, settle=args.settle, keep=args.save,
+                    kept_for=consumer.retention)  # fmt: skip
     for gap in found.unaccounted:
         print(f"{gap.sequence}\tunaccounted\t{gap.between()}")
     for note in found.skipped:

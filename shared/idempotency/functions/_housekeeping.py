@@ -6,9 +6,11 @@ consumers' senders."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import astuple
 from datetime import timedelta
@@ -65,30 +67,44 @@ def audited_consumers(blueprints: Iterable[func.Blueprint]) -> list[Audited]:
     """What the audit reads by default: every Service Bus trigger of the Blueprints (but a session
     queue's: it is peeked session by session), with the one consumer its function hands the
     message to — the declared consumer (``@consumer``) its code names, as ``on_servicebus(invoices,
-    msg)`` does. Found from the declarations, without building anything; a function naming none,
-    or several, is not audited by default (DEDUP_AUDIT names what it reads)."""
+    msg)`` does (through decorators, and in its closure). Found from the declarations, without
+    building anything. Not audited by default, each said in a WARNING (DEDUP_AUDIT names what it
+    reads): a function that names no declared consumer, or several (a helper hands it over); a
+    consumer fed by two entities (its facts mix their numbers)."""
     found: list[Audited] = []
     for blueprint in blueprints:
         for builder in blueprint._function_builders:
             function = builder._function
-            named = _consumers_named(function.get_user_function())
             for binding in function.get_bindings():
                 declared_as = binding.get_dict_repr()
-                if binding.type != "serviceBusTrigger" or declared_as.get("isSessionsEnabled") or len(named) != 1:
+                if binding.type != "serviceBusTrigger" or declared_as.get("isSessionsEnabled"):
+                    continue
+                named = _consumers_named(function.get_user_function())
+                if len(named) != 1:
+                    log.warning("dedup audit: function %s reads Service Bus but names %s declared consumer: not "
+                                "audited by default (DEDUP_AUDIT: consumer=entity)", function.get_function_name(),
+                                "no" if not named else "more than one")  # fmt: skip
                     continue
                 queue = declared_as.get("queueName")
                 entity = (queue, None, None) if queue else (None, declared_as["topicName"],
                                                             declared_as["subscriptionName"])  # fmt: skip
                 found.append((named[0], entity))
-    return found
+    fed = Counter(build for build, _ in found)
+    for build in (build for build, count in fed.items() if count > 1):
+        log.warning("dedup audit: consumer %s.%s reads several Service Bus entities: not audited by default (its "
+                    "facts mix their numbers)", build.module, build.name)  # fmt: skip
+    return [(build, entity) for build, entity in found if fed[build] == 1]
 
 
 def _consumers_named(function: Any) -> list[Once[IdempotentConsumer]]:
-    """The declared consumers a function's code refers to by a global name."""
-    names = getattr(getattr(function, "__code__", None), "co_names", ())
-    scope = getattr(function, "__globals__", {})
-    declared_ones = [build for build in _declared if any(scope.get(name) is build for name in names)]
-    return list(dict.fromkeys(declared_ones))
+    """The declared consumers a function refers to by name: its own globals and closure (through
+    its decorators), and those of the functions nested in it."""
+    try:
+        bound = inspect.getclosurevars(inspect.unwrap(function))
+    except TypeError:  # not Python code (a builtin)
+        return []
+    referred = [*bound.globals.values(), *bound.nonlocals.values()]
+    return list(dict.fromkeys(value for value in referred if any(value is build for build in _declared)))
 
 
 def watched_entities(blueprints: Iterable[func.Blueprint]) -> list[canary.Entity]:
@@ -189,10 +205,15 @@ def audit_now(setting: str, derived: Iterable[Audited] = ()) -> None:
     wanted: dict[str, audit.Peekable | None] = {}
     for build, entity in derived:
         try:
-            wanted[build().name] = tuple(_setting_of(name) for name in entity)  # type: ignore[assignment]
+            queue, topic, subscription = (_setting_of(name) for name in entity)
+            wanted[build().name] = (queue, topic, subscription)
         except ConfigurationError as exc:  # said each run; the others are audited
             log.error("dedup audit: %s: not audited", exc)
-    wanted.update(audit.audited(setting))
+    for name, there in audit.audited(setting):
+        if there is None and name not in wanted:  # a typo would leave the one meant audited: said
+            log.warning("dedup audit: DEDUP_AUDIT excludes %r, which is not audited anyway (%s)", name,
+                        ", ".join(sorted(wanted)) or "none is")  # fmt: skip
+        wanted[name] = there
     pairs = [(name, entity) for name, entity in wanted.items() if entity is not None]
     if not pairs:
         return
@@ -203,7 +224,8 @@ def audit_now(setting: str, derived: Iterable[Audited] = ()) -> None:
                 log.error("dedup audit: DEDUP_AUDIT names consumer %r, which the app does not declare (%s): not "
                           "audited", name, ", ".join(sorted(consumers)))  # fmt: skip
                 continue
-            found = audit.run(consumers[name].store, name, audit.ServiceBusPeek(client, *entity), keep=True)
+            found = audit.run(consumers[name].store, name, audit.ServiceBusPeek(client, *entity), keep=True,
+                              kept_for=consumers[name].retention)  # fmt: skip
             log.info("dedup audit: %s", found.line())
 
 

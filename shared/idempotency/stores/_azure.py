@@ -174,8 +174,16 @@ def cosmos_client() -> CosmosClient:
 
 
 def partition_field(container: ContainerProxy) -> str:
-    """The property named by the container's partition key path (``/partitionKey``)."""
-    path = container.read()["partitionKey"]["paths"][0]
+    """The property named by the container's partition key path (``/partitionKey``).
+
+    :raises ConfigurationError: the container does not exist (named), or its path is nested."""
+    from azure.cosmos.exceptions import CosmosResourceNotFoundError
+
+    try:
+        path = container.read()["partitionKey"]["paths"][0]
+    except CosmosResourceNotFoundError:
+        raise ConfigurationError(f"container {container.id!r} does not exist: check the app settings "
+                                 "(COSMOS_DATABASE, COSMOS_CONTAINER), or deploy it") from None  # fmt: skip
     if path.count("/") != 1:
         raise ConfigurationError(f"partition key path {path!r}: use a top-level property such as /partitionKey")
     return str(path.lstrip("/"))

@@ -26,7 +26,6 @@ from azure.core.exceptions import (
 from azure.data.tables import (
     EdmType,
     TableClient,
-    TableErrorCode,
     TableServiceClient,
     UpdateMode,
 )
@@ -35,7 +34,7 @@ from ..config import DEAD_LETTER_RETENTION
 from ..errors import StoreRefused, VersionConflict
 from ..keys import DedupKey, encode_key, guard_id, marker_id
 from ..messages import Change, Entity, Stored, utcnow
-from ._azure import error_code, store_errors
+from ._azure import store_errors
 from ._base import DedupStore, check_storable, refused
 from ._codec import state_fingerprint
 from ._expiry import INDEX, REPLACE, ExpiryIndex, Note
@@ -110,8 +109,8 @@ class TableStore(DedupStore):
         return self._dead.table_name
 
     def check_tables(self) -> None:
-        for client in (self._table, self._dead):  # one small query each: a missing table says TableNotFound
-            with store_errors(client.table_name):
+        for client in (self._table, self._dead):  # one small query each: it 404s only for a missing table
+            with store_errors(client.table_name, writes=True):  # (TableNotFound; Cosmos DB: ResourceNotFound)
                 next(iter(client.query_entities("PartitionKey eq @pk", parameters={"pk": "~"}, results_per_page=1)),
                      None)  # fmt: skip
 
@@ -263,12 +262,10 @@ class TableStore(DedupStore):
         return Current(markers, entities)
 
     def get(self, key: DedupKey, partition: str) -> Marker | None:
-        try:
+        try:  # a missing table is a ConfigurationError naming it (store_errors), not "no marker"
             with store_errors(self._table.table_name):
                 entity = self._table.get_entity(encode_key(partition), marker_id(key))
-        except ResourceNotFoundError as exc:
-            if error_code(exc) == TableErrorCode.TABLE_NOT_FOUND:  # not "no marker": a missing table
-                raise
+        except ResourceNotFoundError:
             return None
         return self._marker_from(entity, partition)
 
@@ -422,10 +419,12 @@ class TableStore(DedupStore):
                 if not answer.not_found:
                     raise StoreRefused(f"deleting {len(chunk)} entities of {partition!r}: {answer.message}")
                 if answer.index is None or not 0 <= answer.index < len(chunk):
-                    if len(chunk) > 1:  # which one is gone? each on its own
-                        for name in names[start : start + MAX_TRANSACTION_OPERATIONS]:
-                            self.delete_entities(partition, [name])
-                    break  # one, gone already
+                    for one in chunk if len(chunk) > 1 else ():  # which one is gone? each on its own
+                        with store_errors(self._table.table_name, writes=True):
+                            alone = self._transactions.submit([one])
+                        if isinstance(alone, TransactionFailure) and not alone.not_found:
+                            raise StoreRefused(f"deleting an entity of {partition!r}: {alone.message}")
+                    break  # gone already, the one or those left
                 del chunk[answer.index]
 
     def _write(self, transactions: Transactions, operations: list[Any], table: TableClient) -> None:
