@@ -1,7 +1,8 @@
 # Two commands on a fresh machine (Python 3.11, 3.12 or 3.13, Node 20 + npm, make):
 #   make demo   run the orders consumer against Azurite with an at-least-once stream
-#   make test   lint, types, delivery checks, checkov, all tests (Azurite started by the tests);
-#               ARGS go to pytest: make test ARGS="tests/unit/test_keys.py -k body_field"
+#   make test   lint, types, delivery checks, checkov, every test not marked long, two at a time
+#               (Azurite started by the tests); ARGS go to pytest: make test ARGS="tests/unit/test_keys.py -k body_field"
+#   make test-long  what CI adds: the tests marked long, the other Pythons, the adopters' paths
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,7 +10,7 @@ PY := $(VENV)/bin/python
 example = @test -e $(1) || { echo "make $@ drives the example, which make remove-example deleted" >&2; exit 2; }
 
 .PHONY: install demo test lint typecheck chaos bench check-retention check-leases scan-infra worker recipe recipe-off \
-	remove-example test-versions test-adopters clean
+	remove-example test-long test-versions test-adopters clean
 
 install: $(VENV)/.installed lab/node_modules/.installed
 
@@ -110,17 +111,27 @@ remove-example:
 	@echo "    ORDERS_QUEUE in infra/main.bicep and local.settings.json.example, infra/emulator/servicebus-config.json)"
 	@echo "  README.md: the default app, the ORDERS_QUEUE setting and the recipes describe the example"
 
+# Two lanes. make test, the adopter's loop: every test not marked long, on pytest-xdist workers
+# (JOBS; each its own Azurite), a module's tests on one worker (they share its servers).
+# make test-long, the rest of the proof (.ci/run runs it after make test): the tests marked long,
+# each with its reason (pytest.mark.long), then the other Pythons and the adopters' paths.
+JOBS ?= 2
+PYTEST = $(PY) -m pytest -q -n $(JOBS) --dist loadfile
 test: lint typecheck check-retention check-leases scan-infra
-	$(PY) -m pytest -q $(ARGS)
+	$(PYTEST) -m "not long" $(ARGS)
+
+test-long: install .venv-checkov/.installed
+	$(PYTEST) -m long $(ARGS)
+	$(MAKE) --no-print-directory test-versions test-adopters
 
 # The template as its adopters change it, each in a copy: README "Start your own app" followed,
-# every recipe switched on, the example removed; then lint, types, the checks and the suites such
-# a change can break (lab/adopters.py). FULL=1: make test in each copy, and in an unchanged one to compare.
+# names of the adopter's own, every recipe switched on, the example removed; then make test there,
+# and the walkthroughs (lab/adopters.py).
 test-adopters: install .venv-checkov/.installed
-	$(PY) -m lab.adopters $(if $(FULL),--full template walkthrough own-names recipes without-example)
+	$(PY) -m lab.adopters
 
-# The other supported Pythons (of 3.11, 3.12, 3.13), each in .venv-X.Y: types, unit, infra, integration
-# and runtime tests (lab/pythons.py; a missing interpreter is named in one line).
+# The other supported Pythons (of 3.11, 3.12, 3.13): make test with each, in .venv-X.Y
+# (lab/pythons.py; a missing interpreter is named in one line).
 test-versions: install
 	$(PY) -m lab.pythons
 

@@ -10,14 +10,12 @@ the copy; .venv, .venv-checkov, lab/node_modules and the worker's .runtime linke
 - ``recipes``: every recipe switched on, ``make recipe NAME=<name>`` each;
 - ``without-example``: ``make remove-example``.
 
-Then, in each copy: ``make lint typecheck check-retention check-leases scan-infra``, the suites
-such a change can break (unit, infra, the walkthroughs, the runtime's indexing, the example's
-and recipes' own tests, the adopter's own), and the library's tests collected must be the
-template's, one for one. ``--full`` runs ``make test`` there instead, the whole suite, and
-counts the library's tests that passed and skipped in each; ``template``, a copy left as it is,
-gives the figures to compare with (``--full template walkthrough recipes without-example``).
+Then, in each copy: the library's tests collected must be the template's, one for one; ``make
+test`` (the adopter's loop: lint, types, the checks, every test not marked long, the adopter's
+own among them) must pass, and so must the walkthroughs' tests (long: each walkthrough applied
+to a copy of the changed app).
 
-    python -m lab.adopters [--full] [--keep DIR] [template|walkthrough|own-names|recipes|without-example ...]
+    python -m lab.adopters [--keep DIR] [walkthrough|own-names|recipes|without-example ...]
 """
 
 from __future__ import annotations
@@ -31,8 +29,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ElementTree
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,20 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LINKED = (".venv", ".venv-checkov", "lab/node_modules", ".runtime")  # installed once, shared by the copies
 INSTALLED = (".venv/.installed", "lab/node_modules/.installed", ".venv-checkov/.installed")  # make: as they are
 LIBRARY_TESTS = ("tests/unit", "tests/infra", "tests/integration", "tests/runtime", "tests/chaos")
-# What a change of the app's consumers, recipes or infra can break, beside lint, types and the checks.
-SUITES = (
-    "tests/unit",
-    "tests/infra",
-    "tests/integration/test_readme_walkthrough.py",
-    *(
-        f"tests/runtime/test_python_worker.py::test_{name}"
-        for name in (
-            "the_default_app_indexes_its_consumers_and_the_housekeeping_they_need",
-            "the_worker_indexes_and_loads_every_function",
-            "every_setting_the_apps_bindings_name_is_documented_and_deployed",
-        )
-    ),
-)
+WALKTHROUGH_TESTS = "tests/integration/test_readme_walkthrough.py"  # long: make test leaves them out
 WALKTHROUGHS = (
     ("README.md", "## Start your own app"),
     ("docs/triggers.md", "## Add an Event Grid consumer"),
@@ -319,7 +302,6 @@ PATHS: dict[str, Callable[[Path], str]] = {
     "recipes": switch_every_recipe_on,
     "without-example": remove_the_example,
 }
-TEMPLATE: dict[str, Callable[[Path], str]] = {"template": lambda tree: "unchanged"}  # what to compare with
 
 
 # -- the checks ------------------------------------------------------------------------------------
@@ -337,70 +319,43 @@ def summary(output: str) -> str:
     return lines[-1] if lines else "(no summary)"
 
 
-def adopter_suites(tree: Path) -> list[str]:
-    """SUITES, the example's and recipes' tests where the example still is, the adopter's own."""
-    own = sorted(p.relative_to(tree).as_posix() for p in (tree / "tests").glob("test_*.py"))
-    return [*SUITES, *(["tests/example"] if (tree / "tests" / "example").is_dir() else []), *own]
-
-
-def library_results(junit: Path) -> Counter[str]:
-    """How many of the library's tests passed, skipped or failed, from pytest's JUnit XML."""
-    found: Counter[str] = Counter()
-    for case in ElementTree.parse(junit).iter("testcase"):
-        if case.get("classname", "").startswith(tuple(p.replace("/", ".") + "." for p in LIBRARY_TESTS)):
-            kind = next((child.tag for child in case if child.tag in ("skipped", "failure", "error")), "passed")
-            found[kind] += 1
-    return found
-
-
-def check(tree: Path, library: list[str], full: bool, runs: dict[str, Counter[str]]) -> str:
-    """The checks and tests in the changed ``tree``; what they said, in one line. ``runs``: the
-    library's results of the trees checked before (full), the template's first when it is one."""
-    if full:
-        done = make(tree, "test", f"ARGS=--junitxml={tree / 'results.xml'}")
-        _must(done, "make test")
-        counts = runs[tree.name] = library_results(tree / "results.xml")
-        if "template" in runs and counts != runs["template"]:
-            raise AdopterFailure(f"the library's tests ran otherwise than in the template: {dict(counts)} "
-                                 f"against {dict(runs['template'])}")  # fmt: skip
-        return f"make test: {summary(done.stdout)}; the library's tests: {dict(sorted(counts.items()))}"
-    _must(make(tree, "lint", "typecheck", "check-retention", "check-leases", "scan-infra"), "make's checks")
+def check(tree: Path, library: list[str]) -> str:
+    """The library's tests as the template's, make test, the walkthroughs, in the changed ``tree``;
+    what they said, in one line."""
     here = collected(tree)
     if sorted(here) != sorted(library):
         missing, extra = sorted(set(library) - set(here)), sorted(set(here) - set(library))
         raise AdopterFailure(
             f"the library's tests differ from the template's: missing {missing[:10]}, new {extra[:10]}"
         )
-    done = _python(tree, "-m", "pytest", "-q", "-p", "no:cacheprovider", *adopter_suites(tree))
-    _must(done, "pytest")
-    return f"{len(here)} library tests collected as in the template; pytest: {summary(done.stdout)}"
+    tested = _must(make(tree, "test"), "make test")
+    jobs = ["-n", os.environ.get("JOBS", "2"), "--dist", "loadfile"]
+    walked = _must(_python(tree, "-m", "pytest", "-q", "-p", "no:cacheprovider", *jobs, WALKTHROUGH_TESTS), "pytest")
+    return (f"{len(here)} library tests collected as in the template; make test: {summary(tested)}; "
+            f"the walkthroughs: {summary(walked)}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lab.adopters", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="*", metavar="PATH",
-                        help=f"of template, {', '.join(PATHS)} (default: {', '.join(PATHS)})")  # fmt: skip
-    parser.add_argument("--full", action="store_true", help="make test in each copy: the whole suite")
+                        help=f"of {', '.join(PATHS)} (default: {', '.join(PATHS)})")  # fmt: skip
     parser.add_argument("--keep", type=Path, help="make the copies here and keep them (default: removed)")
     args = parser.parse_args(argv)
-    paths = {**TEMPLATE, **PATHS}
-    if unknown := [name for name in args.paths if name not in paths]:
-        parser.error(f"no adopter path {', '.join(unknown)}: choose from {', '.join(paths)}")
-    args.paths = sorted(args.paths or PATHS, key=list(paths).index)  # the template first
+    if unknown := [name for name in args.paths if name not in PATHS]:
+        parser.error(f"no adopter path {', '.join(unknown)}: choose from {', '.join(PATHS)}")
     base = args.keep or Path(tempfile.mkdtemp(prefix="adopters-"))
-    library = [] if args.full else collected(ROOT)
+    library = collected(ROOT)
     failed: list[str] = []
-    runs: dict[str, Counter[str]] = {}
     try:
-        for name in args.paths:
+        for name in args.paths or PATHS:
             started, tree = time.monotonic(), base / name
             if tree.exists():
                 shutil.rmtree(tree)
             tree.mkdir(parents=True)
             try:
                 copy_tree(tree)
-                changed = paths[name](tree)
-                verdict = f"OK   {name}: {changed}; {check(tree, library, args.full, runs)}"
+                changed = PATHS[name](tree)
+                verdict = f"OK   {name}: {changed}; {check(tree, library)}"
             except NotApplicable as exc:
                 verdict = f"SKIP {name}: {exc}"
             except (AdopterFailure, ValueError, OSError, subprocess.SubprocessError) as exc:

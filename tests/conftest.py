@@ -21,6 +21,15 @@ if TYPE_CHECKING:
     from shared.idempotency.stores import CosmosStore, DedupStore, TableStore
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test in the long lane says why (``pytest.mark.long("reason")``): no test leaves
+    ``make test`` unexplained."""
+    for item in items:
+        for mark in item.iter_markers("long"):
+            if len(mark.args) != 1 or not isinstance(mark.args[0], str) or not mark.args[0].strip():
+                raise pytest.UsageError(f'{item.nodeid}: pytest.mark.long("why") names its reason')
+
+
 @pytest.fixture(autouse=True)
 def _restore_app_settings() -> Iterator[None]:
     """Harness runs point the app's settings at their own servers and payment API: put

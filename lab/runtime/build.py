@@ -16,6 +16,8 @@ in ``.runtime/`` by content digest.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import io
 import os
@@ -24,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 import tomllib
 import venv
 import zipfile
@@ -89,10 +92,21 @@ def prepare(
             f"or set {SOURCE_SETTING} to its release archive or folder"
         )
     files = verified_release(source)
-    worker = proxy_dir(files) if PROXY else worker_dir(files)
-    host_stubs(worker)
     modules = {**(extra or {}), **(LIBRARY_TESTS if with_tests else {})}
-    return Runtime(python=bare_python(), worker=worker, app=app_dir(switched_on, modules))
+    with _building():
+        worker = proxy_dir(files) if PROXY else worker_dir(files)
+        host_stubs(worker)
+        return Runtime(python=bare_python(), worker=worker, app=app_dir(switched_on, modules))
+
+
+@contextlib.contextmanager
+def _building() -> Iterator[None]:
+    """One build at a time in .runtime/, whichever process asks (pytest-xdist's workers, a copy
+    of the repository whose .runtime is this one): what is built is then only read."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with (CACHE / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 # -- the worker --------------------------------------------------------------------------------
@@ -207,14 +221,18 @@ def _generate_stubs(protos: Path, target: Path, tools: list[str]) -> None:
 
 def host_stubs(worker: Path) -> Path:
     """The same generated stubs for the test's side of the stream, as package ``functionrpc``
-    under .runtime/host-stubs (lab/runtime/host.py imports them)."""
+    under .runtime/host-stubs (lab/runtime/host.py imports them); written once per worker."""
     protos = worker / ("proxy_worker" if PROXY else "azure_functions_worker") / "protos"
     package = HOST_STUBS / "functionrpc"
+    built_from = HOST_STUBS / ".built-from"
+    if built_from.exists() and built_from.read_text() == str(worker):
+        return package
     shutil.rmtree(package, ignore_errors=True)
     for stub in protos.rglob("*_pb2*.py"):
         _write(package / stub.relative_to(protos), stub.read_bytes())
     for folder in (package, package / "identity", package / "shared"):
         _write(folder / "__init__.py", b"")
+    built_from.write_text(str(worker))
     return package
 
 
@@ -223,44 +241,52 @@ def host_stubs(worker: Path) -> Path:
 
 def app_dir(switched_on: Sequence[str] = (), extra: Mapping[str, Path] | None = None) -> Path:
     """The app as deployed: files that survive .funcignore, packages in .python_packages
-    (reinstalled only when requirements.txt changes); with recipes ``switched_on`` or
-    ``extra`` modules (name -> source), in a folder of its own whose packages are the plain app's."""
-    extra = dict(extra or {})
-    plain = CACHE / f"wwwroot-{PYTHON_VERSION}"  # each Python version its own packages
-    packages = plain / PACKAGES
-    requirements = (ROOT / "requirements.txt").read_bytes()
-    stamp = packages / ".requirements.sha256"
-    wanted = hashlib.sha256(requirements + PYTHON_VERSION.encode()).hexdigest()
-    if not stamp.exists() or stamp.read_text() != wanted:
-        shutil.rmtree(packages, ignore_errors=True)
-        _pip_install(packages, ["-r", str(ROOT / "requirements.txt")])
-        stamp.write_text(wanted)
-    # one folder per kind of deployment, so that one never rewrites another's app under its worker
-    app = CACHE / "-".join([plain.name, *(["recipes"] if switched_on else []), *sorted(extra)])
-    app.mkdir(parents=True, exist_ok=True)
-    for entry in app.iterdir():  # the app's own files: always the current ones
-        if entry.name != PACKAGES.parts[0]:
-            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-    if app != plain:
-        # To the packages' real place: a copy of the repository whose .runtime is this one (the
-        # walkthrough tests') must not leave a link through its own path, dangling once it is gone.
-        link, packages_dir = app / PACKAGES.parts[0], (plain / PACKAGES.parts[0]).resolve()
-        if link.is_symlink() and link.resolve() != packages_dir:
-            link.unlink()
-        if not link.exists():
-            link.symlink_to(packages_dir, target_is_directory=True)
-    for name in deployed_files():
-        _write(app / name, (ROOT / name).read_bytes())
+    (reinstalled only when requirements.txt changes); with recipes ``switched_on`` or ``extra``
+    modules (name -> source). A folder per content, written once and never rewritten: a worker
+    another process runs from it keeps its files."""
+    files = {name: (ROOT / name).read_bytes() for name in deployed_files()}
     # recipes/ is not deployed (.funcignore): a recipe on is in consumers/ (deployed above); one
     # still off is read from recipes/ when asked for (an app without the example has none)
-    off = [module for module in switched_on if not (ROOT / "consumers" / f"{module}.py").exists()]
-    modules = {**{module: ROOT / "recipes" / f"{module}.py" for module in off}, **extra}
-    for module, source in modules.items():
-        target = app / "consumers" / f"{module}.py"
-        if module in extra and target.exists():
+    off = [module for module in switched_on if f"consumers/{module}.py" not in files]
+    for module in extra or {}:
+        if f"consumers/{module}.py" in files:
             raise ValueError(f"consumers/{module}.py exists already: name the extra module otherwise")
-        _write(target, source.read_bytes())
+    modules = {**{module: ROOT / "recipes" / f"{module}.py" for module in off}, **(extra or {})}
+    files.update({f"consumers/{module}.py": source.read_bytes() for module, source in modules.items()})
+    digest = hashlib.sha256(PYTHON_VERSION.encode())
+    for name in sorted(files):
+        digest.update(f"\0{name}\0{len(files[name])}\0".encode() + files[name])
+    app = CACHE / f"app-{PYTHON_VERSION}-{digest.hexdigest()[:16]}"
+    complete = app / ".complete"
+    if not complete.exists():
+        shutil.rmtree(app, ignore_errors=True)  # a build cut short
+        for name, content in files.items():
+            _write(app / name, content)
+        (app / PACKAGES.parts[0]).symlink_to(_packages(), target_is_directory=True)
+        complete.touch()
+        _forget_old_apps()
+    os.utime(complete)  # in use: kept by _forget_old_apps
     return app
+
+
+def _packages() -> Path:
+    """requirements.txt installed as .python_packages, once per content and Python version."""
+    root = CACHE / f"packages-{PYTHON_VERSION}"
+    requirements = (ROOT / "requirements.txt").read_bytes()
+    stamp = root / ".requirements.sha256"
+    wanted = hashlib.sha256(requirements + PYTHON_VERSION.encode()).hexdigest()
+    if not stamp.exists() or stamp.read_text() != wanted:
+        shutil.rmtree(root, ignore_errors=True)
+        _pip_install(root / PACKAGES, ["-r", str(ROOT / "requirements.txt")])
+        stamp.write_text(wanted)
+    return (root / PACKAGES.parts[0]).resolve()
+
+
+def _forget_old_apps(unused_for: float = 86_400) -> None:
+    """Apps no build has asked for in a day (each edit of the app makes a new one)."""
+    for complete in CACHE.glob("app-*/.complete"):
+        if time.time() - complete.stat().st_mtime > unused_for:
+            shutil.rmtree(complete.parent, ignore_errors=True)
 
 
 def deployed_files() -> list[str]:

@@ -20,6 +20,10 @@ from shared.idempotency.stores import Commit, CommitResult, CommitStatus, TableS
 from shared.idempotency.telemetry import fields_of
 from tests.targets import ITEMS
 
+# make test keeps the first run (faults and an outage on both transaction paths) and the log's;
+# the other runs prove one trouble each, or the checker itself
+LONG = pytest.mark.long("a run of hundreds of messages under one trouble, or the checker's own proof")
+
 
 @pytest.fixture
 def persistent_azurite() -> Iterator[Azurite]:
@@ -48,6 +52,7 @@ def test_faults_and_an_outage_cause_no_double_effect_and_no_loss(
     assert report.audit["received"] == report.sends - report.dropped_by_detection + 1  # and the closing canary
 
 
+@LONG
 def test_the_audit_names_exactly_the_messages_the_host_settled_without_invoking_the_function(
     persistent_azurite: Azurite,
 ) -> None:
@@ -75,6 +80,7 @@ TROUBLE = {
 }
 
 
+@LONG
 @pytest.mark.parametrize("trouble", TROUBLE)
 def test_an_outage_or_throttling_is_waited_out_inside_the_deliveries(persistent_azurite: Azurite, trouble: str) -> None:
     config = RunConfig(**{"messages": 240, "workers": 16, "dup_rate": 0.2, "seed": 7,
@@ -88,6 +94,7 @@ def test_an_outage_or_throttling_is_waited_out_inside_the_deliveries(persistent_
         assert report.faults["throttled_503"] > 1000
 
 
+@LONG
 def test_a_consumer_that_gives_up_at_once_empties_its_delivery_budget(persistent_azurite: Azurite) -> None:
     """The harness sees what the waiting prevents: without it (DEDUP_TRANSIENT_WAIT=0), a 2 s
     outage spends the ten immediate redeliveries and leaves messages in the broker's DLQ."""
@@ -98,6 +105,7 @@ def test_a_consumer_that_gives_up_at_once_empties_its_delivery_budget(persistent
     assert (report.double_effects, report.lost) == (0, 0)
 
 
+@LONG
 @pytest.mark.parametrize("transactions", ["lean", "sdk"])
 def test_two_phase_payments_under_faults_charge_each_item_once(
     persistent_azurite: Azurite, transactions: str, monkeypatch: pytest.MonkeyPatch
@@ -124,6 +132,7 @@ class NoMarkerStore(TableStore):
         return [CommitResult(CommitStatus.NEW) for _ in commits]
 
 
+@LONG
 def test_the_checker_catches_double_effects_of_a_consumer_without_markers(
     azurite: Azurite, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -136,6 +145,7 @@ def test_the_checker_catches_double_effects_of_a_consumer_without_markers(
     assert not report.ok
 
 
+@LONG
 def test_a_store_that_does_not_come_back_is_the_runs_verdict_not_a_crash(
     persistent_azurite: Azurite, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -158,6 +168,7 @@ def test_a_store_that_does_not_come_back_is_the_runs_verdict_not_a_crash(
     assert report.broker_dead_lettered == 0  # not checked: a report of what could not be read, not a guess
 
 
+@LONG
 def test_a_store_slow_to_come_back_is_waited_out(persistent_azurite: Azurite, monkeypatch: pytest.MonkeyPatch) -> None:
     """The emulator takes 4 s more to come back than the outage lasts: the deliveries wait it out or
     go back to the broker, and every message is applied once."""

@@ -23,6 +23,8 @@ from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.stores import Commit, CommitResult, Marker, TableStore
 from tests.targets import ITEMS
 
+pytestmark = pytest.mark.long("a broker's whole delivery budget played out, in scaled time")
+
 
 @pytest.fixture
 def azurite_on_disk() -> Iterator[Azurite]:

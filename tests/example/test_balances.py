@@ -22,6 +22,8 @@ from shared.idempotency.stores._records import Commit, CommitResult
 from shared.idempotency.testing import entities
 from tests.functions import fresh_app, servicebus_message, user_function
 
+pytestmark = pytest.mark.long("hundreds of messages under faults")
+
 balances = recipes.module("balances")
 account_balances = user_function("account_balances")
 

@@ -22,6 +22,8 @@ from lab.delay_proxy import delayed
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores._expiry import SETTLE
 
+pytestmark = pytest.mark.long("the bench's own runs")
+
 
 def test_every_scenario_runs_and_costs_the_round_trips_it_reports(azurite: Azurite) -> None:
     service = TableServiceClient.from_connection_string(azurite.connection_string)

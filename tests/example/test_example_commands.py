@@ -15,6 +15,8 @@ import pytest
 from lab.other_triggers import switched_on
 from tests.unit.test_entry_points import ROOT, describes_itself
 
+pytestmark = pytest.mark.long("the example's runs as a user types them (make demo, the blob import)")
+
 
 @pytest.mark.parametrize("module", ["lab.demo", "lab.chaos", "lab.bench", "lab.client.smoke", "lab.outbox_cost",
                                     "lab.soak", "lab.queue_chaos", "lab.blob_import_run"])  # fmt: skip

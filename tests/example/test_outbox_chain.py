@@ -10,6 +10,8 @@ from lab.azurite import Azurite
 from lab.chain import SEND_FAULTS, ChainConfig, run_chain
 from shared.idempotency import Outcome
 
+pytestmark = pytest.mark.long("hundreds of messages under faults")
+
 
 def test_every_order_is_billed_and_shipped_once_whatever_fails(azurite: Azurite) -> None:
     report = run_chain(ChainConfig(messages=300, seed=11), azurite)

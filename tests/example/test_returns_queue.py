@@ -172,6 +172,7 @@ def test_a_store_outage_is_waited_out_inside_the_dequeue(queues: Azurite, azurit
         assert (listener.tally.invocations, listener.tally.released, poisoned(listener)) == (1, 0, [])
 
 
+@pytest.mark.long("hundreds of messages under faults")
 def test_chaos_competing_instances_crashes_lost_deletes_and_an_outage() -> None:
     """``make chaos`` runs 2,000 returns with a 30 s outage; this, a short one. Seed 7 crashes an
     instance at its 37th invocation and loses the 11th delete (a random stream per stage)."""

@@ -14,6 +14,8 @@ import pytest
 from lab.bench import worker
 from lab.runtime import build
 
+pytestmark = pytest.mark.long("the bench's own runs")
+
 MESSAGES = 64
 
 

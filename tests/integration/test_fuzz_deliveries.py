@@ -23,6 +23,8 @@ from shared.idempotency.telemetry import fields_of
 from tests.app import effects_by_item, item, queue_consumer
 from tests.functions import fresh_app, servicebus_message, user_function
 
+pytestmark = pytest.mark.long("thousands of generated deliveries")
+
 DELIVERIES_PER_EXAMPLE = 50
 EXAMPLES = 205
 INJECTIONS = ["' or PartitionKey ne '", "x' or '1' eq '1", "i1') or (RowKey ne '", "%27 or 1 eq 1", "@pk", "\\'"]

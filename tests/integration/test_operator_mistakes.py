@@ -21,6 +21,8 @@ from tests.app import item
 from tests.functions import app_settings, fresh_app, servicebus_message, user_function
 from tests.integration.operators import run_tool
 
+pytestmark = pytest.mark.long("every operator command against every mistake, each in a new process")
+
 APP = ("--consumers", "tests.app")
 COMMANDS: dict[str, tuple[str, ...]] = {
     "audit": ("shared.idempotency.audit", "--consumer", "items", "--queue", "items", *APP),

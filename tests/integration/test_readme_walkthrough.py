@@ -21,6 +21,8 @@ import pytest
 
 from lab import adopters
 
+pytestmark = pytest.mark.long("each walkthrough applied to a copy of the repository, whose suites then run")
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 SECTION = "## Start your own app"

@@ -1,6 +1,6 @@
 """lab/adopters.py's own parts (the paths themselves run in `make test-adopters`): a
 walkthrough's blocks applied once and found applied after, an app's own file or lines where a
-block writes or changes them said so, the library's results counted from pytest's JUnit XML."""
+block writes or changes them said so."""
 
 from __future__ import annotations
 
@@ -49,18 +49,6 @@ def test_an_apps_own_file_where_a_block_writes_one_is_not_applicable(tmp_path: P
     (tmp_path / "settings.json").write_text('{"A": 9}\n')
     with pytest.raises(adopters.NotApplicable, match="does not apply to this app's"):
         adopters.apply(tmp_path, "diff", "settings.json", '-  "A": 1,\n+  "A": 1,\n+  "B": 2,\n')
-
-
-def test_the_librarys_results_are_counted_from_junit_xml(tmp_path: Path) -> None:
-    junit = tmp_path / "results.xml"
-    junit.write_text("""<testsuites><testsuite>
-      <testcase classname="tests.unit.test_a" name="one"/>
-      <testcase classname="tests.integration.test_b.TestStore" name="two"><skipped message="no"/></testcase>
-      <testcase classname="tests.runtime.test_c" name="three"><failure message="x"/></testcase>
-      <testcase classname="tests.example.test_d" name="four"/>
-      <testcase classname="tests.test_invoices" name="five"/>
-    </testsuite></testsuites>""")
-    assert adopters.library_results(junit) == {"passed": 1, "skipped": 1, "failure": 1}
 
 
 def test_a_name_added_to_an_apps_list_is_appended_to_whatever_it_holds(tmp_path: Path) -> None:

@@ -24,8 +24,8 @@ def describes_itself(module: str) -> None:
 
 @pytest.mark.parametrize("module", ["lab.purge_cost", "lab.delivery_checks", "shared.idempotency.resubmit",
                                     "lab.runtime.build", "lab.infra_checks", "shared.idempotency.replay",
-                                    "lab.workbook_picture", "lab.pythons", "lab.adopters", "shared.idempotency.audit",
-                                    "shared.idempotency.resend"])  # fmt: skip
+                                    "lab.workbook_picture", "lab.pythons", "lab.adopters", "lab.lanes",
+                                    "shared.idempotency.audit", "shared.idempotency.resend"])  # fmt: skip
 def test_help_describes_the_command_and_starts_nothing(module: str) -> None:
     describes_itself(module)
 

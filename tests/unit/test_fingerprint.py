@@ -36,6 +36,7 @@ JSON_VALUES = st.recursive(
 )  # fmt: skip
 
 
+@pytest.mark.long("3,000 generated values")
 @settings(max_examples=3000, deadline=None)
 @given(JSON_VALUES)
 @example({"\ue000": 1, "\U0001f600": 2})  # UTF-16 puts the astral key first, code points the other
