@@ -128,23 +128,29 @@ def main(argv: list[str] | None = None) -> int:
         if not finished(name, call):
             failed.append(name)
 
-    with tempfile.TemporaryDirectory(prefix="chaos-azurite-") as data, Azurite(location=Path(data)) as azurite:
-        section("orders", lambda: summarise(config, run(config, azurite, ORDERS)))
-        for name, trouble in trouble_configs(config.seed).items():
-            print(f"\n{name}, 16 concurrent calls, no resubmission:")
-            section(name, lambda trouble=trouble: summarise(trouble, run(trouble, azurite, ORDERS)))  # type: ignore[misc]
-        if (chain := int(count("CHAOS_CHAIN_MESSAGES", "2000"))) > 0:
-            section("outbox", lambda: summarise_chain(run_chain(ChainConfig(chain, seed=config.seed), azurite)))
-        if (stream := int(count("CHAOS_STREAM_EVENTS", "3000"))) > 0:
-            section("Event Hubs", lambda: summarise_stream(run_stream(StreamConfig(stream, seed=config.seed), azurite)))
-        balances, accounts, kinds = balances_config()
-        for n, kind in enumerate(kinds if balances.messages > 0 else []):
-            entries = replace(balances, seed=config.seed, table=f"chaosbalances{n}")
-            section(f"balances ({kind})", lambda kind=kind, entries=entries: summarise_balances(  # type: ignore[misc]
-                kind, run_balances(kind, entries, azurite, accounts)))  # fmt: skip
-        if (orders := int(count("CHAOS_SESSION_ORDERS", "500"))) > 0:
-            sessions = SessionConfig(orders, seed=config.seed)
-            section("sessions", lambda: summarise_sessions(run_sessions(sessions, azurite)))
+    def on_azurite() -> bool:  # the sections that share one Azurite; one that cannot start is the verdict
+        with tempfile.TemporaryDirectory(prefix="chaos-azurite-") as data, Azurite(location=Path(data)) as azurite:
+            section("orders", lambda: summarise(config, run(config, azurite, ORDERS)))
+            for name, trouble in trouble_configs(config.seed).items():
+                print(f"\n{name}, 16 concurrent calls, no resubmission:")
+                section(name, lambda trouble=trouble: summarise(trouble, run(trouble, azurite, ORDERS)))  # type: ignore[misc]
+            if (chain := int(count("CHAOS_CHAIN_MESSAGES", "2000"))) > 0:
+                section("outbox", lambda: summarise_chain(run_chain(ChainConfig(chain, seed=config.seed), azurite)))
+            if (stream := int(count("CHAOS_STREAM_EVENTS", "3000"))) > 0:
+                section(
+                    "Event Hubs", lambda: summarise_stream(run_stream(StreamConfig(stream, seed=config.seed), azurite))
+                )
+            balances, accounts, kinds = balances_config()
+            for n, kind in enumerate(kinds if balances.messages > 0 else []):
+                entries = replace(balances, seed=config.seed, table=f"chaosbalances{n}")
+                section(f"balances ({kind})", lambda kind=kind, entries=entries: summarise_balances(  # type: ignore[misc]
+                    kind, run_balances(kind, entries, azurite, accounts)))  # fmt: skip
+            if (orders := int(count("CHAOS_SESSION_ORDERS", "500"))) > 0:
+                sessions = SessionConfig(orders, seed=config.seed)
+                section("sessions", lambda: summarise_sessions(run_sessions(sessions, azurite)))
+        return True
+
+    section("Azurite", on_azurite)
     if (returns := int(count("CHAOS_QUEUE_RETURNS", "2000"))) > 0:
         section("Storage queue", lambda: summarise_queue(run_queue(messages=returns, seed=config.seed)))
     if (records := int(count("CHAOS_IMPORT_RECORDS", "10000"))) > 0:
