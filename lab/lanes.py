@@ -7,7 +7,7 @@ in a second clone (``--beside``), then ``make test-long`` once. Each run's time,
 pytest's closing lines; a lane's tests are those lines' counts added up. Set
 FUNCTIONS_PYTHON_WORKER as .ci/run does, else the real-worker tests skip (the record says which).
 
-    python -m lab.lanes [--runs 3] [--no-beside] [--no-long]
+    python -m lab.lanes [--runs 3] [--no-beside] [--no-long] [--logs DIR]
 """
 
 from __future__ import annotations
@@ -54,8 +54,11 @@ def started(tree: Path, target: str) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
 
 
-def finished(process: subprocess.Popen[str], target: str, began: float, *, beside: bool = False) -> Run:
+def finished(process: subprocess.Popen[str], target: str, began: float, *, beside: bool = False,
+             log: Path | None = None) -> Run:  # fmt: skip
     output, _ = process.communicate()
+    if log is not None:
+        log.write_text(output)
     seconds = round(time.monotonic() - began)
     summaries = [line.strip("= ") for line in output.splitlines()
                  if COUNTED.search(line) and re.search(r" in [\d.]+s", line)]  # fmt: skip
@@ -68,11 +71,13 @@ def finished(process: subprocess.Popen[str], target: str, began: float, *, besid
     return Run(f"make {target}", seconds, process.returncode, beside, dict(tests), summaries)
 
 
-def timed(tree: Path, target: str, beside: Path | None = None) -> list[Run]:
-    """``make target`` in ``tree``; with ``beside``, another ``make test`` there at the same time."""
+def timed(tree: Path, target: str, beside: Path | None = None, logs: Path | None = None) -> list[Run]:
+    """``make target`` in ``tree``; with ``beside``, another ``make test`` there at the same time.
+    ``logs``: a folder to keep each one's output in."""
     began = time.monotonic()
     processes = [(started(tree, target), tree)] + ([(started(beside, "test"), beside)] if beside else [])
-    runs = [finished(process, target if where == tree else "test", began, beside=beside is not None)
+    runs = [finished(process, target if where == tree else "test", began, beside=beside is not None,
+                     log=logs / f"{time.strftime('%H%M%S')}-{where.name}-{target}.log" if logs else None)
             for process, where in processes]  # fmt: skip
     for run in runs:
         print(f"{run.command}{' (beside another)' if run.beside else ''}: {run.seconds} s, exit {run.exit_code}, "
@@ -100,16 +105,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="make test runs in a row (default: %(default)s)")
     parser.add_argument("--no-beside", dest="beside", action="store_false", help="the last run alone too")
     parser.add_argument("--no-long", dest="long", action="store_false", help="leave make test-long out")
+    parser.add_argument("--logs", type=Path, help="keep each run's output in this folder")
     args = parser.parse_args(argv)
+    if args.logs:
+        args.logs.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="lanes-") as base:
         tree = clone(Path(base, "a"))
         other = clone(Path(base, "b")) if args.beside else None
         runs = [run for n in range(args.runs)
-                for run in timed(tree, "test", other if n == args.runs - 1 else None)]  # fmt: skip
+                for run in timed(tree, "test", other if n == args.runs - 1 else None, args.logs)]  # fmt: skip
         if args.long:
-            runs += timed(tree, "test-long")
+            runs += timed(tree, "test-long", logs=args.logs)
     write({"commit": commit, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
            "python": ".".join(map(str, sys.version_info[:3])), "cores": os.cpu_count(),
            "worker": bool(os.environ.get("FUNCTIONS_PYTHON_WORKER"))}, runs)  # fmt: skip
