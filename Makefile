@@ -114,15 +114,18 @@ remove-example:
 # Two lanes. make test, the adopter's loop: every test not marked long, on pytest-xdist workers
 # (JOBS; each its own Azurite), a module's tests on one worker (they share its servers).
 # make test-long, the rest of the proof (.ci/run runs it after make test): the tests marked long,
-# each with its reason (pytest.mark.long), then the other Pythons and the adopters' paths.
+# each with its reason (pytest.mark.long), the other Pythons, the adopters' paths; all three run,
+# and what failed is named at the end.
 JOBS ?= 2
 PYTEST = $(PY) -m pytest -q -n $(JOBS) --dist loadfile
 test: lint typecheck check-retention check-leases scan-infra
 	$(PYTEST) -m "not long" $(ARGS)
 
 test-long: install .venv-checkov/.installed
-	$(PYTEST) -m long $(ARGS)
-	$(MAKE) --no-print-directory test-versions test-adopters
+	@failed=""; $(PYTEST) -m long $(ARGS) || failed="$$failed pytest"; \
+	$(MAKE) --no-print-directory test-versions || failed="$$failed test-versions"; \
+	$(MAKE) --no-print-directory test-adopters || failed="$$failed test-adopters"; \
+	if [ -n "$$failed" ]; then echo "make test-long: failed:$$failed" >&2; exit 1; fi
 
 # The template as its adopters change it, each in a copy: README "Start your own app" followed,
 # names of the adopter's own, every recipe switched on, the example removed; then make test there,

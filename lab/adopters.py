@@ -329,7 +329,7 @@ def check(tree: Path, library: list[str]) -> str:
             f"the library's tests differ from the template's: missing {missing[:10]}, new {extra[:10]}"
         )
     tested = _must(make(tree, "test"), "make test")
-    jobs = ["-n", os.environ.get("JOBS", "2"), "--dist", "loadfile"]
+    jobs = ["-n", os.environ.get("JOBS", "2")]  # one module: its tests spread over the workers
     walked = _must(_python(tree, "-m", "pytest", "-q", "-p", "no:cacheprovider", *jobs, WALKTHROUGH_TESTS), "pytest")
     return (f"{len(here)} library tests collected as in the template; make test: {summary(tested)}; "
             f"the walkthroughs: {summary(walked)}")  # fmt: skip

@@ -27,6 +27,24 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds the socket listening on ``port`` (Linux /proc): an emulator
+    restarted on its port must not take another's, that took the port in between, for itself."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{fields[9]}]")
+    for fd in Path(f"/proc/{pid}/fd").glob("*"):
+        try:
+            if os.readlink(fd) in inodes:
+                return True
+        except OSError:  # closed meanwhile
+            continue
+    return False
+
+
 class NotListening(RuntimeError):
     """The emulator exited, or did not listen in time."""
 
@@ -43,9 +61,12 @@ def start_listening(tool: str, args: list[str], port: int, timeout: float) -> su
             raise NotListening(f"{tool} exited with {process.returncode}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return process
         except OSError:
             time.sleep(0.05)
+            continue
+        if listens(process.pid, port):
+            return process
+        time.sleep(0.05)  # another process answers there (it took the port while it was free)
     process.kill()
     process.wait()
     raise NotListening(f"{tool} did not listen on port {port} within {timeout}s")

@@ -29,8 +29,10 @@ from pathlib import Path
 import recipes
 from lab import workload
 from lab.azurite import Azurite
-from lab.harness import Report, RunConfig, Target, run
+from lab.harness import Report, RunConfig, Target, run, seed_setting
 from shared.idempotency import IdempotentConsumer
+from shared.idempotency.config import whole
+from shared.idempotency.errors import ConfigurationError
 from shared.idempotency.stores import DedupStore, MemoryStore
 from shared.idempotency.testing import reset, using_store
 
@@ -116,10 +118,13 @@ def run_on(kind: str, config: RunConfig, azurite: Azurite, accounts: int) -> Rep
 
 def config_from_env() -> tuple[RunConfig, int, list[str]]:
     env = os.environ.get
-    config = RunConfig(messages=int(env("BALANCES_MESSAGES", "5000")), workers=int(env("BALANCES_WORKERS", "16")),
-                       dup_rate=0.3, fault_rate=0.05, seed=int(env("CHAOS_SEED") or random.randrange(1_000_000)),
+    config = RunConfig(messages=whole("BALANCES_MESSAGES", "5000"), workers=whole("BALANCES_WORKERS", "16"),
+                       dup_rate=0.3, fault_rate=0.05, seed=seed_setting(),
                        outage=True, table="chaosbalances")  # fmt: skip
-    return config, int(env("BALANCES_ACCOUNTS", "50")), env("BALANCES_STORES", ",".join(STORES)).split(",")
+    stores = env("BALANCES_STORES", ",".join(STORES)).split(",")
+    if unknown := sorted(set(stores) - set(STORES)):
+        raise ConfigurationError(f"BALANCES_STORES names {unknown}: choose from {', '.join(STORES)}")
+    return config, whole("BALANCES_ACCOUNTS", "50"), stores
 
 
 def summary(kind: str, report: Report) -> dict[str, object]:
@@ -135,7 +140,11 @@ def summary(kind: str, report: Report) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
-    config, accounts, kinds = config_from_env()
+    try:
+        config, accounts, kinds = config_from_env()
+    except ConfigurationError as exc:
+        print(f"python -m lab.balances_chaos: {exc}", file=sys.stderr)
+        return 2
     ok = True
     with tempfile.TemporaryDirectory(prefix="balances-azurite-") as data, Azurite(location=Path(data)) as azurite:
         for n, kind in enumerate(kinds):

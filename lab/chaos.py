@@ -32,7 +32,6 @@ import argparse
 import json
 import logging
 import os
-import random
 import sys
 import tempfile
 from collections.abc import Callable
@@ -48,26 +47,28 @@ from lab.balances_chaos import summary as balances_summary
 from lab.chain import ChainConfig, ChainReport, run_chain
 from lab.demo import ORDERS
 from lab.eventhub import StreamConfig, StreamReport, run_stream
-from lab.harness import Report, RunConfig, audit_line, run
+from lab.harness import Report, RunConfig, audit_line, rate, run, seed_setting
 from lab.queue_chaos import run as run_queue
 from lab.queue_chaos import violations
 from lab.sessions import SessionConfig, SessionReport, run_sessions
+from shared.idempotency.config import whole
+from shared.idempotency.errors import ConfigurationError
 
 
 def config_from_env() -> RunConfig:
     env = os.environ.get
     return RunConfig(
-        messages=int(env("CHAOS_MESSAGES", "5000")),
-        workers=int(env("CHAOS_WORKERS", "8")),
-        dup_rate=float(env("CHAOS_DUP_RATE", "0.3")),
-        fault_rate=float(env("CHAOS_FAULT_RATE", "0.05")),
-        seed=int(env("CHAOS_SEED") or random.randrange(1_000_000)),
+        messages=whole("CHAOS_MESSAGES", "5000"),
+        workers=whole("CHAOS_WORKERS", "8"),
+        dup_rate=rate("CHAOS_DUP_RATE", "0.3"),
+        fault_rate=rate("CHAOS_FAULT_RATE", "0.05"),
+        seed=seed_setting(),
         outage=env("CHAOS_OUTAGE", "1") == "1",
         payments=env("CHAOS_PAYMENTS", "0") == "1",
         table="chaosorders",
         runtime=env("CHAOS_RUNTIME", "process"),
-        settled_without_invoke=float(env("CHAOS_SETTLED_WITHOUT_INVOKE", "0")),
-        scheduled_rate=float(env("CHAOS_SCHEDULED_RATE", "0.02")),
+        settled_without_invoke=rate("CHAOS_SETTLED_WITHOUT_INVOKE", "0"),
+        scheduled_rate=rate("CHAOS_SCHEDULED_RATE", "0.02"),
     )
 
 
@@ -100,6 +101,10 @@ def as_json(report: Report) -> dict[str, object]:
     }
 
 
+# The runs' sizes (0 skips one), with their defaults (the docstring's knobs).
+SIZES = {"CHAOS_CHAIN_MESSAGES": "2000", "CHAOS_STREAM_EVENTS": "3000", "CHAOS_SESSION_ORDERS": "500",
+         "CHAOS_QUEUE_RETURNS": "2000", "CHAOS_IMPORT_RECORDS": "10000"}  # fmt: skip
+
 TROUBLE = {
     "store outage 2 s": {"outage": True, "outage_seconds": 2.0},
     "store outage 10 s": {"outage": True, "outage_seconds": 10.0},
@@ -109,7 +114,7 @@ TROUBLE = {
 
 
 def trouble_configs(seed: int) -> dict[str, RunConfig]:
-    messages = int(os.environ.get("CHAOS_TROUBLE_MESSAGES", "600"))
+    messages = whole("CHAOS_TROUBLE_MESSAGES", "600")
     if messages <= 0:
         return {}
     return {name: RunConfig(**{"messages": messages, "workers": 16, "dup_rate": 0.2, "seed": seed,
@@ -120,8 +125,14 @@ def trouble_configs(seed: int) -> dict[str, RunConfig]:
 def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # the idempotency log is counted, not shown
-    config = config_from_env()
-    count = os.environ.get
+    try:  # every setting read before anything runs: a bad one is the whole verdict, in one line
+        config = config_from_env()
+        troubles = trouble_configs(config.seed)
+        sizes = {name: whole(name, default) for name, default in SIZES.items()}
+        balances, accounts, kinds = balances_config()
+    except ConfigurationError as exc:
+        print(f"make chaos: {exc}", file=sys.stderr)
+        return 2
     failed: list[str] = []
 
     def section(name: str, call: Callable[[], bool]) -> None:
@@ -131,29 +142,28 @@ def main(argv: list[str] | None = None) -> int:
     def on_azurite() -> bool:  # the sections that share one Azurite; one that cannot start is the verdict
         with tempfile.TemporaryDirectory(prefix="chaos-azurite-") as data, Azurite(location=Path(data)) as azurite:
             section("orders", lambda: summarise(config, run(config, azurite, ORDERS)))
-            for name, trouble in trouble_configs(config.seed).items():
+            for name, trouble in troubles.items():
                 print(f"\n{name}, 16 concurrent calls, no resubmission:")
                 section(name, lambda trouble=trouble: summarise(trouble, run(trouble, azurite, ORDERS)))  # type: ignore[misc]
-            if (chain := int(count("CHAOS_CHAIN_MESSAGES", "2000"))) > 0:
+            if (chain := sizes["CHAOS_CHAIN_MESSAGES"]) > 0:
                 section("outbox", lambda: summarise_chain(run_chain(ChainConfig(chain, seed=config.seed), azurite)))
-            if (stream := int(count("CHAOS_STREAM_EVENTS", "3000"))) > 0:
+            if (stream := sizes["CHAOS_STREAM_EVENTS"]) > 0:
                 section(
                     "Event Hubs", lambda: summarise_stream(run_stream(StreamConfig(stream, seed=config.seed), azurite))
                 )
-            balances, accounts, kinds = balances_config()
             for n, kind in enumerate(kinds if balances.messages > 0 else []):
                 entries = replace(balances, seed=config.seed, table=f"chaosbalances{n}")
                 section(f"balances ({kind})", lambda kind=kind, entries=entries: summarise_balances(  # type: ignore[misc]
                     kind, run_balances(kind, entries, azurite, accounts)))  # fmt: skip
-            if (orders := int(count("CHAOS_SESSION_ORDERS", "500"))) > 0:
+            if (orders := sizes["CHAOS_SESSION_ORDERS"]) > 0:
                 sessions = SessionConfig(orders, seed=config.seed)
                 section("sessions", lambda: summarise_sessions(run_sessions(sessions, azurite)))
         return True
 
     section("Azurite", on_azurite)
-    if (returns := int(count("CHAOS_QUEUE_RETURNS", "2000"))) > 0:
+    if (returns := sizes["CHAOS_QUEUE_RETURNS"]) > 0:
         section("Storage queue", lambda: summarise_queue(run_queue(messages=returns, seed=config.seed)))
-    if (records := int(count("CHAOS_IMPORT_RECORDS", "10000"))) > 0:
+    if (records := sizes["CHAOS_IMPORT_RECORDS"]) > 0:
         section("blob import", lambda: summarise_import(blob_import.run(records=records)))
     print(f"\nmake chaos: {'FAILED: ' + ', '.join(failed) if failed else 'every section clean'} (seed {config.seed})")
     return 1 if failed else 0

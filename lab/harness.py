@@ -37,6 +37,8 @@ from lab.payment_service import PaymentService
 from lab.runtimes import Placed
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.audit import account
+from shared.idempotency.config import whole
+from shared.idempotency.errors import ConfigurationError
 from shared.idempotency.facts import CANARY_PREFIX, CANARY_PROPERTY
 from shared.idempotency.keys import DedupKey, marker_id
 from shared.idempotency.resend import resend
@@ -101,6 +103,23 @@ class RunConfig:
     # ``lock_duration`` ahead: numbered when sent, delivered later, seen by the audit meanwhile.
     scheduled_rate: float = 0.0
     show_log: bool = False  # the dedup log lines on the console too (lab.demo --verbose), not only counted
+
+
+def rate(name: str, default: str) -> float:
+    """A proportion from the environment, 0 to 1, or a ConfigurationError naming the setting."""
+    value = os.environ.get(name) or default
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not 0 <= number <= 1:
+        raise ConfigurationError(f"{name}={value!r} must be a proportion from 0 to 1")
+    return number
+
+
+def seed_setting() -> int:
+    """CHAOS_SEED, a whole number (random when unset or empty: the run prints it to reproduce)."""
+    return whole("CHAOS_SEED", os.environ.get("CHAOS_SEED") or str(random.randrange(1_000_000)))
 
 
 @dataclass

@@ -1,11 +1,12 @@
 """`python -m lab.lanes`: how long each test lane takes in a fresh clone of this repository, and
-how many tests it runs; writes lab/bench/results/lanes.{json,md} (the README's figures).
+how many tests it runs; writes lab/results/lanes.{json,md} (the README's figures).
 
-In a clone of what is committed, installed first (not timed: ``make install`` and checkov's
-environment): ``make test`` ``--runs`` times in a row, the last one beside another ``make test``
-in a second clone (``--beside``), then ``make test-long`` once. Each run's time, exit code and
-pytest's closing lines; a lane's tests are those lines' counts added up. Set
-FUNCTIONS_PYTHON_WORKER as .ci/run does, else the real-worker tests skip (the record says which).
+In a clone of what is committed, installed first (not timed: ``make install``, checkov's
+environment, the worker's build when FUNCTIONS_PYTHON_WORKER is set): ``make test`` ``--runs``
+times in a row, the last one beside another ``make test`` in a second clone (``--beside``), then
+``make test-long`` once. Each run's time, exit code and pytest's closing lines; a lane's tests are
+those lines' counts added up. Set FUNCTIONS_PYTHON_WORKER as .ci/run does, else the real-worker
+tests skip (the record says which).
 
     python -m lab.lanes [--runs 3] [--no-beside] [--no-long] [--logs DIR]
 """
@@ -26,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "lab" / "bench" / "results"
+RESULTS = ROOT / "lab" / "results"  # beside the lab, not the example's bench (make remove-example)
 COUNTED = re.compile(r"(\d+) (passed|skipped|failed|errors?)\b")
 
 
@@ -41,48 +42,52 @@ class Run:
 
 
 def clone(where: Path) -> Path:
-    """A fresh clone of the committed tree, installed as a user installs it."""
+    """A fresh clone of the committed tree, installed as a user installs it (the worker's build
+    too, when FUNCTIONS_PYTHON_WORKER says where its release is)."""
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(where)], check=True)
-    subprocess.run(["make", "--no-print-directory", "install", ".venv-checkov/.installed"], cwd=where, check=True,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
+    worker = ["worker"] if os.environ.get("FUNCTIONS_PYTHON_WORKER") else []
+    targets = ["install", ".venv-checkov/.installed", *worker]
+    subprocess.run(["make", "--no-print-directory", *targets], cwd=where, check=True, stdout=subprocess.DEVNULL)
     return where
 
 
-def started(tree: Path, target: str) -> subprocess.Popen[str]:
+def timed(tree: Path, target: str, logs: Path, beside: Path | None = None) -> list[Run]:
+    """``make target`` in ``tree``; with ``beside``, another ``make test`` there at the same time.
+    Each one's output goes to a file in ``logs``; each one's time is until it ends."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "MAKE", "MFLAGS", "VIRTUAL_ENV"))}
-    return subprocess.Popen(["make", "--no-print-directory", target], cwd=tree, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    jobs = [(tree, target)] + ([(beside, "test")] if beside else [])
+    began, running = time.monotonic(), {}
+    for where, goal in jobs:
+        log = logs / f"{time.strftime('%H%M%S')}-{where.name}-{goal}.log"
+        with log.open("w") as out:
+            process = subprocess.Popen(["make", "--no-print-directory", goal], cwd=where, env=env,
+                                       stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        running[process] = (goal, log)
+    ended: dict[subprocess.Popen[bytes], float] = {}
+    while len(ended) < len(running):
+        for process in running:
+            if process not in ended and process.poll() is not None:
+                ended[process] = time.monotonic()
+        time.sleep(1)  # polling processes that run for minutes
+    runs = [result(goal, log.read_text(), process.returncode, round(ended[process] - began), beside is not None)
+            for process, (goal, log) in running.items()]  # fmt: skip
+    for run in runs:
+        print(f"{run.command}{' (beside another)' if run.beside else ''}: {run.seconds} s, exit {run.exit_code}, "
+              f"{run.tests}", flush=True)  # fmt: skip
+    return runs
 
 
-def finished(process: subprocess.Popen[str], target: str, began: float, *, beside: bool = False,
-             log: Path | None = None) -> Run:  # fmt: skip
-    output, _ = process.communicate()
-    if log is not None:
-        log.write_text(output)
-    seconds = round(time.monotonic() - began)
+def result(target: str, output: str, exit_code: int, seconds: int, beside: bool) -> Run:
+    """A run, from its output: pytest's closing lines and their counts added up."""
     summaries = [line.strip("= ") for line in output.splitlines()
                  if COUNTED.search(line) and re.search(r" in [\d.]+s", line)]  # fmt: skip
     tests: Counter[str] = Counter()
     for line in summaries:
         for count, kind in COUNTED.findall(line):
             tests[kind.rstrip("s") if kind.startswith("error") else kind] += int(count)
-    if process.returncode:
+    if exit_code:
         print(output[-3000:], file=sys.stderr)
-    return Run(f"make {target}", seconds, process.returncode, beside, dict(tests), summaries)
-
-
-def timed(tree: Path, target: str, beside: Path | None = None, logs: Path | None = None) -> list[Run]:
-    """``make target`` in ``tree``; with ``beside``, another ``make test`` there at the same time.
-    ``logs``: a folder to keep each one's output in."""
-    began = time.monotonic()
-    processes = [(started(tree, target), tree)] + ([(started(beside, "test"), beside)] if beside else [])
-    runs = [finished(process, target if where == tree else "test", began, beside=beside is not None,
-                     log=logs / f"{time.strftime('%H%M%S')}-{where.name}-{target}.log" if logs else None)
-            for process, where in processes]  # fmt: skip
-    for run in runs:
-        print(f"{run.command}{' (beside another)' if run.beside else ''}: {run.seconds} s, exit {run.exit_code}, "
-              f"{run.tests}", flush=True)  # fmt: skip
-    return runs
+    return Run(f"make {target}", seconds, exit_code, beside, dict(tests), summaries)
 
 
 def write(about: dict[str, object], runs: list[Run]) -> None:
@@ -107,17 +112,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-long", dest="long", action="store_false", help="leave make test-long out")
     parser.add_argument("--logs", type=Path, help="keep each run's output in this folder")
     args = parser.parse_args(argv)
-    if args.logs:
-        args.logs.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="lanes-") as base:
+        logs = args.logs or Path(base, "logs")
+        logs.mkdir(parents=True, exist_ok=True)
         tree = clone(Path(base, "a"))
         other = clone(Path(base, "b")) if args.beside else None
         runs = [run for n in range(args.runs)
-                for run in timed(tree, "test", other if n == args.runs - 1 else None, args.logs)]  # fmt: skip
+                for run in timed(tree, "test", logs, other if n == args.runs - 1 else None)]  # fmt: skip
         if args.long:
-            runs += timed(tree, "test-long", logs=args.logs)
+            runs += timed(tree, "test-long", logs)
     write({"commit": commit, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
            "python": ".".join(map(str, sys.version_info[:3])), "cores": os.cpu_count(),
            "worker": bool(os.environ.get("FUNCTIONS_PYTHON_WORKER"))}, runs)  # fmt: skip

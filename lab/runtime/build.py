@@ -221,18 +221,21 @@ def _generate_stubs(protos: Path, target: Path, tools: list[str]) -> None:
 
 def host_stubs(worker: Path) -> Path:
     """The same generated stubs for the test's side of the stream, as package ``functionrpc``
-    under .runtime/host-stubs (lab/runtime/host.py imports them); written once per worker."""
+    under .runtime/host-stubs (lab/runtime/host.py imports them): written again only for another
+    worker build (named by its content, wherever the .runtime it is in is linked from), the note
+    of which is written last, so that a copy cut short is written again."""
     protos = worker / ("proxy_worker" if PROXY else "azure_functions_worker") / "protos"
     package = HOST_STUBS / "functionrpc"
-    built_from = HOST_STUBS / ".built-from"
-    if built_from.exists() and built_from.read_text() == str(worker):
+    built_from, build = HOST_STUBS / ".built-from", worker.parents[4].name  # worker-<digest>, proxy-<digest>
+    if built_from.exists() and built_from.read_text() == build:
         return package
+    built_from.unlink(missing_ok=True)
     shutil.rmtree(package, ignore_errors=True)
     for stub in protos.rglob("*_pb2*.py"):
         _write(package / stub.relative_to(protos), stub.read_bytes())
     for folder in (package, package / "identity", package / "shared"):
         _write(folder / "__init__.py", b"")
-    built_from.write_text(str(worker))
+    built_from.write_text(build)
     return package
 
 
@@ -253,7 +256,8 @@ def app_dir(switched_on: Sequence[str] = (), extra: Mapping[str, Path] | None = 
             raise ValueError(f"consumers/{module}.py exists already: name the extra module otherwise")
     modules = {**{module: ROOT / "recipes" / f"{module}.py" for module in off}, **(extra or {})}
     files.update({f"consumers/{module}.py": source.read_bytes() for module, source in modules.items()})
-    digest = hashlib.sha256(PYTHON_VERSION.encode())
+    packages = _packages()
+    digest = hashlib.sha256(str(packages).encode())  # the packages it links: its Python's, its requirements'
     for name in sorted(files):
         digest.update(f"\0{name}\0{len(files[name])}\0".encode() + files[name])
     app = CACHE / f"app-{PYTHON_VERSION}-{digest.hexdigest()[:16]}"
@@ -262,7 +266,7 @@ def app_dir(switched_on: Sequence[str] = (), extra: Mapping[str, Path] | None = 
         shutil.rmtree(app, ignore_errors=True)  # a build cut short
         for name, content in files.items():
             _write(app / name, content)
-        (app / PACKAGES.parts[0]).symlink_to(_packages(), target_is_directory=True)
+        (app / PACKAGES.parts[0]).symlink_to(packages, target_is_directory=True)
         complete.touch()
         _forget_old_apps()
     os.utime(complete)  # in use: kept by _forget_old_apps
@@ -270,23 +274,35 @@ def app_dir(switched_on: Sequence[str] = (), extra: Mapping[str, Path] | None = 
 
 
 def _packages() -> Path:
-    """requirements.txt installed as .python_packages, once per content and Python version."""
-    root = CACHE / f"packages-{PYTHON_VERSION}"
+    """requirements.txt installed as .python_packages, once per content and Python version
+    (an app folder links the packages of its own requirements: none is ever reinstalled)."""
     requirements = (ROOT / "requirements.txt").read_bytes()
-    stamp = root / ".requirements.sha256"
-    wanted = hashlib.sha256(requirements + PYTHON_VERSION.encode()).hexdigest()
-    if not stamp.exists() or stamp.read_text() != wanted:
-        shutil.rmtree(root, ignore_errors=True)
+    root = CACHE / f"packages-{PYTHON_VERSION}-{hashlib.sha256(requirements).hexdigest()[:16]}"
+    complete = root / ".complete"
+    if not complete.exists():
+        shutil.rmtree(root, ignore_errors=True)  # an install cut short
         _pip_install(root / PACKAGES, ["-r", str(ROOT / "requirements.txt")])
-        stamp.write_text(wanted)
+        complete.touch()
     return (root / PACKAGES.parts[0]).resolve()
 
 
 def _forget_old_apps(unused_for: float = 86_400) -> None:
-    """Apps no build has asked for in a day (each edit of the app makes a new one)."""
+    """Apps no build has asked for in a day (each edit of the app makes a new one), packages
+    no app left links, workers' logs as old."""
+
+    def old(path: Path) -> bool:
+        return time.time() - path.stat().st_mtime > unused_for
+
     for complete in CACHE.glob("app-*/.complete"):
-        if time.time() - complete.stat().st_mtime > unused_for:
+        if old(complete):
             shutil.rmtree(complete.parent, ignore_errors=True)
+    linked = {app.resolve().parent for app in CACHE.glob(f"app-*/{PACKAGES.parts[0]}")}
+    for packages in CACHE.glob("packages-*"):
+        if packages.resolve() not in linked and old(packages):
+            shutil.rmtree(packages, ignore_errors=True)
+    for log in CACHE.glob("worker-*.log"):
+        if old(log):
+            log.unlink(missing_ok=True)
 
 
 def deployed_files() -> list[str]:

@@ -15,7 +15,7 @@ import pytest
 from lab.other_triggers import switched_on
 from tests.unit.test_entry_points import ROOT, describes_itself
 
-pytestmark = pytest.mark.long("the example's runs as a user types them (make demo, the blob import)")
+RUNS_IN_FULL = pytest.mark.long("a whole run as a user types it (seconds of deliveries against Azurite)")
 
 
 @pytest.mark.parametrize("module", ["lab.demo", "lab.chaos", "lab.bench", "lab.client.smoke", "lab.outbox_cost",
@@ -33,6 +33,7 @@ def test_the_smoke_test_without_settings_fails_with_one_clear_line() -> None:
     )
 
 
+@RUNS_IN_FULL
 def test_make_demo_as_a_user_runs_it_reports_figures_that_add_up() -> None:
     """`make demo`'s program in a new process from the repository's root: exit 0, every
     delivery with one outcome, the refused deliveries those of the dead-lettered messages, and
@@ -55,6 +56,7 @@ def test_make_demo_as_a_user_runs_it_reports_figures_that_add_up() -> None:
     assert ("off" in api_line) == ("orders_api" not in switched_on()), api_line
 
 
+@RUNS_IN_FULL
 def test_the_blob_import_run_as_docs_triggers_md_gives_it_applies_each_record_once() -> None:
     """`python -m lab.blob_import_run` in a new process from the repository's root, on a smaller
     file: exit 0, one JSON line, each record applied once per content through a crash mid-file,
@@ -67,3 +69,15 @@ def test_the_blob_import_run_as_docs_triggers_md_gives_it_applies_each_record_on
     assert report["steps"]["the event again"]["requests"] == report["steps"]["the same content uploaded again"][
         "requests"] == 1  # fmt: skip
     assert report["requests_per_record"] < 0.1, report
+
+
+@pytest.mark.parametrize("setting", ["CHAOS_MESSAGES=many", "CHAOS_DUP_RATE=2", "CHAOS_SEED=x",
+                                     "CHAOS_STREAM_EVENTS=1e3", "BALANCES_STORES=table-lean,tabel-sdk"])  # fmt: skip
+def test_make_chaos_with_a_bad_setting_says_which_in_one_line_before_running(setting: str) -> None:
+    """Every setting is read before the first section starts: a bad one is the run's verdict
+    (exit 2, one line naming it), never a traceback minutes in."""
+    name, value = setting.split("=", 1)
+    done = subprocess.run([sys.executable, "-m", "lab.chaos"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, name: value}, timeout=60)  # fmt: skip
+    assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done.stderr
+    assert name in done.stderr
