@@ -56,3 +56,28 @@ def test_resources_are_named_with_the_azd_abbreviations() -> None:
     names = re.findall(r"name: '([^']*)\$\{environmentName\}|name: '(st)\$\{", main)
     assert not [prefix for prefix in (a or b for a, b in names) if not prefix.startswith("${abbrs.")], names
     assert all(f"abbrs.{key}" in main for key in abbreviations)  # each one used
+
+
+def test_the_readmes_one_test_commands_select_tests_in_their_lanes() -> None:
+    """README "Two commands": ``make test ARGS=…`` selects tests make test runs (not marked long),
+    and the pytest command given for a long one selects tests marked long."""
+    import shlex
+    import subprocess
+    import sys
+
+    text = (ROOT / "README.md").read_text()
+    make_args = shlex.split(re.search(r'`make test ARGS="([^"]+)"`', text)[1])  # type: ignore[index]
+    pytest_args = shlex.split(re.search(r"`\.venv/bin/python -m pytest ([^`]+)`", text)[1])  # type: ignore[index]
+
+    def collecting(*args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                                 *args], cwd=ROOT, stdout=subprocess.PIPE, text=True)  # fmt: skip
+
+    def selected(process: subprocess.Popen[str]) -> list[str]:
+        output, _ = process.communicate(timeout=120)
+        return [line for line in output.splitlines() if "::" in line]
+
+    for args, lane in ((make_args, "not long"), (pytest_args, "long")):
+        every, in_lane = collecting(*args), collecting("-m", lane, *args)  # side by side
+        ids = selected(every)
+        assert ids and selected(in_lane) == ids, (args, lane)
