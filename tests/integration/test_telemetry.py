@@ -26,6 +26,7 @@ from shared.idempotency.functions import shared_store
 from shared.idempotency.keys import DedupKey
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import MemoryStore
+from shared.idempotency.testing import flush_expiry_notes
 from tests.app import item
 from tests.conftest import new_table_store
 from tests.functions import fresh_app, servicebus_message, user_function
@@ -78,6 +79,7 @@ def app(azurite: Azurite, request: pytest.FixtureRequest) -> Iterator[str]:
     """cold: no cache of completed keys (a duplicate seen by another instance)."""
     with fresh_app(azurite, DEDUP_CACHE_SIZE=request.param):
         shared_store()  # tables created before we count
+        flush_expiry_notes()  # ... and no earlier test's store writes its notes while we do
         yield request.param
 
 

@@ -10,6 +10,7 @@ seams they step in by: ``submit_transaction`` (one transaction, as the store sub
 commit's), ``transactions_intercepted`` (recorded, never sent), ``dead_letter_entities_edited``
 (a record's entities changed before they are sent), ``refused_expiry_rows`` (index rows refused),
 ``forget_expiry_notes`` and ``hold_expiry_notes`` (notes lost, or held again),
+``flush_expiry_notes`` (every store's notes written now, before counting requests),
 ``wrapped_handler`` (a consumer's handler wrapped) and ``store_names_restored`` (names given
 to ``register_store`` forgotten). The app's consumers, rebuilt or run on a store or sender of
 a test's choosing: ``reset``, ``using_store``, ``using_sender`` (with the ``functions`` extra).
@@ -29,6 +30,7 @@ from ._read_back import (
 )
 from ._seams import (
     dead_letter_entities_edited,
+    flush_expiry_notes,
     forget_expiry_notes,
     hold_expiry_notes,
     refused_expiry_rows,
@@ -62,6 +64,7 @@ __all__ = [
     "entities",
     "expiry_hour",
     "expiry_index",
+    "flush_expiry_notes",
     "forget_expiry_notes",
     "hold_expiry_notes",
     "in_progress",
