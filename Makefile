@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 # A target that drives the example says so once make remove-example deleted it.
 example = @test -e $(1) || { echo "make $@ drives the example, which make remove-example deleted" >&2; exit 2; }
 
-.PHONY: install demo test lint typecheck chaos bench check-retention check-leases scan-infra worker recipe recipe-off \
+.PHONY: install demo test lint typecheck chaos bench prove check-retention check-leases scan-infra worker recipe recipe-off \
 	remove-example test-long test-versions test-adopters clean
 
 install: $(VENV)/.installed lab/node_modules/.installed
@@ -57,6 +57,14 @@ lint: install
 
 typecheck: install
 	$(VENV)/bin/mypy shared consumers function_app.py lab $(wildcard recipes)
+
+# A consumer's proof bigger than its test (docs/testing.md): PROOF=module:name of a Proof, MESSAGES,
+# STORE (table-lean, table-sdk, memory), SEED (random unless given; printed); exit 1 on a violation.
+MESSAGES ?= 2000
+STORE ?= table-lean
+prove: install
+	@if [ -z "$(PROOF)" ]; then echo "make prove: name the proof, PROOF=module:name (e.g. tests.test_stock:PROOF)" >&2; exit 2; fi
+	$(PY) -m shared.idempotency.testing $(PROOF) --messages $(MESSAGES) --store $(STORE) $(if $(SEED),--seed $(SEED))
 
 # Store round trips and throughput per scenario, the purge, and the consumer through the real
 # Functions worker (fetched by `make worker` unless FUNCTIONS_PYTHON_WORKER names it);

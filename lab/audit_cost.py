@@ -20,14 +20,14 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from lab.azurite import Azurite
-from lab.broker import PeekLockQueue
 from lab.purge_cost import Counted
 from shared.idempotency import Effects, Entity, IdempotentConsumer, InvalidMessage
 from shared.idempotency.audit import Peeked, run
 from shared.idempotency.config import DedupConfig
 from shared.idempotency.facts import CANARY_PREFIX, CANARY_PROPERTY
 from shared.idempotency.messages import Delivery
+from shared.idempotency.testing.azurite import Azurite
+from shared.idempotency.testing.broker import PeekLockQueue
 
 PER = 10_000
 

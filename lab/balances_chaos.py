@@ -28,13 +28,13 @@ from pathlib import Path
 
 import recipes
 from lab import workload
-from lab.azurite import Azurite
 from lab.harness import Report, RunConfig, Target, run, seed_setting
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.config import whole
 from shared.idempotency.errors import ConfigurationError
 from shared.idempotency.stores import DedupStore, MemoryStore
 from shared.idempotency.testing import reset, using_store
+from shared.idempotency.testing.azurite import Azurite
 
 balances = recipes.module("balances")
 STORES = ("table-lean", "table-sdk", "memory")

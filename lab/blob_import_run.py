@@ -27,9 +27,7 @@ from typing import Any
 from azure.data.tables import TableServiceClient
 
 import recipes
-from lab.azurite import Azurite
 from lab.blob_host import BlobHost
-from lab.faults import Crash
 from lab.host import app_settings, user_function
 from shared.idempotency import Delivery, Result
 from shared.idempotency.functions import shared_store
@@ -37,6 +35,8 @@ from shared.idempotency.imports import CHUNK, FileImport
 from shared.idempotency.keys import consumer_partition
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._base import DedupStore
+from shared.idempotency.testing.azurite import Azurite
+from shared.idempotency.testing.faults import Crash
 
 CONTAINER, FILE = "imports", "prices/2026-12.jsonl"
 

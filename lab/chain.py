@@ -26,9 +26,6 @@ from datetime import datetime, timedelta
 import recipes
 from consumers import orders
 from lab import runtimes, workload
-from lab.azurite import Azurite
-from lab.broker import Lock, PeekLockQueue
-from lab.faults import Crash, FaultPlan
 from lab.findings import Findings
 from lab.harness import RunConfig, Timing, _attach_store, _configure, _counting_outcomes, _run_workers
 from lab.topic import SendFailed, Topic
@@ -38,6 +35,9 @@ from shared.idempotency.messages import utcnow
 from shared.idempotency.outbox import ROWS, Outbox
 from shared.idempotency.stores import DedupStore, TableStore
 from shared.idempotency.testing import reset, using_sender
+from shared.idempotency.testing.azurite import Azurite
+from shared.idempotency.testing.broker import Lock, PeekLockQueue
+from shared.idempotency.testing.faults import Crash, FaultPlan
 
 order_topic = recipes.module("order_topic")
 

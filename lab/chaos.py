@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 from lab import blob_import_run as blob_import
-from lab.azurite import Azurite
 from lab.balances_chaos import config_from_env as balances_config
 from lab.balances_chaos import run_on as run_balances
 from lab.balances_chaos import summary as balances_summary
@@ -53,6 +52,7 @@ from lab.queue_chaos import violations
 from lab.sessions import SessionConfig, SessionReport, run_sessions
 from shared.idempotency.config import whole
 from shared.idempotency.errors import ConfigurationError
+from shared.idempotency.testing.azurite import Azurite
 
 
 def config_from_env() -> RunConfig:

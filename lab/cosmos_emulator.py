@@ -13,7 +13,7 @@ from typing import Any
 
 from azure.cosmos import ContainerProxy, CosmosClient, PartitionKey, exceptions
 
-from lab.azurite import free_port, start_listening
+from shared.idempotency.testing.azurite import free_port, start_listening
 
 # The well-known key of Microsoft's Cosmos DB emulator (public; the server accepts any).
 EMULATOR_KEY = "C2y6yDjf5/R+ob0N8A7Cgv30VRDJIWEHLM+4QDU5DE2nQ9nDuVTqobD4b8mGGyPMbIZnqyMsEcaGQy67XIw/Jw=="

@@ -20,13 +20,13 @@ from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, MetricsData,
 
 from consumers import orders
 from lab import other_triggers, runtimes, workload
-from lab.azurite import Azurite
 from lab.cosmos_emulator import CosmosEmulator, use_cosmos_emulator
 from lab.harness import Report, RunConfig, Target, audit_line, run
 from lab.order_effects import effects_by_order
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.stores import DedupStore
 from shared.idempotency.testing import reset
+from shared.idempotency.testing.azurite import Azurite
 
 
 def orders_consumer(connection: str, table: str) -> IdempotentConsumer:

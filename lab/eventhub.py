@@ -35,14 +35,14 @@ import azure.functions as func
 from azure.functions import meta
 
 import recipes
-from lab.azurite import Azurite
-from lab.faults import Crash, FaultPlan
 from lab.findings import Findings
 from lab.harness import _attach_store, _counting_outcomes
 from shared.idempotency.functions.adapters import event_position
 from shared.idempotency.reasons import Reason
 from shared.idempotency.stores import DedupStore, TableStore
 from shared.idempotency.testing import reset
+from shared.idempotency.testing.azurite import Azurite
+from shared.idempotency.testing.faults import Crash, FaultPlan
 
 shipments = recipes.module("shipments")
 tracking_handler = shipments.tracking_handler

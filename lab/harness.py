@@ -27,11 +27,8 @@ import isodate
 from azure.data.tables import TableServiceClient
 
 from lab import runtimes, workload
-from lab.azurite import Azurite
-from lab.broker import Lock, PeekLockQueue
 from lab.cosmos_emulator import emulated
 from lab.delivery_checks import dedup_settings, host_settings
-from lab.faults import WORKER_FAULTS, Crash, FaultPlan, FaultyTransport, faulty_calls
 from lab.infra_checks import ROOT, parameter_values
 from lab.payment_service import PaymentService
 from lab.runtimes import Placed
@@ -48,6 +45,9 @@ from shared.idempotency.stores._records import GUARD_KIND
 from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.stores._transport import transaction_transport
 from shared.idempotency.telemetry import fields_of
+from shared.idempotency.testing.azurite import Azurite
+from shared.idempotency.testing.broker import Lock, PeekLockQueue
+from shared.idempotency.testing.faults import WORKER_FAULTS, Crash, FaultPlan, FaultyTransport, faulty_calls
 
 
 @dataclass(frozen=True)

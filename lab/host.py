@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -27,7 +27,6 @@ from azure.functions.blob import BlobConverter
 from azure.functions.eventhub import EventHubTriggerConverter
 from azure.functions.http import HttpRequestConverter
 from azure.functions.queue import QueueMessageInConverter
-from azure.functions.servicebus import ServiceBusMessage
 from azure.functions.timer import TimerRequestConverter
 
 import consumers
@@ -149,29 +148,6 @@ def _decoded(decode: Callable[..., Any], invocation: triggers.Invocation) -> Any
     """The trigger's argument: ``decode`` (its binding's converter's) of the host's value and metadata."""
     [value] = invocation.inputs.values()
     return decode(_datum(value), trigger_metadata={name: _datum(found) for name, found in invocation.metadata.items()})
-
-
-def servicebus_message(
-    body: bytes | dict[str, Any],
-    message_id: str | None,
-    *,
-    delivery_count: int = 1,
-    correlation_id: str | None = None,
-    sequence_number: int | None = None,
-    enqueued_time: datetime | None = None,
-    properties: Mapping[str, Any] | None = None,
-) -> func.ServiceBusMessage:
-    return ServiceBusMessage(
-        body=_raw(body),
-        message_id=message_id,  # type: ignore[arg-type]  # the host passes None when the producer set none
-        correlation_id=correlation_id,
-        delivery_count=delivery_count,
-        content_type="application/json",
-        application_properties=dict(properties or {}),
-        user_properties=dict(properties or {}),
-        sequence_number=sequence_number,
-        enqueued_time_utc=enqueued_time,
-    )
 
 
 def cloudevent(data: dict[str, Any], *, source: str, event_id: str, event_type: str,

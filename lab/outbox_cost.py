@@ -25,14 +25,14 @@ from typing import Any
 from azure.data.tables import TableServiceClient
 
 from consumers.orders import SCHEMA, order_handler
-from lab.azurite import Azurite
-from lab.broker import PeekLockQueue
 from lab.topic import SendFailed, Topic
 from shared.idempotency import DedupConfig, Delivery, IdempotentConsumer, Outgoing
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._azure import TRANSPORT
 from shared.idempotency.stores._table_batch import TableTransactions
+from shared.idempotency.testing.azurite import Azurite
+from shared.idempotency.testing.broker import PeekLockQueue
 
 PARKED = 20
 

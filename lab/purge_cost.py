@@ -36,7 +36,6 @@ from typing import Any
 
 from azure.data.tables import TableServiceClient
 
-from lab.azurite import Azurite
 from shared.idempotency import Entity
 from shared.idempotency.keys import DedupKey
 from shared.idempotency.messages import utcnow
@@ -44,6 +43,7 @@ from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._azure import TRANSPORT
 from shared.idempotency.stores._expiry import CONCURRENCY, Note
 from shared.idempotency.stores._table_batch import TableTransactions
+from shared.idempotency.testing.azurite import Azurite
 
 FLAT = 1.2  # the target: time per marker relative to the control, largest table over smallest
 PURGE_SHARE = 4 / 5  # DEDUP_PURGE_TIME (PT4M) of every 5 minutes (the timer's schedule)

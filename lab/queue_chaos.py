@@ -32,8 +32,6 @@ from typing import Any
 from azure.storage.queue import QueueMessage as StoredMessage
 
 import recipes
-from lab.azurite import Azurite
-from lab.faults import Crash
 from lab.host import app_settings, user_function
 from lab.infra_checks import timespan
 from lab.queue_host import QueueHost, Tally, queue_client
@@ -43,6 +41,8 @@ from shared.idempotency.functions._host import HOST_JSON
 from shared.idempotency.functions._storage_queue import max_dequeue_count
 from shared.idempotency.stores import TableStore
 from shared.idempotency.testing import entities
+from shared.idempotency.testing.azurite import Azurite
+from shared.idempotency.testing.faults import Crash
 
 VIOLATIONS = ("double", "lost", "left", "poisoned", "dead_lettered", "listener_errors")
 LEASE_SECONDS = 2  # scaled down from the host's 10 minutes: a crashed instance's message comes back soon

@@ -36,7 +36,7 @@ from azure.functions.queue import QueueMessage as WorkerMessage
 from azure.storage.queue import BinaryBase64DecodePolicy, BinaryBase64EncodePolicy, QueueClient
 from azure.storage.queue import QueueMessage as StoredMessage
 
-from lab.faults import Crash
+from shared.idempotency.testing.faults import Crash
 
 Function = Callable[[func.QueueMessage], None]
 # What the host logs (a warning) as it moves a message to the poison queue: azure-sdk-for-net

@@ -18,8 +18,9 @@ from typing import Any, Protocol
 
 import azure.functions as func
 
-from lab.host import servicebus_message, user_function
+from lab.host import user_function
 from shared.idempotency.telemetry import extra
+from shared.idempotency.testing import servicebus_message
 
 KINDS = ("process", "worker")
 

@@ -25,13 +25,13 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 
 import recipes
-from lab.azurite import Azurite
-from lab.faults import Crash, FaultPlan
 from lab.findings import Findings
 from lab.harness import _attach_store, _counting_outcomes
 from shared.idempotency import Delivery, IdempotentConsumer
 from shared.idempotency.stores import TableStore
 from shared.idempotency.testing import reset
+from shared.idempotency.testing.azurite import Azurite
+from shared.idempotency.testing.faults import Crash, FaultPlan
 
 status_consumer = recipes.module("order_status").status_consumer
 

@@ -15,11 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 from azure.data.tables import TableServiceClient
 
 from consumers.orders import SCHEMA, order_handler
-from lab.azurite import Azurite
 from shared.idempotency import DedupConfig, Delivery, IdempotentConsumer
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._azure import TRANSPORT
 from shared.idempotency.stores._table_batch import TableTransactions
+from shared.idempotency.testing.azurite import Azurite
 
 
 def rss_mb() -> float:

@@ -1,6 +1,6 @@
 """A topic with Service Bus semantics, for the outbox's tests: duplicate detection by
 MessageId inside a window at the topic, then one copy per subscription (each a peek-lock
-queue, lab/broker.py). It is a ``Sender``; faults make a send fail before the service
+queue, shared/idempotency/testing/broker.py). It is a ``Sender``; faults make a send fail before the service
 took it (``fail_before``) or after (``lose_ack``: taken, but the sender hears an error)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lab.broker import PeekLockQueue
 from shared.idempotency import Outgoing
+from shared.idempotency.testing.broker import PeekLockQueue
 
 
 class SendFailed(Exception):

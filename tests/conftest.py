@@ -16,9 +16,9 @@ from shared.idempotency.testing import reset
 if TYPE_CHECKING:
     from azure.data.tables import TableServiceClient
 
-    from lab.azurite import Azurite
     from lab.cosmos_emulator import CosmosEmulator
     from shared.idempotency.stores import CosmosStore, DedupStore, TableStore
+    from shared.idempotency.testing.azurite import Azurite
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -45,7 +45,7 @@ def _restore_app_settings() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def azurite() -> Iterator[Azurite]:
     """The real Azurite Table service, on a free port, for the whole test run."""
-    from lab.azurite import Azurite
+    from shared.idempotency.testing.azurite import Azurite
 
     with Azurite() as emulator:
         yield emulator
@@ -55,7 +55,7 @@ def new_table_store(azurite: Azurite, *, lean: bool = False, hook: Callable[[Any
                     wire: Callable[[Any], Any] | None = None) -> TableStore:  # fmt: skip
     """``lean``: commits through table_batch.TableTransactions, else the SDK's; ``hook``: sees
     every request of both paths (to count them); ``wire``: wraps the transport the store's
-    transactions go through (a ``lab.faults.PassThrough``, to lose an answer)."""
+    transactions go through (a ``shared.idempotency.testing.faults.PassThrough``, to lose an answer)."""
     from azure.core.pipeline.transport import RequestsTransport
     from azure.data.tables import TableServiceClient
 

@@ -11,8 +11,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from lab.azurite import Azurite
-from lab.broker import PeekLockQueue, QueuedMessage
 from lab.host import (
     app_settings,
     blob_stream,
@@ -20,13 +18,15 @@ from lab.host import (
     eventhub_batch,
     http_request,
     retry_context,
-    servicebus_message,
     storage_queue_message,
     timer_request,
     user_function,
 )
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.errors import StoreUnavailable
+from shared.idempotency.testing import servicebus_message
+from shared.idempotency.testing.azurite import Azurite
+from shared.idempotency.testing.broker import PeekLockQueue, QueuedMessage
 
 __all__ = [
     "app_settings",
@@ -72,7 +72,7 @@ def store_down(consumer: IdempotentConsumer) -> Iterator[None]:
 
 
 def ready_messages(queue: PeekLockQueue) -> list[QueuedMessage]:
-    """Every message a queue (a topic's subscription, lab/broker.py) has ready, received as a
+    """Every message a queue (a topic's subscription, shared/idempotency/testing/broker.py) has ready, received as a
     receiver takes them: each is locked, and counted as a delivery."""
     ready = []
     while (lock := queue.receive(timeout=0)) is not None:

@@ -66,9 +66,7 @@ import recipes
 from consumers.order_events import SHIPPED, SHIPPED_SCHEMA, shipment_handler
 from consumers.orders import SCHEMA, order_handler
 from lab import audit_cost, outbox_cost, purge_cost
-from lab.azurite import Azurite
 from lab.bench import breakdown, instructions, worker
-from lab.broker import PeekLockQueue
 from lab.delay_proxy import delayed
 from lab.topic import Topic
 from shared.idempotency import Delivery, Effects, Entity, IdempotentConsumer, Outcome, Outgoing, from_body_field
@@ -92,6 +90,8 @@ from shared.idempotency.stores._expiry import NOTES_PER_ROW
 from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.stores._table_sdk import SdkTransactions
 from shared.idempotency.stores._transport import pooled_transport
+from shared.idempotency.testing.azurite import Azurite
+from shared.idempotency.testing.broker import PeekLockQueue
 
 ledger = recipes.module("ledger")  # the batch recipe, wherever it is (recipes/ or, switched on, consumers/)
 balances = recipes.module("balances")  # the balances recipe (read-modify-write), likewise

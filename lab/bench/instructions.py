@@ -30,8 +30,8 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
-from lab.azurite import Azurite
 from lab.bench import breakdown
+from shared.idempotency.testing.azurite import Azurite
 
 MESSAGES = 200  # per scenario, counted (the uncounted first run: WARM_UP)
 WARM_UP = 20

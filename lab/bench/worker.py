@@ -53,13 +53,13 @@ from typing import Any
 
 from azure.data.tables import TableServiceClient
 
-from lab.azurite import Azurite
 from lab.order_effects import OrderEffects, effects_by_order
 from lab.runtime import build
 from lab.runtime.host import WorkerHost
 from lab.runtime.triggers import Http, Invocation, ServiceBusMessage, http, http_result, servicebus
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._expiry import NOTES_PER_ROW
+from shared.idempotency.testing.azurite import Azurite
 
 ROOT = Path(__file__).resolve().parents[2]
 APP_SOURCE = Path(__file__).with_name("worker_app.py")

@@ -28,9 +28,9 @@ from typing import Any
 
 import grpc
 
-from lab.azurite import process_cpu_seconds
 from lab.runtime.build import CACHE, HOST_STUBS, PACKAGES, Runtime
 from lab.runtime.triggers import Invocation, typed
+from shared.idempotency.testing.azurite import process_cpu_seconds
 
 HOST_VERSION = "4.1037.0"  # reported to the worker, which only logs it
 MAX_MESSAGE = 2_147_483_647  # the host's --grpcMaxMessageLength

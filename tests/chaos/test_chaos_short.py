@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from lab.azurite import Azurite, NotListening
 from lab.harness import RunConfig, run
 from shared.idempotency.facts import CANARY_PREFIX
 from shared.idempotency.keys import encode_key
 from shared.idempotency.stores import Commit, CommitResult, CommitStatus, TableStore
 from shared.idempotency.telemetry import fields_of
+from shared.idempotency.testing.azurite import Azurite, NotListening
 from tests.targets import ITEMS
 
 # make test keeps the first run (faults and an outage on both transaction paths) and the log's;

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from lab.azurite import Azurite
-from lab.faults import Crash
 from lab.harness import Report, RunConfig, Timing, run
 from shared.idempotency.downstream import IdempotentHttp
 from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.stores import Commit, CommitResult, Marker, TableStore
+from shared.idempotency.testing.azurite import Azurite
+from shared.idempotency.testing.faults import Crash
 from tests.targets import ITEMS
 
 pytestmark = pytest.mark.long("a broker's whole delivery budget played out, in scaled time")

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 import recipes
-from lab.azurite import Azurite
 from lab.balances_chaos import STORES, on_store, run_on, target
 from lab.harness import RunConfig, run
 from shared.idempotency.functions import shared_store
@@ -20,6 +19,7 @@ from shared.idempotency.keys import consumer_partition
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._records import Commit, CommitResult
 from shared.idempotency.testing import entities
+from shared.idempotency.testing.azurite import Azurite
 from tests.functions import fresh_app, servicebus_message, user_function
 
 pytestmark = pytest.mark.long("hundreds of messages under faults")

@@ -15,12 +15,12 @@ import pytest
 from azure.data.tables import TableServiceClient
 
 from lab import audit_cost, outbox_cost, purge_cost
-from lab.azurite import Azurite
 from lab.bench import breakdown, instructions
 from lab.bench.__main__ import EXACT, PAIRS, ROOT, SCENARIOS, Bench, audit_targets, paired, provenance
 from lab.delay_proxy import delayed
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores._expiry import SETTLE
+from shared.idempotency.testing.azurite import Azurite
 
 pytestmark = pytest.mark.long("the bench's own runs")
 

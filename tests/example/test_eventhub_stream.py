@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from lab.azurite import Azurite
 from lab.eventhub import StreamConfig, run_stream
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.messages import Delivery, Outcome, Result
+from shared.idempotency.testing.azurite import Azurite
 
 
 def test_every_event_is_applied_once_through_replays_rebalances_and_parking(azurite: Azurite) -> None:

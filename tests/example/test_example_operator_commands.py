@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import recipes
-from lab.azurite import Azurite
 from shared.idempotency.functions import shared_store
 from shared.idempotency.functions.registry import declared
+from shared.idempotency.testing.azurite import Azurite
 from tests.functions import fresh_app
 from tests.integration.operators import ROOT, run_tool
 from tests.integration.test_operator_commands import TOOLS

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import azure.functions as func
 
-from lab.azurite import Azurite
+from shared.idempotency.testing.azurite import Azurite
 from tests.functions import fresh_app, user_function
 
 HTTP_FILE = Path(__file__).resolve().parents[2] / "docs/requests.http"

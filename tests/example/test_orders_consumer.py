@@ -14,13 +14,13 @@ import pytest
 from azure.data.tables import TableClient, TableServiceClient
 
 from consumers import orders as orders_app
-from lab.azurite import Azurite
 from lab.order_effects import OrderEffects, effects_by_order
 from lab.payment_service import PaymentService
 from shared.idempotency.functions import shared_store
 from shared.idempotency.keys import DedupKey, consumer_partition, encode_key
 from shared.idempotency.stores import DeadLetter, DedupStore, Marker, State, TableStore
 from shared.idempotency.testing import entities
+from shared.idempotency.testing.azurite import Azurite
 from tests.functions import fresh_app, servicebus_message, user_function
 
 orders = user_function("orders")

@@ -9,11 +9,11 @@ import json
 import pytest
 
 import recipes
-from lab.azurite import Azurite
-from lab.broker import PeekLockQueue
 from lab.topic import Topic
 from shared.idempotency import Delivery, Outcome
 from shared.idempotency.outbox import ROWS
+from shared.idempotency.testing.azurite import Azurite
+from shared.idempotency.testing.broker import PeekLockQueue
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from lab.azurite import Azurite
 from lab.chain import SEND_FAULTS, ChainConfig, run_chain
 from shared.idempotency import Outcome
+from shared.idempotency.testing.azurite import Azurite
 
 pytestmark = pytest.mark.long("hundreds of messages under faults")
 

@@ -19,10 +19,8 @@ import pytest
 from azure.data.tables import TableServiceClient
 
 import recipes
-from lab.azurite import Azurite
 from lab.blob_host import BlobHost
 from lab.blob_import_run import applied_prices, per_sku, price_lines
-from lab.faults import Crash
 from lab.host import user_function
 from lab.infra_checks import ROOT
 from shared.idempotency import Delivery, Effects, InvalidMessage, Outcome, Outgoing, Result
@@ -31,6 +29,8 @@ from shared.idempotency.imports import FileImport
 from shared.idempotency.keys import consumer_partition
 from shared.idempotency.stores import TableStore
 from shared.idempotency.testing import wrapped_handler
+from shared.idempotency.testing.azurite import Azurite
+from shared.idempotency.testing.faults import Crash
 from tests.functions import app_settings, fresh_app, store_down
 
 prices = recipes.module("prices")

@@ -12,11 +12,11 @@ from azure.data.tables import TableServiceClient
 from opentelemetry.sdk.trace import TracerProvider
 
 from consumers import orders
-from lab.azurite import Azurite
 from lab.client.producer import order_message, shipped_event
 from lab.client.smoke import main, make_plan, report
 from shared.idempotency.keys import consumer_partition, encode_key
 from shared.idempotency.stores import DedupStore, TableStore
+from shared.idempotency.testing.azurite import Azurite
 from tests.functions import fresh_app, servicebus_message, user_function
 
 ORDER = {"orderId": "o-42", "customerId": "c-1", "amount": 12.5, "currency": "EUR",
@@ -127,8 +127,8 @@ def test_the_smoke_test_against_a_deployed_environment() -> None:
 @pytest.mark.parametrize("mistake", ["an unreachable namespace", "a mistyped table"])
 def test_the_smoke_test_that_cannot_run_says_so_in_one_line_exit_2(azurite: Azurite, mistake: str) -> None:
     """Exit 1 keeps its one meaning (an order written twice): what it cannot do is 2, one line."""
-    from lab.azurite import free_port
     from shared.idempotency.functions import shared_store
+    from shared.idempotency.testing.azurite import free_port
     from tests.integration.operators import run_tool
 
     nowhere = (

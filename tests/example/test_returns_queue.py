@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 
 import recipes
-from lab.azurite import Azurite
-from lab.faults import Crash
 from lab.queue_chaos import run as queue_chaos
 from lab.queue_chaos import violations
 from lab.queue_host import POISON_LOG, QueueHost, queue_client
 from shared.idempotency import Delivery, Outcome, Result
 from shared.idempotency.functions import shared_store
 from shared.idempotency.testing import entities, wrapped_handler
+from shared.idempotency.testing.azurite import Azurite
+from shared.idempotency.testing.faults import Crash
 from tests.functions import fresh_app, store_down, user_function
 
 returns = recipes.module("returns")

@@ -23,7 +23,6 @@ import pytest
 
 import consumers
 import recipes
-from lab.azurite import Azurite
 from lab.blob_import_run import applied_prices, price_lines
 from lab.demo import ORDERS
 from lab.harness import RunConfig, run
@@ -35,6 +34,7 @@ from shared.idempotency.keys import DedupKey, consumer_partition
 from shared.idempotency.outbox import message_id
 from shared.idempotency.stores import TableStore
 from shared.idempotency.testing import entities
+from shared.idempotency.testing.azurite import Azurite
 from tests.runtime.test_python_worker import (  # with its fixtures: this module's own Azurite, table and app
     FUNCTION_KEY,
     app_settings,

@@ -4,8 +4,8 @@ session locks; and the twin without sessions, where versions arrive out of order
 
 from __future__ import annotations
 
-from lab.azurite import Azurite
 from lab.sessions import SessionConfig, run_sessions
+from shared.idempotency.testing.azurite import Azurite
 
 
 def test_a_session_per_order_applies_its_versions_in_order(azurite: Azurite) -> None:

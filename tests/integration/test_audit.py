@@ -1,6 +1,6 @@
 """The audit (shared.idempotency.audit) accounts for every sequence number a Service Bus queue
 gave, from what the consumer stored on the real stores and what the queue still holds (the
-broker model, lab/broker.py): processed, duplicates (a producer's resend past duplicate
+broker model, shared/idempotency/testing/broker.py): processed, duplicates (a producer's resend past duplicate
 detection), refused, dead-lettered by the broker, in flight — and names what is nowhere."""
 
 from __future__ import annotations
@@ -15,9 +15,6 @@ from typing import Any
 
 import pytest
 
-from lab.azurite import Azurite
-from lab.broker import PeekLockQueue
-from lab.host import servicebus_message
 from shared.idempotency import Context, Effects, Entity, IdempotentConsumer
 from shared.idempotency.audit import Account, ServiceBusPeek, account, checkpoint, report, save
 from shared.idempotency.config import DedupConfig
@@ -29,6 +26,9 @@ from shared.idempotency.messages import Delivery, Outcome
 from shared.idempotency.reasons import Reason
 from shared.idempotency.resend import resend
 from shared.idempotency.stores import DedupStore, MemoryStore
+from shared.idempotency.testing import servicebus_message
+from shared.idempotency.testing.azurite import Azurite
+from shared.idempotency.testing.broker import PeekLockQueue
 from tests.functions import fresh_app
 from tests.integration.operators import run_tool
 

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from lab.azurite import Azurite, NotListening
+from shared.idempotency.testing.azurite import Azurite, NotListening
 
 
 def test_an_emulator_whose_port_another_process_listens_on_does_not_start() -> None:

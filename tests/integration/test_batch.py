@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from azure.data.tables import TableServiceClient
 
-from lab.azurite import Azurite
 from shared.idempotency.functions import RetryLater
 from shared.idempotency.stores import DedupStore, TableStore
+from shared.idempotency.testing.azurite import Azurite
 from tests.app import batch_consumer, effects_by_item, item
 from tests.functions import fresh_app, servicebus_message, store_down, user_function
 

@@ -23,13 +23,13 @@ import azure.functions as func
 import duckdb_kql
 import pytest
 
-from lab.broker import PeekLockQueue
-from lab.host import servicebus_message
 from shared.idempotency import Effects, Entity, IdempotentConsumer, canary
 from shared.idempotency.canary import INTERVAL
 from shared.idempotency.functions import _housekeeping as timers
 from shared.idempotency.functions import housekeeping, on_eventgrid, on_servicebus
 from shared.idempotency.stores import MemoryStore
+from shared.idempotency.testing import servicebus_message
+from shared.idempotency.testing.broker import PeekLockQueue
 
 ALERTS = Path(__file__).resolve().parents[2] / "infra" / "modules" / "alerts.bicep"
 

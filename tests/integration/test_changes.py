@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from lab.azurite import Azurite
 from shared.idempotency import Context, Effects, Entity, IdempotentConsumer, from_body_field
 from shared.idempotency.config import DedupConfig
 from shared.idempotency.errors import StoreUnavailable
@@ -26,6 +25,7 @@ from shared.idempotency.reasons import Reason
 from shared.idempotency.stores import DedupStore, MemoryStore
 from shared.idempotency.stores._records import Commit, CommitResult, CommitStatus
 from shared.idempotency.telemetry import fields_of
+from shared.idempotency.testing.azurite import Azurite
 from tests.conftest import CHANGING_STORES, changing_store, new_table_store
 
 SCHEMA = {

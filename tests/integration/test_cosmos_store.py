@@ -14,7 +14,6 @@ import pytest
 from azure.core.exceptions import ServiceRequestError
 from azure.cosmos import exceptions
 
-from lab.azurite import Azurite
 from lab.cosmos_emulator import CosmosEmulator, use_cosmos_emulator
 from lab.harness import Report, RunConfig, run
 from lab.runtimes import InProcess, Runtime
@@ -27,6 +26,7 @@ from shared.idempotency.stores._azure import store_errors
 from shared.idempotency.stores._codec import MARKER_FIELDS, marker_fields
 from shared.idempotency.stores._records import MARKER_KIND
 from shared.idempotency.testing import reset
+from shared.idempotency.testing.azurite import Azurite
 from tests.app import EVENT_TYPE, item
 from tests.conftest import EMULATED, REAL_COSMOS, new_cosmos_store
 from tests.targets import ITEMS, items_consumer

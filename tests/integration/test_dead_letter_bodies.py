@@ -17,13 +17,13 @@ import pytest
 from azure.data.tables import TableClient
 from azure.functions import meta
 
-from lab.azurite import Azurite
 from shared.idempotency.errors import DedupError
 from shared.idempotency.functions import on_eventhub_batch
 from shared.idempotency.keys import encode_key
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import DeadLetter, TableStore
 from shared.idempotency.testing import dead_letter_entities_edited, dead_letter_table
+from shared.idempotency.testing.azurite import Azurite
 from tests.app import item, stream_consumer
 from tests.conftest import new_table_store
 from tests.functions import fresh_app

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from azure.core.exceptions import ServiceResponseError
 
-from lab.faults import PassThrough
 from shared.idempotency import (
     Context,
     Declined,
@@ -37,6 +36,7 @@ from shared.idempotency.messages import Delivery, Outcome
 from shared.idempotency.reasons import Reason
 from shared.idempotency.stores import DedupStore, MemoryStore, State
 from shared.idempotency.telemetry import fields_of
+from shared.idempotency.testing.faults import PassThrough
 from tests.conftest import CHANGING_STORES, changing_store
 from tests.functions import cloudevent, http_request, servicebus_message, storage_queue_message
 

@@ -13,7 +13,6 @@ from typing import Any
 import azure.functions as func
 import pytest
 
-from lab.azurite import Azurite
 from lab.payment_service import PaymentService
 from shared.idempotency.functions import RetryLater
 from shared.idempotency.functions.adapters import REPLAYED
@@ -23,6 +22,7 @@ from shared.idempotency.payload import fingerprint
 from shared.idempotency.stores import DedupStore, Marker, State
 from shared.idempotency.telemetry import fields_of
 from shared.idempotency.testing import entities
+from shared.idempotency.testing.azurite import Azurite
 from tests.app import EVENT_TYPE, api_consumer, events_consumer, item
 from tests.functions import app_settings, fresh_app, servicebus_message, store_down, user_function
 

@@ -17,13 +17,13 @@ import azure.functions as func
 import pytest
 from azure.functions import meta
 
-from lab.azurite import Azurite
 from shared.idempotency import Context, DownstreamUnavailable, Effects
 from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.functions import RetryLater, on_eventhub_batch, shared_store
 from shared.idempotency.replay import main as replay
 from shared.idempotency.stores import DedupStore
 from shared.idempotency.telemetry import fields_of
+from shared.idempotency.testing.azurite import Azurite
 from tests import app
 from tests.app import item, stream_consumer
 from tests.functions import fresh_app

@@ -9,7 +9,6 @@ from datetime import datetime, timedelta
 import pytest
 from azure.data.tables import TableClient
 
-from lab.azurite import Azurite
 from shared.idempotency import Entity
 from shared.idempotency.keys import DedupKey, encode_key
 from shared.idempotency.messages import utcnow
@@ -17,6 +16,7 @@ from shared.idempotency.stores import DeadLetter, TableStore
 from shared.idempotency.stores._expiry import INDEX
 from shared.idempotency.stores._records import GUARD_KIND, MARKER_KIND
 from shared.idempotency.testing import dead_letter_table, expiry_index
+from shared.idempotency.testing.azurite import Azurite
 from tests.conftest import new_table_store
 
 

@@ -26,8 +26,6 @@ from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 from azure.core.pipeline.transport import HttpTransport
 from azure.data.tables import TableServiceClient
 
-from lab.azurite import Azurite
-from lab.faults import PassThrough, status_response
 from shared.idempotency import Context, Delivery, Effects, Entity, IdempotentConsumer, Outcome
 from shared.idempotency.config import DedupConfig
 from shared.idempotency.errors import StoreRefused, StoreUnavailable
@@ -41,6 +39,8 @@ from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.stores._table_rows import effect_entity
 from shared.idempotency.telemetry import fields_of
 from shared.idempotency.testing import entities, using_store
+from shared.idempotency.testing.azurite import Azurite
+from shared.idempotency.testing.faults import PassThrough, status_response
 from tests.app import EVENT_TYPE, effects_by_item, item, queue_consumer
 from tests.conftest import new_table_store
 from tests.functions import app_settings, fresh_app, servicebus_message, user_function

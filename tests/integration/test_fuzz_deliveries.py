@@ -14,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lab.azurite import Azurite
 from shared.idempotency.keys import DedupKey, marker_id
 from shared.idempotency.stores import DedupStore
 from shared.idempotency.stores._codec import ID_LIMIT, bounded
 from shared.idempotency.stores._records import GUARD_KIND
 from shared.idempotency.telemetry import fields_of
+from shared.idempotency.testing.azurite import Azurite
 from tests.app import effects_by_item, item, queue_consumer
 from tests.functions import fresh_app, servicebus_message, user_function
 

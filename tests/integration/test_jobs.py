@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from azure.data.tables import TableServiceClient
 
-from lab.azurite import Azurite
 from shared.idempotency import Context, DedupConfig, Effects, IdempotentConsumer, Outcome
 from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.functions import RetryLater, on_schedule
 from shared.idempotency.functions import _schedule as schedule
 from shared.idempotency.jobs import complete, occurrence, run_job
 from shared.idempotency.stores import TableStore
+from shared.idempotency.testing.azurite import Azurite
 from tests.app import SCHEMA, due, job_handler
 
 DAY, SIX = timedelta(days=1), timedelta(hours=6)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from lab.azurite import Azurite
 from shared.idempotency import Delivery, Outcome, Result
 from shared.idempotency.functions import shared_store
 from shared.idempotency.functions.registry import declared
+from shared.idempotency.testing.azurite import Azurite
 from tests.app import item, job_consumer, stream_consumer
 from tests.functions import fresh_app, servicebus_message, user_function
 from tests.integration.operators import ROOT, run_tool

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from azure.data.tables import TableServiceClient
 
-from lab.azurite import KEY, Azurite, free_port
 from shared.idempotency.functions import shared_store
 from shared.idempotency.stores import TableStore
 from shared.idempotency.testing import expiry_index
+from shared.idempotency.testing.azurite import KEY, Azurite, free_port
 from tests.app import item
 from tests.functions import app_settings, fresh_app, servicebus_message, user_function
 from tests.integration.operators import run_tool

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from lab.azurite import Azurite
-from lab.broker import PeekLockQueue
 from lab.topic import Topic
 from shared.idempotency import Context, DedupConfig, Delivery, Effects, Entity, IdempotentConsumer, Outcome, Outgoing
 from shared.idempotency.messages import utcnow
 from shared.idempotency.outbox import DUE, ROWS, Outbox, message_id
 from shared.idempotency.stores import DedupStore, TableStore
 from shared.idempotency.testing import entities, using_sender
+from shared.idempotency.testing.azurite import Azurite
+from shared.idempotency.testing.broker import PeekLockQueue
 from tests.app import effects_by_item, item, queue_consumer, subscriber_consumer
 from tests.conftest import new_table_store
 from tests.functions import fresh_app, ready_messages

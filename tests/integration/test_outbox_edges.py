@@ -16,7 +16,6 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessageBatch
 from azure.servicebus.exceptions import MessageSizeExceededError
 
-from lab.broker import PeekLockQueue
 from lab.topic import Topic
 from shared.idempotency import Context, DedupConfig, Delivery, Effects, Entity, IdempotentConsumer, Outcome, Outgoing
 from shared.idempotency import outbox as outbox_module
@@ -25,6 +24,7 @@ from shared.idempotency.functions import ServiceBusSender
 from shared.idempotency.messages import utcnow
 from shared.idempotency.outbox import DUE, ROWS, Outbox
 from shared.idempotency.stores import DedupStore, TableStore
+from shared.idempotency.testing.broker import PeekLockQueue
 from tests.functions import ready_messages
 
 NO_WAIT = DedupConfig(transient_wait=timedelta(0))

@@ -15,7 +15,6 @@ import pytest
 from azure.core.exceptions import HttpResponseError
 from azure.data.tables import TableServiceClient
 
-from lab.azurite import Azurite
 from shared.idempotency import Entity
 from shared.idempotency.keys import DedupKey, consumer_partition
 from shared.idempotency.messages import utcnow
@@ -32,6 +31,7 @@ from shared.idempotency.testing import (
     pending_expiry_notes,
     refused_expiry_rows,
 )
+from shared.idempotency.testing.azurite import Azurite
 from tests.app import ITEM, effects_by_item, queue_consumer
 from tests.app import item as item_body
 from tests.conftest import new_table_store

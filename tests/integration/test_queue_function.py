@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from azure.data.tables import TableClient, TableServiceClient
 
-from lab.azurite import Azurite
 from shared.idempotency import Delivery, Effects, Entity, IdempotentConsumer, Outcome
 from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.functions import RetryLater, shared_store
@@ -21,6 +20,7 @@ from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import Commit
 from shared.idempotency.stores._records import MARKER_KIND
 from shared.idempotency.telemetry import fields_of
+from shared.idempotency.testing.azurite import Azurite
 from tests.app import effects_by_item, item, queue_consumer
 from tests.functions import app_settings, fresh_app, servicebus_message, store_down, user_function
 

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from azure.data.tables import TableServiceClient
 
-from lab.azurite import Azurite
 from shared.idempotency import Delivery, Outcome
 from shared.idempotency.resubmit import UNSTORED, VERDICTS
 from shared.idempotency.stores import DedupStore, app_store
+from shared.idempotency.testing.azurite import Azurite
 from tests.functions import fresh_app
 from tests.integration.operators import run_tool
 from tests.integration.resubmit_app.handlers import CALLS, checks_consumer, status_consumer, totals_consumer

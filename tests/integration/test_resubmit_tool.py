@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from azure.data.tables import TableServiceClient
 
-from lab.azurite import KEY, Azurite, free_port
 from shared.idempotency import InvalidMessage, resubmit
 from shared.idempotency import consumer as consumer_module
 from shared.idempotency.functions import shared_store
 from shared.idempotency.functions.registry import declared
 from shared.idempotency.resubmit import main
 from shared.idempotency.testing import reset
+from shared.idempotency.testing.azurite import KEY, Azurite, free_port
 from tests.app import item
 from tests.functions import app_settings, fresh_app, http_request, servicebus_message, user_function
 from tests.integration.operators import run_tool

@@ -9,11 +9,11 @@ import pytest
 from azure.cosmos import PartitionKey
 from azure.data.tables import TableServiceClient
 
-from lab.azurite import Azurite
 from lab.cosmos_emulator import CosmosEmulator, emulated
 from shared.idempotency.stores import CosmosStore, DedupStore, TableStore
 from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.testing import StoreContract
+from shared.idempotency.testing.azurite import Azurite
 from tests.conftest import EMULATED, NO_ATOMIC_BATCHES, new_cosmos_store, new_table_store
 
 

@@ -33,11 +33,11 @@ from azure.data.tables import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lab.azurite import Azurite
 from shared.idempotency.errors import StoreUnavailable
 from shared.idempotency.stores._azure import store_errors
 from shared.idempotency.stores._table_batch import TableTransactions, TransactionFailure, decode, entity_json
 from shared.idempotency.stores._transport import pooled_transport
+from shared.idempotency.testing.azurite import Azurite
 
 WHEN = datetime(2026, 11, 30, 12, 30, 15, 123456, tzinfo=UTC)
 ENTITIES: list[dict[str, Any]] = [

@@ -44,7 +44,6 @@ from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.data.tables import TableTransactionError, UpdateMode
 
-from lab.azurite import Azurite
 from shared.idempotency.errors import ConfigurationError, DedupError, StoreRefused, StoreUnavailable
 from shared.idempotency.keys import DedupKey
 from shared.idempotency.messages import Entity, utcnow
@@ -55,6 +54,7 @@ from shared.idempotency.stores._settings import table_store
 from shared.idempotency.stores._table_batch import TransactionFailure
 from shared.idempotency.stores._table_purge import delete_noted
 from shared.idempotency.testing import commits_lean, submit_transaction
+from shared.idempotency.testing.azurite import Azurite
 from tests.integration.canned import Canned, canned_server
 
 ACCOUNT = "devstoreaccount1", "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="

@@ -16,11 +16,11 @@ import pytest
 from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import EdmType, EntityProperty, TableClient
 
-from lab.azurite import Azurite
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._azure import error_code
 from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.stores._table_query import substituted
+from shared.idempotency.testing.azurite import Azurite
 from tests.conftest import new_table_store
 
 BETWEEN = "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high"

@@ -16,12 +16,12 @@ from azure.core.exceptions import ServiceRequestError, ServiceResponseError
 from azure.core.pipeline.transport import RequestsTransport
 from azure.data.tables import TableServiceClient, UpdateMode
 
-from lab.azurite import Azurite
-from lab.faults import PassThrough
 from shared.idempotency.stores import DeadLetter, TableStore
 from shared.idempotency.stores._table_batch import TableTransactions
 from shared.idempotency.stores._table_sdk import SdkTransactions, Transactions
 from shared.idempotency.stores._transport import transaction_transport
+from shared.idempotency.testing.azurite import Azurite
+from shared.idempotency.testing.faults import PassThrough
 
 QUICK = {"retry_total": 3, "retry_backoff_factor": 0.01}
 

@@ -18,7 +18,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from lab.azurite import Azurite
 from shared.idempotency import Context, Delivery, Effects, Entity, IdempotentConsumer, Outcome, Outgoing
 from shared.idempotency.config import DedupConfig
 from shared.idempotency.errors import DownstreamUnavailable
@@ -27,6 +26,7 @@ from shared.idempotency.keys import DedupKey
 from shared.idempotency.messages import utcnow
 from shared.idempotency.stores import MemoryStore
 from shared.idempotency.testing import flush_expiry_notes
+from shared.idempotency.testing.azurite import Azurite
 from tests.app import item
 from tests.conftest import new_table_store
 from tests.functions import fresh_app, servicebus_message, user_function

@@ -13,8 +13,6 @@ from typing import Any
 
 import pytest
 
-from lab.azurite import Azurite
-from lab.faults import Crash
 from lab.payment_service import PaymentService
 from shared.idempotency import Effects, IdempotentConsumer, Outcome, StepPolicy
 from shared.idempotency.config import DedupConfig
@@ -29,6 +27,8 @@ from shared.idempotency.reconcile import ESCALATION, escalate_stale_claims
 from shared.idempotency.resubmit import check_ids
 from shared.idempotency.stores import Marker, State, TableStore
 from shared.idempotency.testing import wrapped_handler
+from shared.idempotency.testing.azurite import Azurite
+from shared.idempotency.testing.faults import Crash
 from tests.app import SCHEMA, effects_by_item, item, item_handler, queue_consumer
 from tests.functions import fresh_app, servicebus_message, user_function
 

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from lab.azurite import Azurite
 from lab.runtime import build
 from lab.runtime.host import WorkerHost
 from lab.runtime.triggers import Http, http, http_result, timer
 from shared.idempotency.keys import DedupKey
 from shared.idempotency.outbox import message_id
+from shared.idempotency.testing.azurite import Azurite
 from tests.runtime.test_python_worker import FUNCTION_KEY, an_item, app_settings, new_id
 
 

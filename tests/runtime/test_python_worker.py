@@ -29,7 +29,6 @@ import pytest
 from azure.data.tables import TableServiceClient
 
 import consumers
-from lab.azurite import Azurite
 from lab.harness import RunConfig, run
 from lab.runtime import build
 from lab.runtime.host import WorkerHost
@@ -54,6 +53,7 @@ from shared.idempotency.jobs import occurrence
 from shared.idempotency.keys import DedupKey, consumer_partition
 from shared.idempotency.outbox import ROWS, message_id
 from shared.idempotency.stores import TableStore
+from shared.idempotency.testing.azurite import Azurite
 from tests import app as library_app
 from tests.app import EVENT_TYPE, effects_by_item, item
 from tests.targets import ITEMS

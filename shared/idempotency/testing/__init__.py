@@ -1,4 +1,8 @@
-"""The testing face (the ``testing`` extra: pytest): ``StoreContract``, the contract suite
+"""The testing face (the ``testing`` extra: pytest): ``prove`` (a consumer of the app, proven
+exactly once in effect under its broker's semantics and faults, against your invariant: the
+``proof`` module, docs/testing.md) with ``Message``, ``Faults``, ``Broker`` (the queue's settings),
+``Proof``, ``Verdict``, and what an invariant is given, ``Accepted`` and ``Stored``; ``Azurite``
+(a real one on a free port, its data in memory or in a folder); ``StoreContract``, the contract suite
 every store — the shipped ones, and yours — passes against its real server, with
 ``in_progress`` (a claim, as its tests build one); the read-back helpers tests and checkers
 use: ``entities`` (the stored business entities) and ``marker_keys`` (the stored markers'
@@ -13,9 +17,11 @@ commit's), ``transactions_intercepted`` (recorded, never sent), ``dead_letter_en
 ``flush_expiry_notes`` (every store's notes written now, before counting requests),
 ``wrapped_handler`` (a consumer's handler wrapped) and ``store_names_restored`` (names given
 to ``register_store`` forgotten). The app's consumers, rebuilt or run on a store or sender of
-a test's choosing: ``reset``, ``using_store``, ``using_sender`` (with the ``functions`` extra).
+a test's choosing: ``reset``, ``using_store``, ``using_sender``; and the message a Service Bus
+trigger passes a function, ``servicebus_message`` (with the ``functions`` extra).
 Never used on the message path."""
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._contract import StoreContract, in_progress
@@ -39,25 +45,34 @@ from ._seams import (
     transactions_intercepted,
     wrapped_handler,
 )
+from .azurite import Azurite
+from .proof import Accepted, Broker, Faults, Message, Proof, Stored, Verdict, prove
 
 if TYPE_CHECKING:
     from ..functions._app import reset, using_sender, using_store
+    from ..functions._bindings import servicebus_message
 
-_APP_HOOKS = ("reset", "using_sender", "using_store")
+_APP_HOOKS = {"reset": "_app", "using_sender": "_app", "using_store": "_app", "servicebus_message": "_bindings"}
 
 
 def __getattr__(name: str) -> Any:
     """The app hooks on first use: they need the Functions face (``azure.functions``), which a
     store's own contract tests do not."""
     if name in _APP_HOOKS:
-        from ..functions import _app
-
-        return getattr(_app, name)
+        return getattr(importlib.import_module(f"..functions.{_APP_HOOKS[name]}", __package__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
+    "Accepted",
+    "Azurite",
+    "Broker",
+    "Faults",
+    "Message",
+    "Proof",
     "StoreContract",
+    "Stored",
+    "Verdict",
     "commits_lean",
     "dead_letter_entities_edited",
     "dead_letter_table",
@@ -70,8 +85,10 @@ __all__ = [
     "in_progress",
     "marker_keys",
     "pending_expiry_notes",
+    "prove",
     "refused_expiry_rows",
     "reset",
+    "servicebus_message",
     "store_names_restored",
     "submit_transaction",
     "transactions_intercepted",

@@ -1,15 +1,16 @@
-"""Start and stop a real Azurite service (Table by default; Queue, Blob) from lab/node_modules, on a free port."""
+"""Start and stop a real Azurite service (Table by default; Queue, Blob) on a free port: the one
+``npm ci`` installed in lab/node_modules (``make install`` does), else the one on the PATH."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 ACCOUNT = "devstoreaccount1"
 # Azurite's well-known development key (public, documented by Microsoft; not a secret).
 KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
@@ -45,16 +46,27 @@ def listens(pid: int, port: int) -> bool:
     return False
 
 
+def installed(tool: str) -> str:
+    """The npm tool's executable: lab/node_modules/.bin of the project the tests run in (the
+    working directory or a parent of it), else on the PATH."""
+    for folder in (Path.cwd(), *Path.cwd().parents):
+        binary = folder / "lab" / "node_modules" / ".bin" / tool
+        if binary.exists():
+            return str(binary)
+    found = shutil.which(tool)
+    if found is None:
+        raise RuntimeError(f"{tool} is not installed: run `npm ci` in lab/ (make install does)")
+    return found
+
+
 class NotListening(RuntimeError):
     """The emulator exited, or did not listen in time."""
 
 
 def start_listening(tool: str, args: list[str], port: int, timeout: float) -> subprocess.Popen[bytes]:
     """Start an npm-installed emulator and wait until it accepts connections on ``port``."""
-    binary = ROOT / "lab" / "node_modules" / ".bin" / tool
-    if not binary.exists():
-        raise RuntimeError(f"{binary} is missing: run `npm ci` (make install does)")
-    process = subprocess.Popen([str(binary), *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    binary = installed(tool)
+    process = subprocess.Popen([binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:

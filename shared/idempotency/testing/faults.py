@@ -4,6 +4,7 @@ run to run; the seed fixes the workload and the fault draws' sequence."""
 
 from __future__ import annotations
 
+import copy
 import io
 import random
 import threading
@@ -54,6 +55,7 @@ class FaultPlan:
         self._throttle_rate = 0.0
         self._throttle_until = 0.0
         self.settled_without_invoke = 0.0
+        self.latency = 0.0  # seconds each call of a store without a transport takes (faulty_calls)
         self.vanished: list[tuple[int, str | None, bytes]] = []
 
     def draw(self, kinds: tuple[str, ...], rate: float | None = None) -> str | None:
@@ -165,22 +167,30 @@ def status_response(request: Any, status: int) -> Any:
     return RequestsTransportResponse(request, raw)
 
 
-def faulty_calls(store: Any, plan: FaultPlan) -> None:
+def faulty_calls(store: Any, plan: FaultPlan) -> Any:
     """The same faults on a store without a transport (``MemoryStore``): its commits meet every
-    fault of ``STORE_FAULTS``, its reads the first three, as their requests would."""
+    fault of ``STORE_FAULTS``, its reads the first three, as their requests would; each call takes
+    ``plan.latency``. Returns the
+    store as it was (a view without the faults, for the checks after a run)."""
     from shared.idempotency.errors import StoreUnavailable
 
     def refused(fault: str) -> Any:
         raise StoreUnavailable(f"injected: {fault}")
 
     def wrapped(call: Callable[..., Any], kinds: tuple[str, ...]) -> Callable[..., Any]:
+        def answered(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(plan.latency)  # a round trip: other deliveries run meanwhile, as they do beside a real store
+            return call(*args, **kwargs)
+
         return lambda *args, **kwargs: plan.around(
             kinds,
-            lambda: call(*args, **kwargs),
+            lambda: answered(*args, **kwargs),
             refused,
             lambda: StoreUnavailable("injected: the response was lost after the store applied the call"),
         )
 
+    faultless = copy.copy(store)  # shares its data; keeps its own methods
     store.commit_many = wrapped(store.commit_many, STORE_FAULTS)
     for name in ("read_current", "get", "insert"):  # the reads, and the pin of a key to its partition
         setattr(store, name, wrapped(getattr(store, name), STORE_FAULTS[:3]))
+    return faultless

@@ -1,0 +1,60 @@
+"""What a test hands the app's functions, as the host does: ``servicebus_message`` (the binding
+object a Service Bus trigger passes); and ``app_function``, a function of the app found by its
+object or its name, with its trigger's type (the proof kit, testing/proof.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from azure.functions.decorators.function_app import FunctionBuilder
+from azure.functions.servicebus import ServiceBusMessage
+
+from ._app import declaring
+
+
+def app_function(function: Any) -> tuple[Callable[[Any], Any], str]:
+    """The function to call and its trigger's type: a function object as its module declares it
+    (``@bp.function_name(...)``), or its name, found in the modules of ``consumers`` (the app's)
+    and every module already imported."""
+    if isinstance(function, str):
+        with contextlib.suppress(ImportError):  # an app without a consumers package: what is imported
+            declaring("consumers")
+        found = [value for module in list(sys.modules.values()) for value in vars(module).values()
+                 if _is_function(value) and value._function.get_function_name() == function]  # fmt: skip
+        if not found:
+            raise LookupError(f"no function of the app is named {function!r}")
+        function = found[0]
+    if not _is_function(function):
+        raise TypeError(f"{function!r} is not a function of the app (a @bp.function_name(...) decorated function)")
+    trigger = function._function.get_trigger()
+    if getattr(trigger, "cardinality", None) not in (None, "one") or getattr(trigger, "is_sessions_enabled", False):
+        return function, f"{trigger.get_binding_name()} (batch or sessions)"
+    return function, str(trigger.get_binding_name())
+
+
+def _is_function(value: Any) -> bool:
+    return isinstance(value, FunctionBuilder)
+
+
+def servicebus_message(body: bytes | dict[str, Any], message_id: str | None, *, delivery_count: int = 1,
+                       correlation_id: str | None = None, sequence_number: int | None = None,
+                       enqueued_time: datetime | None = None,
+                       properties: Mapping[str, Any] | None = None) -> Any:  # fmt: skip
+    """A Service Bus message as the trigger passes it (``data_type=BODY_AS_BYTES``): a body given as
+    a dict is sent as its JSON."""
+    return ServiceBusMessage(
+        body=body if isinstance(body, bytes) else json.dumps(body).encode(),
+        message_id=message_id,  # type: ignore[arg-type]  # the host passes None when the producer set none
+        correlation_id=correlation_id,
+        delivery_count=delivery_count,
+        content_type="application/json",
+        application_properties=dict(properties or {}),
+        user_properties=dict(properties or {}),
+        sequence_number=sequence_number,
+        enqueued_time_utc=enqueued_time,
+    )

@@ -1,0 +1,105 @@
+"""The proof kit (shared.idempotency.testing.prove) on a stock consumer (tests/proof_app.py): proven
+on every store, and each mutant of it caught, named by its violation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.idempotency.stores import MemoryStore
+from shared.idempotency.testing import Azurite, Faults, Message, Proof, prove
+from tests import proof_app
+
+ROOT = Path(__file__).resolve().parents[2]
+STOCK = Proof(proof_app.on_stock, proof_app.workload, proof_app.ledger)
+
+
+@pytest.mark.parametrize("store", ["memory", "table-lean", "table-sdk"])
+def test_the_stock_consumer_is_proven_on_every_store(azurite: Azurite, store: str) -> None:
+    verdict = STOCK.run(messages=150, store=store, azurite=azurite, seed=7)
+    assert verdict.ok, verdict
+    assert (
+        verdict.faults.total() > 10 and verdict.deliveries > verdict.sends - verdict.dropped_by_detection
+    )  # faults met, redeliveries made
+    assert verdict.decided["applied"] > 0 and verdict.decided["declined"] > 0
+    assert verdict.decided["invalid"] > 0 and verdict.broker_dead_lettered == 0
+    assert verdict.audit["closes"] is True
+
+
+def test_an_outage_restarts_the_store_and_nothing_is_lost() -> None:
+    verdict = STOCK.run(messages=120, store="table-lean", seed=3, faults=Faults(outage=1.0))
+    assert verdict.ok, verdict
+
+
+def test_twins_are_refused_and_invalid_messages_recorded_once() -> None:
+    messages = [Message({"changeId": f"c-{i}", "sku": "sku-0", "kind": "restock", "quantity": 1}, f"c-{i}")
+                for i in range(60)]  # fmt: skip
+    messages.append(Message({"changeId": "bad", "sku": "sku-0", "kind": "steal", "quantity": 1}, "bad",
+                            invalid="schema_violation"))  # fmt: skip
+    verdict = prove(proof_app.on_stock, messages, proof_app.ledger, faults=Faults(twins=0.3), seed=11)
+    assert verdict.ok, verdict
+    assert verdict.decided["refused"] > 0 and verdict.decided["invalid"] >= 1
+
+
+class IfMatchStar(MemoryStore):
+    """A store that ignores the version a change was read at (If-Match: *)."""
+
+    def _at_versions(self, *args: Any) -> bool:
+        return True
+
+
+MUTANTS = {
+    "a change written outside the transaction": (proof_app.on_blind, {}, "invariant:"),
+    "an effect applied twice": (proof_app.on_twice, {}, "not decided exactly once"),
+    "a version ignored (If-Match: *)": (proof_app.on_stock, {"store": IfMatchStar()}, "invariant:"),
+    "a decision that changes on a redelivery": (proof_app.on_fickle, {}, "a decision that changed"),
+    "a message settled without being applied": (
+        proof_app.on_swallowed,
+        {"faults": Faults(outage=6.0)},
+        "settled without a decision",
+    ),
+    "a release that keeps its reservation": (proof_app.on_kept, {"faults": Faults.none()}, "invariant: reservation"),
+}
+
+
+@pytest.mark.parametrize("mutant", MUTANTS)
+def test_each_mutant_is_caught_and_named(mutant: str) -> None:
+    function, options, named = MUTANTS[mutant]
+    verdict = prove(function, proof_app.workload, proof_app.ledger, **{"messages": 150, "seed": 5, **options})
+    assert not verdict.ok
+    assert any(v.startswith(named) for v in verdict.violations), verdict
+
+
+def test_a_function_is_found_by_its_name_and_a_trigger_not_modelled_is_refused() -> None:
+    assert prove("proof_stock", proof_app.workload, proof_app.ledger, messages=30, faults=Faults.none()).ok
+    with pytest.raises(LookupError, match="no function of the app is named 'nothing_here'"):
+        prove("nothing_here", [])
+
+
+def test_the_same_seed_sends_the_same_messages_and_draws_the_same_faults() -> None:
+    first, second = (STOCK.run(messages=80, seed=21, workers=1) for _ in range(2))
+    assert (first.sends, first.dropped_by_detection) == (second.sends, second.dropped_by_detection)
+    assert first.messages == second.messages == 80
+
+
+def test_make_prove_runs_a_proof_bigger_and_prints_its_verdict_as_one_json_line() -> None:
+    done = subprocess.run(["make", "-s", "prove", "PROOF=tests.integration.test_proof:STOCK", "MESSAGES=120",
+                           "STORE=memory", "SEED=4"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    verdict = json.loads(done.stdout.splitlines()[-1])
+    assert (verdict["ok"], verdict["seed"], verdict["messages"], verdict["violations"]) == (True, 4, 120, [])
+
+
+@pytest.mark.parametrize(("proof", "said"), [("", "name the proof"), ("tests.nowhere:PROOF", "cannot load"),
+                                             ("tests.integration.test_proof:MUTANTS", "not a Proof")])  # fmt: skip
+def test_make_prove_without_a_proof_says_why_in_one_line(proof: str, said: str) -> None:
+    done = subprocess.run(["make", "-s", "prove", f"PROOF={proof}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    lines = done.stderr.strip().splitlines()  # the reason, then make's own line naming the target
+    assert done.returncode == 2 and said in lines[0] and "Traceback" not in done.stderr, done.stderr
+    assert len(lines) == 1 or (len(lines) == 2 and "[Makefile" in lines[1]), done.stderr
