@@ -27,7 +27,7 @@ import recipes
 from consumers import orders
 from lab import runtimes, workload
 from lab.findings import Findings
-from lab.harness import RunConfig, Timing, _attach_store, _configure, _counting_outcomes, _run_workers
+from lab.harness import RunConfig, Timing, _attach_store, _configure, _counting_outcomes
 from lab.topic import SendFailed, Topic
 from shared.idempotency import Outgoing
 from shared.idempotency.errors import DedupError
@@ -38,6 +38,7 @@ from shared.idempotency.testing import reset, using_sender
 from shared.idempotency.testing.azurite import Azurite
 from shared.idempotency.testing.broker import Lock, PeekLockQueue
 from shared.idempotency.testing.faults import Crash, FaultPlan
+from shared.idempotency.testing.proof import deliver_until_drained
 
 order_topic = recipes.module("order_topic")
 
@@ -142,7 +143,7 @@ def run_chain(config: ChainConfig, azurite: Azurite) -> ChainReport:
                 running.lock = lock
                 runtime.servicebus(hop, lock.message.body, lock.message.message_id, lock.delivery_count)
 
-            _run_workers(RunConfig(workers=config.workers), queues[hop], deliver, plan)
+            deliver_until_drained(queues[hop], deliver, plan, config.workers)
             if hop == "orders":  # what parked last deliveries left: the timer, once it falls due
                 later = utcnow() + consumers["orders"].outbox(sender).sweep_delay + timedelta(seconds=1)
                 report.swept = _swept(consumers["orders"].outbox(topic), later)

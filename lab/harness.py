@@ -47,7 +47,8 @@ from shared.idempotency.stores._transport import transaction_transport
 from shared.idempotency.telemetry import fields_of
 from shared.idempotency.testing.azurite import Azurite
 from shared.idempotency.testing.broker import Lock, PeekLockQueue
-from shared.idempotency.testing.faults import WORKER_FAULTS, Crash, FaultPlan, FaultyTransport, faulty_calls
+from shared.idempotency.testing.faults import FaultPlan, FaultyTransport, faulty_calls
+from shared.idempotency.testing.proof import deliver_until_drained
 
 
 @dataclass(frozen=True)
@@ -271,13 +272,13 @@ def _deliver_all(config: RunConfig, azurite: Azurite, queue: PeekLockQueue, deli
                  report: Report, resubmit: Callable[[], int]) -> None:  # fmt: skip
     with _counting_outcomes(report.outcomes, shown=config.show_log):
         trouble = _start_trouble(config, azurite, queue, plan, report)
-        _run_workers(config, queue, deliver, plan)
+        deliver_until_drained(queue, deliver, plan, config.workers)
         trouble.join()
         for _ in range(config.resubmit_rounds):  # only when a test asks for an operator's help
             if not queue.dead:
                 break
             report.resubmitted += resubmit()
-            _run_workers(config, queue, deliver, plan)
+            deliver_until_drained(queue, deliver, plan, config.workers)
 
 
 @dataclass(frozen=True)
@@ -361,49 +362,12 @@ def _attach_store(
     return TableStore(clean, table, dead)
 
 
-def _run_workers(config: RunConfig, queue: PeekLockQueue, deliver: Deliver, plan: FaultPlan) -> None:
-    def work() -> None:
-        while True:
-            lock = queue.receive(timeout=0.5)
-            if lock is None:
-                if queue.drained():
-                    return
-                continue
-            _settle(lock, queue, deliver, plan)
-
-    threads = [threading.Thread(target=work, name=f"worker-{i}") for i in range(config.workers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
-
-def _settle(lock: Lock, queue: PeekLockQueue, deliver: Deliver, plan: FaultPlan) -> None:
-    first = lock.delivery_count == 1  # at a first delivery only: no earlier one can have recorded it
-    if first and plan.draw(("settled_without_invoke",), plan.settled_without_invoke) is not None:
-        if queue.complete(lock):  # the host completed it and never called the function
-            plan.vanished.append((lock.message.seq, lock.message.message_id, lock.message.body))
-        return
-    try:
-        deliver(lock)
-    except Crash:
-        queue.crashed(lock)  # the process died: no settlement, no renewal, the lock lapses
-        return
-    except Exception as error:  # noqa: BLE001 - the host abandons on any exception
-        queue.abandon(lock, why=str(error)[:200])
-        return
-    if plan.draw(WORKER_FAULTS) is not None:
-        queue.crashed(lock)  # died before acknowledging, or the acknowledgement was lost: no more renewal
-        return
-    queue.complete(lock)
-
-
 def _close_with_a_canary(config: RunConfig, queue: PeekLockQueue, deliver: Deliver) -> None:
     """What the app's canary timer does every few minutes: a message after the run's last, so
     that the audit's window closes on it (a loss at the very end is a gap before it). Delivered
     without faults: one lost would leave the tail to the next canary, which a run does not have."""
     queue.send(f"{CANARY_PREFIX}{config.seed}", b"{}", {CANARY_PROPERTY: "harness"})
-    _run_workers(config, queue, deliver, FaultPlan(0.0, config.seed, config.lock_duration))
+    deliver_until_drained(queue, deliver, FaultPlan(0.0, config.seed, config.lock_duration), config.workers)
 
 
 def _audit(report: Report, store: DedupStore, scope: str, queue: PeekLockQueue, started_at: datetime) -> None:

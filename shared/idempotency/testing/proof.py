@@ -32,6 +32,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import isodate
+
 from ..audit import account
 from ..config import DedupConfig
 from ..errors import StoreUnavailable
@@ -121,33 +123,22 @@ class Broker:
     duplicate_window: int = 32
 
     @staticmethod
-    def of_app(root: Path | None = None) -> Broker:
-        """The app's own: host.json's renewal; infra/main.bicep's lockDuration and maxDeliveryCount
-        when the template's infra reader is there (lab/infra_checks.py), else Service Bus's defaults."""
-        root = root or Path.cwd()
-        broker = Broker()
-        host = root / "host.json"
-        if host.exists():
-            renewal = json.loads(host.read_text()).get("extensions", {}).get("serviceBus", {})
-            if "maxAutoLockRenewalDuration" in renewal:
-                broker = replace(broker, lock_renewal=timespan(renewal["maxAutoLockRenewalDuration"]))
-        try:
-            import isodate
+    def of_app() -> Broker:
+        """The app's own: host.json's lock renewal; infra/main.bicep's lockDuration and
+        maxDeliveryCount when the template's infra reader is there (lab/infra_checks.py), else
+        Service Bus's defaults."""
+        from ..functions._host import host_setting, timespan  # host.json, beside shared/
 
-            from lab.infra_checks import parameter_values
+        renewal = timespan(host_setting("extensions", "serviceBus", "maxAutoLockRenewalDuration"))
+        broker = Broker() if renewal is None else Broker(lock_renewal=renewal)
+        try:
+            from lab.infra_checks import ROOT, parameter_values
         except ImportError:
             return broker
-        infra = parameter_values(root / "infra") if (root / "infra" / "main.bicep").exists() else {}
+        infra = parameter_values(ROOT / "infra")
         lock, count = infra.get("lockDuration"), infra.get("maxDeliveryCount")
         return replace(broker, lock_duration=isodate.parse_duration(lock) if lock else broker.lock_duration,
                        max_delivery_count=int(count) if count else broker.max_delivery_count)  # fmt: skip
-
-
-def timespan(text: str) -> timedelta:
-    """host.json durations are .NET TimeSpans: ``[d.]hh:mm:ss``."""
-    days, _, clock = text.partition(".") if "." in text.split(":")[0] else ("0", "", text)
-    hours, minutes, seconds = clock.split(":")
-    return timedelta(days=int(days), hours=int(hours), minutes=int(minutes), seconds=float(seconds))
 
 
 @dataclass
@@ -207,7 +198,7 @@ class Proof:
     invariant: Invariant | None = None
 
     def run(self, *, messages: int = 200, store: str | DedupStore = "memory", azurite: Azurite | None = None,
-            faults: Faults = Faults(), seed: int = 1, workers: int = 8, lock_seconds: float = 2.0,
+            faults: Faults = Faults(), seed: int = 1, workers: int = 8, lock_seconds: float = 1.0,
             broker: Broker | None = None) -> Verdict:  # fmt: skip
         return prove(self.function, self.workload, self.invariant, messages=messages, store=store, azurite=azurite,
                      faults=faults, seed=seed, workers=workers, lock_seconds=lock_seconds, broker=broker)  # fmt: skip
@@ -215,7 +206,7 @@ class Proof:
 
 def prove(function: Any, workload: Workload, invariant: Invariant | None = None, *, messages: int = 200,
           store: str | DedupStore = "memory", azurite: Azurite | None = None, faults: Faults = Faults(),
-          seed: int = 1, workers: int = 8, lock_seconds: float = 2.0,
+          seed: int = 1, workers: int = 8, lock_seconds: float = 1.0,
           broker: Broker | None = None) -> Verdict:  # fmt: skip
     """Run ``function`` (a Service Bus function of the app: its object, or its name) on
     ``workload`` under its broker's semantics and ``faults``, on ``store`` ("memory",
