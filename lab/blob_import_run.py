@@ -28,13 +28,14 @@ from azure.data.tables import TableServiceClient
 
 import recipes
 from lab.blob_host import BlobHost
-from lab.host import app_settings, user_function
+from lab.host import user_function
 from shared.idempotency import Delivery, Result
 from shared.idempotency.functions import shared_store
 from shared.idempotency.imports import CHUNK, FileImport
 from shared.idempotency.keys import consumer_partition
 from shared.idempotency.stores import TableStore
 from shared.idempotency.stores._base import DedupStore
+from shared.idempotency.testing import app_settings
 from shared.idempotency.testing.azurite import Azurite
 from shared.idempotency.testing.faults import Crash
 

@@ -7,11 +7,9 @@ import functools
 import importlib
 import json
 import logging
-import os
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from importlib.util import find_spec
@@ -34,24 +32,6 @@ import function_app
 from lab.runtime import triggers
 from shared.idempotency.functions import housekeeping
 from shared.idempotency.functions._housekeeping import NEEDS
-from shared.idempotency.testing import reset
-
-
-@contextmanager
-def app_settings(**settings: str) -> Iterator[None]:
-    """Point the app at a store; its consumers are rebuilt from these settings."""
-    saved = {name: os.environ.get(name) for name in settings}
-    os.environ.update(settings)
-    reset()
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        reset()
 
 
 def others() -> list[ModuleType]:

@@ -32,7 +32,7 @@ from typing import Any
 from azure.storage.queue import QueueMessage as StoredMessage
 
 import recipes
-from lab.host import app_settings, user_function
+from lab.host import user_function
 from lab.infra_checks import timespan
 from lab.queue_host import QueueHost, Tally, queue_client
 from shared.idempotency import Delivery, IdempotentConsumer, Outcome, Result
@@ -40,7 +40,7 @@ from shared.idempotency.functions import shared_store
 from shared.idempotency.functions._host import HOST_JSON
 from shared.idempotency.functions._storage_queue import max_dequeue_count
 from shared.idempotency.stores import TableStore
-from shared.idempotency.testing import entities
+from shared.idempotency.testing import app_settings, entities
 from shared.idempotency.testing.azurite import Azurite
 from shared.idempotency.testing.faults import Crash
 

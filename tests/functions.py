@@ -6,13 +6,11 @@ the test's own (``fresh_app``)."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from lab.host import (
-    app_settings,
     blob_stream,
     cloudevent,
     eventhub_batch,
@@ -24,8 +22,7 @@ from lab.host import (
 )
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.errors import StoreUnavailable
-from shared.idempotency.testing import servicebus_message
-from shared.idempotency.testing.azurite import Azurite
+from shared.idempotency.testing import app_settings, fresh_app, servicebus_message
 from shared.idempotency.testing.broker import PeekLockQueue, QueuedMessage
 
 __all__ = [
@@ -43,17 +40,6 @@ __all__ = [
     "timer_request",
     "user_function",
 ]
-
-
-@contextmanager
-def fresh_app(azurite: Azurite, **settings: str) -> Iterator[str]:
-    """The app on new tables of this Azurite, so that tests never see each other's data;
-    yields the table name. A transient failure goes back to the broker at once
-    (DEDUP_TRANSIENT_WAIT=PT0S) unless a test sets the wait it is about."""
-    table = "t" + uuid.uuid4().hex[:16]
-    with app_settings(DEDUP_STORAGE_CONNECTION=azurite.connection_string, DEDUP_TABLE=table,
-                      DEDUP_DEADLETTER_TABLE=table + "dl", **{"DEDUP_TRANSIENT_WAIT": "PT0S", **settings}):  # fmt: skip
-        yield table
 
 
 @contextmanager

@@ -17,8 +17,9 @@ commit's), ``transactions_intercepted`` (recorded, never sent), ``dead_letter_en
 ``flush_expiry_notes`` (every store's notes written now, before counting requests),
 ``wrapped_handler`` (a consumer's handler wrapped) and ``store_names_restored`` (names given
 to ``register_store`` forgotten). The app's consumers, rebuilt or run on a store or sender of
-a test's choosing: ``reset``, ``using_store``, ``using_sender``; and the message a Service Bus
-trigger passes a function, ``servicebus_message`` (with the ``functions`` extra).
+a test's choosing: ``reset``, ``using_store``, ``using_sender``, ``app_settings`` (settings set
+while open, the consumers rebuilt) and ``fresh_app`` (the app on new tables of an Azurite); and the
+message a Service Bus trigger passes a function, ``servicebus_message`` (with the ``functions`` extra).
 Never used on the message path."""
 
 import importlib
@@ -51,8 +52,16 @@ from .proof import Accepted, Broker, Faults, Message, Proof, Stored, Verdict, pr
 if TYPE_CHECKING:
     from ..functions._app import reset, using_sender, using_store
     from ..functions._bindings import servicebus_message
+    from ..functions._test_app import app_settings, fresh_app
 
-_APP_HOOKS = {"reset": "_app", "using_sender": "_app", "using_store": "_app", "servicebus_message": "_bindings"}
+_APP_HOOKS = {
+    "reset": "_app",
+    "using_sender": "_app",
+    "using_store": "_app",
+    "servicebus_message": "_bindings",
+    "app_settings": "_test_app",
+    "fresh_app": "_test_app",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -73,6 +82,7 @@ __all__ = [
     "StoreContract",
     "Stored",
     "Verdict",
+    "app_settings",
     "commits_lean",
     "dead_letter_entities_edited",
     "dead_letter_table",
@@ -81,6 +91,7 @@ __all__ = [
     "expiry_index",
     "flush_expiry_notes",
     "forget_expiry_notes",
+    "fresh_app",
     "hold_expiry_notes",
     "in_progress",
     "marker_keys",
