@@ -294,7 +294,7 @@ class IdempotentConsumer:
             partition, expires_at = self.partition_of(key, payload), utcnow() + self._retention
             if self._bind_request_keys and delivery.message_id:  # before anything answers: a reused key is 422
                 self._bind(delivery.message_id, fp, expires_at)
-            if self._completed.get(key) == fp:
+            if not retry and self._completed.get(key) == fp:  # a retry may find its own commit: the store tells
                 return Result(Outcome.DUPLICATE, key, Reason.COMPLETED_RECENTLY, fingerprint=fp, stored_fingerprint=fp)
             view = (views if views is not None else _Views(self.store))[partition]
             if isinstance(view, DedupError):

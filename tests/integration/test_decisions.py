@@ -220,6 +220,24 @@ def test_an_applied_commit_whose_answer_was_lost_is_reported_once_as_applied(
         assert len(moves(store)) == 1 + 20  # the stock's, then each once
 
 
+def test_a_lost_answer_is_reported_applied_though_a_copy_found_it_committed_meanwhile() -> None:
+    """Found by the proof kit (Event Grid sends a copy again while the first delivery still waits):
+    the copy finds the marker and the instance's cache learns the key; the first delivery's
+    retry must still tell its own commit from a copy's — processed, never a duplicate."""
+    store = MemoryStore()
+    consumer = stock_consumer(store, lazy=True, handler=lambda m, c: Effects([Entity(f"move|{m['id']}", m)]))
+    body, applies = move("m-1", 1), store.commit_many
+
+    def answer_lost(commits: Any) -> Any:
+        store.commit_many = applies  # type: ignore[method-assign]
+        applies(commits)
+        assert consumer.process(delivery(body, 2)).outcome is Outcome.DUPLICATE  # the copy, meanwhile
+        raise StoreUnavailable("injected: the answer was lost after the store applied the commit")
+
+    store.commit_many = answer_lost  # type: ignore[method-assign]
+    assert consumer.process(delivery(body)).outcome is Outcome.PROCESSED
+
+
 @pytest.mark.parametrize("lazy", [False, True], ids=["reads", "lazy"])
 def test_a_handler_never_decides_again_on_the_state_its_message_left(
     lossy: tuple[DedupStore, Callable[[], None]], lazy: bool

@@ -64,6 +64,11 @@ class Once(Generic[T]):
         with self._lock:
             self._built.clear()
 
+    @property
+    def built(self) -> list[T]:
+        """What it built, if it did."""
+        return list(self._built)
+
 
 _declared: list[Once[IdempotentConsumer]] = []
 _substitute: list[DedupStore] = []  # set by using_store()
@@ -159,6 +164,11 @@ def check_app_settings() -> None:
             found.append(str(exc))
     if found:
         raise ConfigurationError("the app settings are not usable: " + "; ".join(found))
+
+
+def built(name: str) -> IdempotentConsumer | None:
+    """The declared consumer named ``name``, if it was built (the proof kit reads its markers)."""
+    return next((c for build in _declared for c in build.built if c.name == name), None)
 
 
 def reset() -> None:

@@ -1,6 +1,7 @@
-"""What a test hands the app's functions, as the host does: ``servicebus_message`` (the binding
-object a Service Bus trigger passes); and ``app_function``, a function of the app found by its
-object or its name, with its trigger's type (the proof kit, testing/proof.py)."""
+"""What a test hands the app's functions, as the host does: ``servicebus_message`` and
+``cloudevent`` (the binding objects a Service Bus and an Event Grid trigger pass); and
+``app_function``, a function of the app found by its object or its name, with its trigger's type
+(the proof kit, testing/proof.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
+from azure.functions import CloudEvent
 from azure.functions.decorators.function_app import FunctionBuilder
 from azure.functions.servicebus import ServiceBusMessage
 
@@ -58,3 +60,12 @@ def servicebus_message(body: bytes | dict[str, Any], message_id: str | None, *, 
         sequence_number=sequence_number,
         enqueued_time_utc=enqueued_time,
     )
+
+
+def cloudevent(data: Any, event_id: str, attributes: Mapping[str, str] | None = None) -> Any:
+    """An Event Grid CloudEvent as the trigger passes it: ``attributes`` its ``source`` (default
+    ``/proof``), ``type`` (``proof.event``) and ``subject``. Its consumer's key is (source, id), its
+    payload the envelope ``{"type", "subject", "data"}``."""
+    given = dict(attributes or {})
+    return CloudEvent(id=event_id, source=given.get("source", "/proof"), type=given.get("type", "proof.event"),
+                      specversion="1.0", data=data, subject=given.get("subject"))  # fmt: skip

@@ -158,10 +158,12 @@ class PeekLockQueue:
             self._cv.notify_all()
             return True
 
-    def abandon(self, lock: Lock, why: str = "") -> None:
+    def abandon(self, lock: Lock, why: str = "", *, delay: float = 0.0) -> None:
+        """Available again at once (Service Bus), or after ``delay`` seconds (a push service's
+        retry schedule: Event Grid)."""
         with self._cv:
             if lock.message.token == lock.token:
-                self._unlock(lock.message, f"abandoned: {why}" if why else "abandoned")
+                self._unlock(lock.message, f"abandoned: {why}" if why else "abandoned", delay)
 
     def crashed(self, lock: Lock) -> None:
         """The holder died: nobody renews its lock, which lapses after the lock duration."""
@@ -198,12 +200,15 @@ class PeekLockQueue:
             self.lock_expiries += 1
             self._unlock(message, "lock expired")
 
-    def _unlock(self, message: QueuedMessage, why: str) -> None:
+    def _unlock(self, message: QueuedMessage, why: str, delay: float = 0.0) -> None:
         del self._locked[message.seq]
         message.token = 0
         if message.delivery_count >= self.max_delivery_count:
             message.dead_reason = f"MaxDeliveryCountExceeded (last: {why})"
             self.dead.append(message)
+        elif delay > 0:
+            heapq.heappush(self._scheduled, (time.monotonic() + delay, message.seq, message))
+            self._cv.notify_all()
         else:
             heapq.heappush(self._ready, message)  # in its place: no delay, ahead of later messages
         self._cv.notify_all()
