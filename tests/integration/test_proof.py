@@ -128,8 +128,9 @@ def test_an_event_grid_function_is_proven_under_its_retry_schedule(azurite: Azur
     retried after its schedule's wait; the consumer's payload is the event's envelope."""
     events = [Message({"id": f"i-{i}"}, f"ev-{i}", properties={"source": "/items", "type": app.EVENT_TYPE})
               for i in range(100)]  # fmt: skip
-    verdict = prove(app.item_events, events, shipments_once, store=store, azurite=azurite, seed=9,
-                    faults=Faults(twins=0.1))
+    verdict = prove(
+        app.item_events, events, shipments_once, store=store, azurite=azurite, seed=9, faults=Faults(twins=0.1)
+    )
     assert verdict.ok, verdict
     assert verdict.dropped_by_detection == 0 and verdict.decided["applied"] == 100 and verdict.decided["refused"] > 0
     assert verdict.audit == {}  # no sequence numbers: nothing to audit
