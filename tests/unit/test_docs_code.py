@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import subprocess
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -120,6 +121,20 @@ def test_every_python_block_parses_and_imports_what_exists(page: str) -> None:
                     wrong += [f"from {node.module} import {a.name}" for a in node.names
                               if not resolves(node.module, a.name)]  # fmt: skip
     assert not wrong, f"{page}: Python blocks import what does not exist: {wrong}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_file_a_page_writes_passes_the_lint_make_test_runs(page: str) -> None:
+    """A block written to a file (``python consumers/invoices.py``) passes ruff's check and format
+    as the copy that follows the page runs them, where the page's own modules exist (first-party)."""
+    ruff, first_party = str(ROOT / ".venv" / "bin" / "ruff"), 'lint.isort.known-first-party=["consumers", "tests"]'
+    for language, path, text in blocks(page):
+        if language != "python" or not path.endswith(".py"):
+            continue
+        for command in (["check", "--config", first_party], ["format", "--check"]):
+            done = subprocess.run([ruff, *command, "--stdin-filename", path, "-"], input=text, cwd=ROOT,
+                                  capture_output=True, text=True)  # fmt: skip
+            assert done.returncode == 0, f"{page}, {path}: ruff {command[0]}:\n{done.stdout}{done.stderr}"
 
 
 @pytest.mark.parametrize("page", PAGES)
