@@ -506,10 +506,10 @@ def _stores(store: str | DedupStore, azurite: Azurite | None, plan: FaultPlan) -
     if store == "table-lean":
         lean = TableTransactions.of(service, table, transport=FaultyTransport(plan, transaction_transport()),
                                     **TRANSPORT)  # fmt: skip
-    used = TableStore(service, table, table + "dl", transactions=lean)
-    used.create_tables()
-    clean = TableServiceClient.from_connection_string(azurite.connection_string, **TRANSPORT)
-    return used, TableStore(clean, table, table + "dl")
+    clean = TableStore(TableServiceClient.from_connection_string(azurite.connection_string, **TRANSPORT), table,
+                       table + "dl")  # fmt: skip
+    clean.create_tables()  # before the run, without its faults
+    return TableStore(service, table, table + "dl", transactions=lean), clean
 
 
 @contextmanager
@@ -560,12 +560,12 @@ def _check(verdict: Verdict, by_seq: dict[int, Message], model: _Model, seen: _S
             violation(f"settled without a decision: sequence {seq} completed after {outcome or 'no outcome'}")
     ours = [report for report in seen.reports if report.consumer == consumer.name]
     payloads = {seq: model.payload(m) for seq, m in by_seq.items() if m.invalid is None}
-    markers: dict[str, list[Marker]] = {}  # per key, its marker (read where its consumer keeps it)
-    for report in ours:
-        if report.key is not None and report.key not in markers and report.seq in payloads:
-            key = DedupKey(consumer.name, report.key)
-            marker = store.get(key, consumer.partition_of(key, payloads[report.seq]))
-            markers[report.key] = [] if marker is None else [marker]
+    places: dict[str, set[str]] = defaultdict(set)  # per key, where its copies would keep its marker (a twin
+    for report in ours:  # may name another partition: refused, key_partition_mismatch)
+        if report.key is not None and report.seq in payloads:
+            places[report.key].add(consumer.partition_of(DedupKey(consumer.name, report.key), payloads[report.seq]))
+    markers = {key: [m for place in sorted(where) if (m := store.get(DedupKey(consumer.name, key), place))]
+               for key, where in places.items()}  # fmt: skip
     _check_decisions(verdict, by_seq, payloads, ours, markers, seen.crashed_after_commit,
                      store.dead_letters(consumer.name), violation)  # fmt: skip
     if model.numbered:
