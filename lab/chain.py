@@ -37,8 +37,8 @@ from shared.idempotency.stores import DedupStore, TableStore
 from shared.idempotency.testing import reset, using_sender
 from shared.idempotency.testing.azurite import Azurite
 from shared.idempotency.testing.broker import Lock, PeekLockQueue
+from shared.idempotency.testing.delivery import deliver_until_drained
 from shared.idempotency.testing.faults import Crash, FaultPlan
-from shared.idempotency.testing.proof import deliver_until_drained
 
 order_topic = recipes.module("order_topic")
 

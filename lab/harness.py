@@ -47,8 +47,8 @@ from shared.idempotency.stores._transport import transaction_transport
 from shared.idempotency.telemetry import fields_of
 from shared.idempotency.testing.azurite import Azurite
 from shared.idempotency.testing.broker import Lock, PeekLockQueue
+from shared.idempotency.testing.delivery import deliver_until_drained
 from shared.idempotency.testing.faults import FaultPlan, FaultyTransport, faulty_calls
-from shared.idempotency.testing.proof import deliver_until_drained
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,9 @@ from ._seams import (
     transactions_intercepted,
     wrapped_handler,
 )
+from ._terms import Accepted, Broker, Faults, Message, Stored, Verdict
 from .azurite import Azurite
-from .proof import Accepted, Broker, Faults, Message, Proof, Stored, Verdict, prove
+from .proof import Proof, prove
 
 if TYPE_CHECKING:
     from ..functions._app import reset, using_sender, using_store

@@ -10,7 +10,8 @@ import random
 import sys
 from dataclasses import replace
 
-from .proof import STORES, Faults, Proof
+from ._terms import Faults
+from .proof import STORES, Proof
 
 
 def main(argv: list[str] | None = None) -> int:

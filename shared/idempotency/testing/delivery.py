@@ -1,0 +1,202 @@
+"""How the proof kit delivers (``prove``, testing/proof.py), and lab's rigs with it: competing
+receivers settling as the host does (``deliver_until_drained``, ``settle``), what the consumer
+reported per delivery (``Seen``), a store outage, and each trigger's delivery model (``model_of``:
+Service Bus, Event Grid), scaled in time."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..telemetry import fields_of
+from .azurite import Azurite
+from .broker import Lock, PeekLockQueue
+from .faults import WORKER_FAULTS, Crash, FaultPlan
+
+if TYPE_CHECKING:
+    from ._terms import Broker, Message, Verdict
+
+
+Deliver = Callable[[Lock], None]
+
+
+@dataclass(frozen=True)
+class Report:
+    """One outcome the consumer reported, for the delivery of sequence number ``seq``."""
+
+    seq: int
+    outcome: str
+    key: str | None
+    consumer: str
+    fingerprint: str | None
+
+
+class Seen:
+    """What the consumer reported, per delivery, from its log records; and which deliveries the
+    kit settled how."""
+
+    def __init__(self, running: threading.local) -> None:
+        self.running = running
+        self.reports: list[Report] = []
+        self.completed: dict[int, str | None] = {}  # sequence number → the completing delivery's outcome
+        self.crashed_after_commit: set[int] = set()
+        self._mutex = threading.Lock()
+
+    def last_outcome(self, seq: int, token: int) -> str | None:
+        with self._mutex:
+            return self._outcome_of.get((seq, token))
+
+    @contextmanager
+    def counting(self) -> Iterator[None]:
+        self._outcome_of: dict[tuple[int, int], str] = {}
+        seen = self
+
+        class Handler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                fields = fields_of(record)
+                lock = getattr(seen.running, "lock", None)
+                if "outcome" not in fields or lock is None:
+                    return
+                with seen._mutex:
+                    seen.reports.append(Report(lock.message.seq, fields["outcome"], fields.get("dedup_key"),
+                                               fields.get("consumer") or "", fields.get("fingerprint")))  # fmt: skip
+                    seen._outcome_of[(lock.message.seq, lock.token)] = fields["outcome"]
+
+        logger, handler = logging.getLogger("idempotency"), Handler()
+        level, propagate = logger.level, logger.propagate
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG)  # every outcome, the everyday ones included
+        logger.propagate = False  # a run's thousands of outcome lines stay out of the test's log
+        try:
+            yield
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+            logger.propagate = propagate
+
+
+def deliver_until_drained(queue: PeekLockQueue, deliver: Deliver, plan: FaultPlan, workers: int,
+                          seen: Seen | None = None,
+                          retry_in: Callable[[int], float] | None = None) -> None:  # fmt: skip
+    """``workers`` competing receivers, each settling what it receives, until the queue is empty."""
+
+    def work() -> None:
+        while True:
+            lock = queue.receive(timeout=0.5)
+            if lock is None:
+                if queue.drained():
+                    return
+                continue
+            settle(lock, queue, deliver, plan, seen, retry_in)
+
+    threads = [threading.Thread(target=work, name=f"receiver-{i}") for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def settle(lock: Lock, queue: PeekLockQueue, deliver: Deliver, plan: FaultPlan, seen: Seen | None = None,
+           retry_in: Callable[[int], float] | None = None) -> None:  # fmt: skip
+    """As the host settles a delivery: returning completes it, raising abandons it (redelivered at
+    once), a crash leaves its lock to lapse; ``settled_without_invoke`` completes a share of first
+    deliveries without calling the function (Azure/azure-functions-host#11879)."""
+    first = lock.delivery_count == 1  # at a first delivery only: no earlier one can have recorded it
+    if first and plan.draw(("settled_without_invoke",), plan.settled_without_invoke) is not None:
+        if queue.complete(lock):
+            plan.vanished.append((lock.message.seq, lock.message.message_id, lock.message.body))
+        return
+    if seen is not None and plan.draw(("crash_before_handler",)) is not None:
+        queue.crashed(lock)  # the instance died as it received the message
+        return
+    try:
+        deliver(lock)
+    except Crash as crash:
+        if seen is not None and str(crash) == "crash_after_commit":
+            seen.crashed_after_commit.add(lock.message.seq)
+        queue.crashed(lock)  # the process died: no settlement, no renewal, the lock lapses
+        return
+    except Exception as error:  # noqa: BLE001 - the host abandons on any exception (Event Grid: retries later)
+        queue.abandon(lock, why=str(error)[:200], delay=retry_in(lock.delivery_count) if retry_in else 0.0)
+        return
+    if plan.draw(WORKER_FAULTS) is not None:
+        queue.crashed(lock)  # died before acknowledging, or the acknowledgement was lost
+        return
+    if queue.complete(lock) and seen is not None:
+        seen.completed[lock.message.seq] = seen.last_outcome(lock.message.seq, lock.token)
+
+
+def outage(seconds: float, queue: PeekLockQueue, plan: FaultPlan, azurite: Azurite | None,
+            verdict: Verdict) -> threading.Thread:  # fmt: skip
+    """Once 40 % of the queue is done, the store goes down for ``seconds``: Azurite stopped and
+    started again, or (no Azurite) every store request refused meanwhile."""
+
+    def down() -> None:
+        if seconds <= 0:
+            return
+        while queue.completed < 0.4 * (queue.sent - queue.dropped_by_detection) and not queue.drained():
+            time.sleep(0.01)
+        if azurite is None:
+            plan.throttle(1.0, seconds)
+            return
+        problem = azurite.outage(seconds)
+        if problem is not None:
+            verdict.violations.append(problem)
+
+    thread = threading.Thread(target=down, name="outage")
+    thread.start()
+    return thread
+
+
+@dataclass(frozen=True)
+class Model:
+    """A trigger's delivery, scaled: its queue, how long a failed delivery waits before it comes
+    again (after its n-th delivery; None: at once), the binding object the function gets, what its
+    consumer fingerprints (the payload), and whether the broker numbers what it accepts (the audit)."""
+
+    queue: PeekLockQueue
+    retry_in: Callable[[int], float] | None
+    binding: Callable[[Lock], Any]
+    payload: Callable[[Message], Any]
+    numbered: bool
+
+
+# Event Grid: a delivery not answered within 30 s is retried; a failed one after 10 s, 30 s, 1 min,
+# 5 min, 10 min, 30 min, 1 h, … (Event Grid's delivery and retry), up to 30 attempts.
+EVENT_GRID_RETRIES = (10, 30, 60, 300, 600, 1800, 3600)
+
+
+def model_of(trigger: str, broker: Broker, scale: float) -> Model:
+    from ..functions._bindings import cloudevent, servicebus_message
+
+    if trigger == "serviceBusTrigger":
+        queue = PeekLockQueue(broker.lock_duration.total_seconds() * scale, broker.max_delivery_count,
+                              broker.duplicate_window, broker.lock_renewal.total_seconds() * scale)  # fmt: skip
+
+        def message(lock: Lock) -> Any:
+            m = lock.message
+            return servicebus_message(m.body, m.message_id, delivery_count=lock.delivery_count, sequence_number=m.seq,
+                                      enqueued_time=m.enqueued_at, properties=m.properties)  # fmt: skip
+
+        return Model(queue, None, message, lambda m: json.loads(m.raw), numbered=True)
+    if trigger == "eventGridTrigger":
+
+        def event(lock: Lock) -> Any:
+            m = lock.message
+            return cloudevent(json.loads(m.body), m.message_id or "", m.properties)
+
+        def envelope(m: Message) -> Any:  # what on_eventgrid gives the consumer
+            return {"type": m.properties.get("type", "proof.event"), "subject": m.properties.get("subject"),
+                    "data": json.loads(m.raw)}  # fmt: skip
+
+        queue = PeekLockQueue(30 * scale, 30, 0)  # no lock renewal, no duplicate detection
+        return Model(queue, lambda n: EVENT_GRID_RETRIES[min(n, len(EVENT_GRID_RETRIES)) - 1] * scale, event,
+                      envelope, numbered=False)  # fmt: skip
+    raise ValueError(f"the kit proves Service Bus functions (queues, subscriptions) and Event Grid ones; this "
+                     f"one's trigger is {trigger}")  # fmt: skip
