@@ -7,7 +7,8 @@ The kit sends the workload as a producer does (retries with the body re-serialis
 same MessageId with another body, invalid messages), delivers it to the function as its broker
 does (Service Bus peek-lock: competing receivers, abandon redelivers at once, locks that lapse or
 are lost while a second receiver takes the message, completions lost after success, max delivery
-count → dead-letter queue, duplicate detection over a window), with seeded faults (a crash before
+count → dead-letter queue, duplicate detection over a window; Event Grid: a 30 s answer, retries
+on its schedule: testing/delivery.py), with seeded faults (a crash before
 the handler, before and after the commit, before settlement; store requests answered 503, applied
 with their answer lost; an outage), then checks what is stored: every valid message decided
 exactly once, none lost, nothing left in the broker's dead-letter queue, every invalid message
@@ -67,7 +68,7 @@ def prove(function: Any, workload: Workload, invariant: Invariant | None = None,
           store: str | DedupStore = "memory", azurite: Azurite | None = None, faults: Faults = DEFAULT_FAULTS,
           seed: int = 1, workers: int = 8, lock_seconds: float = 1.0,
           broker: Broker | None = None) -> Verdict:  # fmt: skip
-    """Run ``function`` (a Service Bus function of the app: its object, or its name) on
+    """Run ``function`` (a Service Bus or Event Grid function of the app: its object, or its name) on
     ``workload`` under its broker's semantics and ``faults``, on ``store`` ("memory",
     "table-lean", "table-sdk" — a Table store on ``azurite``, or on one the kit starts — or a
     store of your own), time scaled so that the queue's lock lasts ``lock_seconds``; then the
