@@ -6,6 +6,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Python's own default (a machine may switch it off): each test process and command reuses the
+# compiled modules and pytest's rewritten tests instead of compiling them again.
+unexport PYTHONDONTWRITEBYTECODE
 # A target that drives the example says so once make remove-example deleted it.
 example = @test -e $(1) || { echo "make $@ drives the example, which make remove-example deleted" >&2; exit 2; }
 

@@ -18,9 +18,13 @@ from tests import app, proof_app
 
 ROOT = Path(__file__).resolve().parents[2]
 STOCK = Proof(proof_app.on_stock, proof_app.workload, proof_app.ledger)
+# make test proves the kit on the memory store (and the example's consumers on the lean transport:
+# tests/example/test_example_proofs.py); the long lane on both Table transports and through an outage
+ON_TABLES = pytest.mark.long("the kit's own proof on Table Storage, each transport, and a store restarted")
 
 
-@pytest.mark.parametrize("store", ["memory", "table-lean", "table-sdk"])
+@pytest.mark.parametrize("store", ["memory", pytest.param("table-lean", marks=ON_TABLES),
+                                   pytest.param("table-sdk", marks=ON_TABLES)])  # fmt: skip
 def test_the_stock_consumer_is_proven_on_every_store(azurite: Azurite, store: str) -> None:
     verdict = STOCK.run(messages=150, store=store, azurite=azurite, seed=7)
     assert verdict.ok, verdict
@@ -32,6 +36,7 @@ def test_the_stock_consumer_is_proven_on_every_store(azurite: Azurite, store: st
     assert verdict.audit["closes"] is True
 
 
+@ON_TABLES
 def test_an_outage_restarts_the_store_and_nothing_is_lost() -> None:
     verdict = STOCK.run(messages=120, store="table-lean", seed=3, faults=Faults(outage=1.0))
     assert verdict.ok, verdict

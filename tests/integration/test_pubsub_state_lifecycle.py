@@ -20,7 +20,7 @@ from shared.idempotency.keys import DedupKey, consumer_partition
 from shared.idempotency.messages import utcnow
 from shared.idempotency.payload import fingerprint
 from shared.idempotency.resubmit import check_bodies, check_ids
-from shared.idempotency.stores import Marker, State, TableStore
+from shared.idempotency.stores import Marker, State, TableStore, _expiry
 from shared.idempotency.stores._expiry import SETTLE
 from shared.idempotency.stores._records import GUARD_KIND, MARKER_KIND
 from shared.idempotency.telemetry import fields_of
@@ -212,14 +212,16 @@ def test_purge_respects_its_budget_and_resumes(items_store: TableStore) -> None:
     assert kinds(items_store) == {"marker": 5, "guard": 5, "business": 605}
 
 
-@pytest.mark.parametrize(("budget", "expired"), [(1, 3), (7, 260), (250, 260), (499, 260), (520, 260), (600, 260)])
+@pytest.mark.parametrize(("budget", "expired"), [(1, 3), (7, 26), (25, 26), (49, 26), (52, 26), (60, 26)])
 def test_every_purge_run_deletes_exactly_its_budget_and_forgets_nothing(
-    items_store: TableStore, budget: int, expired: int
+    items_store: TableStore, budget: int, expired: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """DEDUP_PURGE_BUDGET is a limit in records: a marker and its guard are two, an index row
-    holds 250 notes (here 250 + 10). A run that runs out inside a row purges part of it and
-    rewrites it with the rest — for an odd budget, a guard now and its marker next run —
-    so every run deletes exactly its budget until what expired is gone, and no more."""
+    holds 250 notes (scaled to 25 here: 25 + 1 expired, so half a row, a row but one record,
+    all, more). A run that runs out inside a row purges part of it and rewrites it with the
+    rest — for an odd budget, a guard now and its marker next run — so every run deletes
+    exactly its budget until what expired is gone, and no more."""
+    monkeypatch.setattr(_expiry, "NOTES_PER_ROW", 25)
     seed(items_store, expired=expired, live=3)
     records, runs = 2 * expired, list[int]()
     while not runs or runs[-1]:
