@@ -278,7 +278,7 @@ def test_the_demo_delivers_through_the_worker(store_server: Azurite) -> None:
     """DEMO_RUNTIME=worker: the example's orders, with competing deliveries, duplicates, lost
     acknowledgements and a store outage, through the worker; the checker reads Azurite."""
     configured()
-    config = RunConfig(messages=100, workers=4, dup_rate=0.4, fault_rate=0.05, seed=20261130, outage=True,
+    config = RunConfig(messages=60, workers=4, dup_rate=0.4, fault_rate=0.05, seed=20261130, outage=True,
                        table="rx" + uuid.uuid4().hex[:12], runtime="worker")  # fmt: skip
     report = run(config, store_server, ORDERS)
     assert report.violations == []

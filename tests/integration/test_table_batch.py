@@ -231,13 +231,12 @@ def test_refusals_other_than_a_conflict_raise_with_the_sdks_status(table: tuple[
     assert too_large.value.status_code == sdk_too_large.value.status_code == 413
 
 
-def test_a_missing_table_is_not_found() -> None:
+def test_a_missing_table_is_not_found(azurite: Azurite) -> None:
     """As the SDK: the changeset's TableTransactionError, 404 TableNotFound
     (tests/integration/test_table_batch_parity.py: the store reads both alike)."""
-    with Azurite() as azurite:
-        service = TableServiceClient.from_connection_string(azurite.connection_string, retry_total=0)
-        with pytest.raises(TableTransactionError) as missing:
-            TableTransactions.of(service, "nosuchtable").submit([{"PartitionKey": "p", "RowKey": "r"}])
+    service = TableServiceClient.from_connection_string(azurite.connection_string, retry_total=0)
+    with pytest.raises(TableTransactionError) as missing:
+        TableTransactions.of(service, "nosuchtable").submit([{"PartitionKey": "p", "RowKey": "r"}])
     assert (missing.value.status_code, missing.value.error_code) == (404, "TableNotFound")  # type: ignore[attr-defined]
 
 

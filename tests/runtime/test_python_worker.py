@@ -678,7 +678,7 @@ def test_the_worker_4_34_placeholder_defect_is_still_there(
 def test_the_chaos_harness_delivers_through_the_worker(runtime: build.Runtime, store_server: Azurite) -> None:
     """CHAOS_RUNTIME=worker on the library tests' items: competing deliveries, duplicates,
     lost acknowledgements and a store outage, through the worker; the checker reads Azurite."""
-    config = RunConfig(messages=100, workers=4, dup_rate=0.4, fault_rate=0.05, seed=20261130, outage=True,
+    config = RunConfig(messages=60, workers=4, dup_rate=0.4, fault_rate=0.05, seed=20261130, outage=True,
                        table="rt" + uuid.uuid4().hex[:12], runtime="worker")  # fmt: skip
     report = run(config, store_server, ITEMS)
     assert report.violations == []
