@@ -17,7 +17,7 @@ from typing import Any
 import azure.functions as func
 
 from shared.idempotency import Context, Declined, Effects, Entity, IdempotentConsumer, InvalidMessage, from_body_field
-from shared.idempotency.functions import BODY_AS_BYTES, consumer, on_servicebus, shared_store
+from shared.idempotency.functions import BODY_AS_BYTES, consumer, on_servicebus, on_storage_queue, shared_store
 from shared.idempotency.testing import Accepted, Message, Stored
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]  # azure-functions leaves it unannotated
@@ -209,3 +209,31 @@ def on_swallowed(msg: func.ServiceBusMessage) -> None:
         on_servicebus(stock_consumer, msg)
     except Exception:  # noqa: BLE001 - the mutant's mistake
         return
+
+
+def always_down(body: dict[str, Any], context: Context) -> Effects:
+    raise ConnectionError("the warehouse API is down")
+
+
+@consumer
+def down_consumer() -> IdempotentConsumer:
+    return build(always_down, key_source=from_body_field("changeId"))
+
+
+@bp.function_name("proof_queue_down")
+@bp.queue_trigger(arg_name="msg", queue_name="stock-changes", connection="StorageQueueConnection")
+def on_queue_always_fails(msg: func.QueueMessage) -> None:
+    """A Storage queue function whose every call fails: the host poisons its message."""
+    on_storage_queue(down_consumer, msg)
+
+
+@consumer
+def queue_id_consumer() -> IdempotentConsumer:
+    """Keyed by the queue message's id (the default key): the service's, new for a producer's retry."""
+    return build(apply_change)
+
+
+@bp.function_name("proof_queue_by_id")
+@bp.queue_trigger(arg_name="msg", queue_name="stock-changes", connection="StorageQueueConnection")
+def on_queue_by_message_id(msg: func.QueueMessage) -> None:
+    on_storage_queue(queue_id_consumer, msg)

@@ -76,6 +76,11 @@ MUTANTS = {
         "settled without a decision",
     ),
     "a release that keeps its reservation": (proof_app.on_kept, {"faults": Faults.none()}, "invariant: reservation"),
+    "a Storage queue consumer keyed by the queue's message id": (
+        proof_app.on_queue_by_message_id,
+        {},
+        "not decided exactly once: message",
+    ),
 }
 
 
@@ -139,3 +144,32 @@ def test_an_event_grid_function_is_proven_with_its_delivery_model(azurite: Azuri
     assert verdict.ok, verdict
     assert verdict.dropped_by_detection == 0 and verdict.decided["applied"] == 100 and verdict.decided["refused"] > 0
     assert verdict.audit == {}  # no sequence numbers: nothing to audit
+
+
+def items_once(accepted: list[Accepted], stored: Stored) -> list[str]:
+    kept = sorted(str(i["itemId"]) for i in stored.entities(app.ITEM))
+    applied = sorted(a.key for a in accepted if a.decision == "applied")
+    return [] if kept == applied else [f"{len(kept)} items stored, {len(applied)} messages applied"]
+
+
+@pytest.mark.parametrize("store", ["memory", "table-lean"])
+def test_a_storage_queue_function_is_proven_with_its_delivery_model(azurite: Azurite, store: str) -> None:
+    """Storage queues: each enqueue gets the service's own id (a producer's retry too: the consumer
+    keys by the body's id), no duplicate detection, no sequence numbers; a message that is not JSON
+    is recorded under the id the consumer saw; nothing reaches the poison queue."""
+    messages = [Message(app.item(f"i-{i}", i), f"i-{i}") for i in range(100)]
+    verdict = prove(app.item_queue, messages, items_once, store=store, azurite=azurite, seed=13,
+                    faults=Faults(invalid=0.05))  # fmt: skip
+    assert verdict.ok, verdict
+    assert verdict.dropped_by_detection == 0 and verdict.sends > 100 and verdict.deliveries > verdict.sends
+    assert verdict.decided["applied"] == 100 and verdict.decided["invalid"] > 0 and verdict.decided["refused"] == 0
+    assert verdict.faults.total() > 5 and verdict.audit == {}  # faults met; no sequence numbers to audit
+
+
+def test_a_storage_queue_message_that_keeps_failing_goes_to_the_poison_queue() -> None:
+    """The kit's poison queue is the host's: after maxDequeueCount dequeues (host.json), the message
+    leaves the queue, and the proof says so."""
+    change = {"changeId": "c-1", "sku": "sku-0", "kind": "restock", "quantity": 1}
+    verdict = prove(proof_app.on_queue_always_fails, [Message(change, "c-1")], faults=Faults.none())
+    assert not verdict.ok and verdict.broker_dead_lettered == 1 and verdict.deliveries == 5, verdict
+    assert any(v.startswith("left in the broker's dead-letter queue") for v in verdict.violations), verdict

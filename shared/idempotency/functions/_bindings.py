@@ -1,5 +1,6 @@
-"""What a test hands the app's functions, as the host does: ``servicebus_message`` and
-``cloudevent`` (the binding objects a Service Bus and an Event Grid trigger pass); and
+"""What a test hands the app's functions, as the host does: ``servicebus_message``, ``cloudevent``
+and ``queue_message`` (the binding objects a Service Bus, an Event Grid and a Storage queue
+trigger pass); and
 ``app_function``, a function of the app found by its object or its name, with its trigger's type
 (the proof kit, testing/proof.py)."""
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from azure.functions import CloudEvent
 from azure.functions.decorators.function_app import FunctionBuilder
+from azure.functions.queue import QueueMessage
 from azure.functions.servicebus import ServiceBusMessage
 
 from ._app import declaring
@@ -69,3 +71,11 @@ def cloudevent(data: Any, event_id: str, attributes: Mapping[str, str] | None = 
     given = dict(attributes or {})
     return CloudEvent(id=event_id, source=given.get("source", "/proof"), type=given.get("type", "proof.event"),
                       specversion="1.0", data=data, subject=given.get("subject"))  # fmt: skip
+
+
+def queue_message(body: bytes | dict[str, Any], message_id: str, *, dequeue_count: int = 1,
+                  insertion_time: datetime | None = None) -> Any:  # fmt: skip
+    """A Storage queue message as the trigger passes it: ``message_id`` is the service's own (a
+    producer's retry is another message, with another id); a body given as a dict is sent as its JSON."""
+    return QueueMessage(id=message_id, body=body if isinstance(body, bytes) else json.dumps(body).encode(),  # type: ignore[no-untyped-call]
+                        dequeue_count=dequeue_count, insertion_time=insertion_time)  # fmt: skip

@@ -56,7 +56,8 @@ def check(verdict: Verdict, by_seq: dict[int, Message], model: Model, seen: Seen
             places[report.key].add(consumer.partition_of(DedupKey(consumer.name, report.key), payloads[report.seq]))
     markers = {key: [m for place in sorted(where) if (m := store.get(DedupKey(consumer.name, key), place))]
                for key, where in places.items()}  # fmt: skip
-    _check_decisions(verdict, by_seq, payloads, ours, markers, seen.crashed_after_commit,
+    given = {seq: model.message_id(seq, m.message_id) for seq, m in by_seq.items()}  # the ids the consumer saw
+    _check_decisions(verdict, by_seq, given, payloads, ours, markers, seen.crashed_after_commit,
                      store.dead_letters(consumer.name), violation)  # fmt: skip
     if model.numbered:
         _check_audit(verdict, store, consumer.name, queue, since, violation)
@@ -65,7 +66,8 @@ def check(verdict: Verdict, by_seq: dict[int, Message], model: Model, seen: Seen
             violation(f"invariant: {problem}")
 
 
-def _check_decisions(verdict: Verdict, by_seq: dict[int, Message], payloads: dict[int, Any], reports: list[Report],
+def _check_decisions(verdict: Verdict, by_seq: dict[int, Message], given: dict[int, str | None],
+                     payloads: dict[int, Any], reports: list[Report],
                      markers: dict[str, list[Marker]], crashed_after_commit: set[int], dead: list[Any],
                      violation: Callable[[str], None]) -> None:  # fmt: skip
     """Per key, one final marker, whose payload every copy of it was decided as (once reported,
@@ -78,12 +80,18 @@ def _check_decisions(verdict: Verdict, by_seq: dict[int, Message], payloads: dic
         if report.key is not None and report.seq in payload_of:
             said[(report.key, payload_of[report.seq])][report.outcome] += 1
     under: dict[str, set[str]] = defaultdict(set)  # per key, the payloads sent under it
+    keys_of: dict[tuple[str | None, str], set[str]] = defaultdict(set)  # per message sent, its copies' keys
     for seq in sorted(payload_of):
         if seq not in key_of:
             violation(f"never decided: sequence {seq} ({by_seq[seq].message_id}) was completed without a key "
                       "reported")  # fmt: skip
             continue
         under[key_of[seq]].add(payload_of[seq])
+        keys_of[(by_seq[seq].message_id, payload_of[seq])].add(key_of[seq])
+    for (message_id, _), keys in keys_of.items():  # e.g. keyed by a Storage queue's id: a new one per enqueue
+        if len(keys) > 1:
+            violation(f"not decided exactly once: message {message_id} was decided under {len(keys)} keys "
+                      f"({', '.join(sorted(keys)[:3])})")  # fmt: skip
     recorded = defaultdict(set)  # per key or MessageId, the payloads refused with a dead-letter record
     for record in dead:
         refused = record.fingerprint or _fingerprint_of(record.body)
@@ -121,11 +129,9 @@ def _check_decisions(verdict: Verdict, by_seq: dict[int, Message], payloads: dic
             else:
                 verdict.decided["refused"] += 1
     records = {(d.message_id, d.reason) for d in dead}
-    invalid = {(m.message_id, m.invalid, m.raw): m for m in by_seq.values() if m.invalid is not None}
-    for message in invalid.values():
-        if (message.message_id, message.invalid) not in records:
-            violation(f"invalid message without its dead-letter record: {message.message_id} ({message.invalid}): "
-                      f"{message.raw[:60]!r}")  # fmt: skip
+    for message_id, reason, raw in {(given[seq], m.invalid, m.raw) for seq, m in by_seq.items() if m.invalid}:
+        if (message_id, reason) not in records:
+            violation(f"invalid message without its dead-letter record: {message_id} ({reason}): {raw[:60]!r}")
         else:
             verdict.decided["invalid"] += 1
 

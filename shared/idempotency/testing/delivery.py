@@ -1,7 +1,7 @@
 """How the proof kit delivers (``prove``, testing/proof.py), and lab's rigs with it: competing
 receivers settling as the host does (``deliver_until_drained``, ``settle``), what the consumer
 reported per delivery (``Seen``), a store outage, and each trigger's delivery model (``model_of``:
-Service Bus, Event Grid), scaled in time."""
+Service Bus, Event Grid, Storage queues), scaled in time."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..telemetry import fields_of
@@ -20,7 +22,7 @@ from .broker import Lock, PeekLockQueue
 from .faults import WORKER_FAULTS, Crash, FaultPlan
 
 if TYPE_CHECKING:
-    from ._terms import Broker, Message, Verdict
+    from ._terms import Broker, Faults, Message, Verdict
 
 
 Deliver = Callable[[Lock], None]
@@ -156,25 +158,35 @@ def outage(seconds: float, queue: PeekLockQueue, plan: FaultPlan, azurite: Azuri
 
 @dataclass(frozen=True)
 class Model:
-    """A trigger's delivery, scaled: its queue, how long a failed delivery waits before it comes
-    again (after its n-th delivery; None: at once), the binding object the function gets, what its
-    consumer fingerprints (the payload), and whether the broker numbers what it accepts (the audit)."""
+    """A trigger's delivery, scaled (``scale``: seconds here per second on Azure): its queue, how
+    long a failed delivery waits before it comes again (after its n-th delivery; None: at once),
+    the binding object the function gets, the id the broker gives a copy (the consumer's logs and
+    records name it), what its consumer fingerprints (the payload), whether the broker numbers what
+    it accepts (the audit), and which of a producer's faults it can carry."""
 
     queue: PeekLockQueue
+    scale: float
     retry_in: Callable[[int], float] | None
     binding: Callable[[Lock], Any]
+    message_id: Callable[[int, str | None], str | None]  # (sequence number, the producer's id)
     payload: Callable[[Message], Any]
     numbered: bool
+    producer: Callable[[Faults], Faults]
 
 
 # Event Grid: a delivery not answered within 30 s is retried; a failed one after 10 s, 30 s, 1 min,
 # 5 min, 10 min, 30 min, 1 h, … (Event Grid's delivery and retry), up to 30 attempts.
 EVENT_GRID_RETRIES = (10, 30, 60, 300, 600, 1800, 3600)
+# Storage queues: the host dequeues a message for 10 minutes and renews that while the function runs.
+QUEUE_LEASE = 600.0
 
 
-def model_of(trigger: str, broker: Broker, scale: float) -> Model:
-    from ..functions._bindings import cloudevent, servicebus_message
+def model_of(trigger: str, broker: Broker, lock_seconds: float) -> Model:
+    """The model of ``trigger``, its time scaled so that its lock (a Storage queue: the host's
+    lease) lasts ``lock_seconds``."""
+    from ..functions._bindings import cloudevent, queue_message, servicebus_message
 
+    scale = lock_seconds / broker.lock_duration.total_seconds()
     if trigger == "serviceBusTrigger":
         queue = PeekLockQueue(broker.lock_duration.total_seconds() * scale, broker.max_delivery_count,
                               broker.duplicate_window, broker.lock_renewal.total_seconds() * scale)  # fmt: skip
@@ -184,7 +196,7 @@ def model_of(trigger: str, broker: Broker, scale: float) -> Model:
             return servicebus_message(m.body, m.message_id, delivery_count=lock.delivery_count, sequence_number=m.seq,
                                       enqueued_time=m.enqueued_at, properties=m.properties)  # fmt: skip
 
-        return Model(queue, None, message, lambda m: json.loads(m.raw), numbered=True)
+        return Model(queue, scale, None, message, _producers_id, _json, numbered=True, producer=_as_sent)
     if trigger == "eventGridTrigger":
 
         def event(lock: Lock) -> Any:
@@ -196,7 +208,41 @@ def model_of(trigger: str, broker: Broker, scale: float) -> Model:
                     "data": json.loads(m.raw)}  # fmt: skip
 
         queue = PeekLockQueue(30 * scale, 30, 0)  # no lock renewal, no duplicate detection
-        return Model(queue, lambda n: EVENT_GRID_RETRIES[min(n, len(EVENT_GRID_RETRIES)) - 1] * scale, event,
-                      envelope, numbered=False)  # fmt: skip
-    raise ValueError(f"the kit proves Service Bus functions (queues, subscriptions) and Event Grid ones; this "
-                     f"one's trigger is {trigger}")  # fmt: skip
+        retry_in = lambda n: EVENT_GRID_RETRIES[min(n, len(EVENT_GRID_RETRIES)) - 1] * scale  # noqa: E731
+        return Model(queue, scale, retry_in, event, _producers_id, envelope, numbered=False,
+                     producer=lambda faults: replace(faults, invalid=0.0))  # fmt: skip  # a CloudEvent is JSON
+    if trigger == "queueTrigger":
+        from ..functions._host import host_setting, timespan
+        from ..functions._storage_queue import max_dequeue_count
+
+        scale = lock_seconds / QUEUE_LEASE
+        visible_after = timespan(host_setting("extensions", "queues", "visibilityTimeout")) or timedelta(0)
+        # the lease renewed for as long as the function runs; no duplicate detection
+        queue = PeekLockQueue(QUEUE_LEASE * scale, max_dequeue_count(), 0, lock_renewal=24 * 3600 * scale)
+
+        def dequeued(lock: Lock) -> Any:
+            m = lock.message
+            return queue_message(m.body, _service_id(m.seq, m.message_id), dequeue_count=lock.delivery_count,
+                                 insertion_time=m.enqueued_at)  # fmt: skip
+
+        return Model(queue, scale, lambda n: visible_after.total_seconds() * scale, dequeued, _service_id, _json,
+                     numbered=False, producer=lambda faults: replace(faults, twins=0.0))  # fmt: skip
+    raise ValueError(f"{trigger}: the proof kit models Service Bus (a queue or a subscription, one message at a "
+                     "time), Event Grid and Storage queue triggers")  # fmt: skip
+
+
+def _producers_id(seq: int, message_id: str | None) -> str | None:
+    return message_id
+
+
+def _service_id(seq: int, message_id: str | None) -> str:
+    """A Storage queue message's id: the service's, one per enqueue (a producer's retry gets another)."""
+    return str(uuid.UUID(int=seq))
+
+
+def _json(m: Message) -> Any:
+    return json.loads(m.raw)
+
+
+def _as_sent(faults: Faults) -> Faults:
+    return faults

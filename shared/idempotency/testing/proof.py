@@ -8,11 +8,13 @@ same MessageId with another body, invalid messages), delivers it to the function
 does (Service Bus peek-lock: competing receivers, abandon redelivers at once, locks that lapse or
 are lost while a second receiver takes the message, completions lost after success, max delivery
 count → dead-letter queue, duplicate detection over a window; Event Grid: a 30 s answer, retries
-on its schedule: testing/delivery.py), with seeded faults (a crash before
-the handler, before and after the commit, before settlement; store requests answered 503, applied
-with their answer lost; an outage), then checks what is stored: every valid message decided
-exactly once, none lost, nothing left in the broker's dead-letter queue, every invalid message
-recorded once with its reason, twins refused, outcomes exact, the audit's identity closed — and
+on its schedule; Storage queues: the host's lease, visible again after visibilityTimeout, the
+poison queue after maxDequeueCount, the service's own id per enqueue: testing/delivery.py), with
+seeded faults (a crash before the handler, before and after the commit, before settlement; store
+requests answered 503, applied with their answer lost; an outage), then checks what is stored:
+every valid message decided exactly once, none lost, nothing left in the broker's dead-letter
+queue, every invalid message recorded once with its reason, twins refused, outcomes exact, the
+audit's identity closed — and
 your invariant. docs/testing.md says what is modelled and what is kinder than Azure."""
 
 from __future__ import annotations
@@ -68,10 +70,11 @@ def prove(function: Any, workload: Workload, invariant: Invariant | None = None,
           store: str | DedupStore = "memory", azurite: Azurite | None = None, faults: Faults = DEFAULT_FAULTS,
           seed: int = 1, workers: int = 8, lock_seconds: float = 1.0,
           broker: Broker | None = None) -> Verdict:  # fmt: skip
-    """Run ``function`` (a Service Bus or Event Grid function of the app: its object, or its name) on
-    ``workload`` under its broker's semantics and ``faults``, on ``store`` ("memory",
+    """Run ``function`` (a Service Bus, Event Grid or Storage queue function of the app: its object,
+    or its name) on ``workload`` under its broker's semantics and ``faults``, on ``store`` ("memory",
     "table-lean", "table-sdk" — a Table store on ``azurite``, or on one the kit starts — or a
-    store of your own), time scaled so that the queue's lock lasts ``lock_seconds``; then the
+    store of your own), time scaled so that the queue's lock (a Storage queue: the host's lease)
+    lasts ``lock_seconds``; then the
     checks and ``invariant``. The same seed sends the same messages and draws the same faults."""
     from ..functions._app import using_store
     from ..functions._bindings import app_function  # the Functions face: a proof of an app
@@ -79,10 +82,10 @@ def prove(function: Any, workload: Workload, invariant: Invariant | None = None,
     started, since = time.monotonic(), datetime.now(UTC) - timedelta(minutes=1)
     call, trigger = app_function(function)
     broker = broker or Broker.of_app()
-    scale = lock_seconds / broker.lock_duration.total_seconds()
-    model = model_of(trigger, broker, scale)
+    model = model_of(trigger, broker, lock_seconds)
+    scale = model.scale
     logical = list(workload(random.Random(seed), messages) if callable(workload) else workload)
-    sends = producer_sends(logical, faults if model.numbered else replace(faults, invalid=0.0), seed)
+    sends = producer_sends(logical, model.producer(faults), seed)
     verdict = Verdict(seed, store if isinstance(store, str) else type(store).__name__, messages=len(logical))
     queue = model.queue
     by_seq: dict[int, Message] = {}  # what the queue accepted, by the sequence number it gave
