@@ -14,7 +14,7 @@ from shared.idempotency.testing.azurite import Azurite
 
 
 def test_every_event_is_applied_once_through_replays_rebalances_and_parking(azurite: Azurite) -> None:
-    report = run_stream(StreamConfig(events=400, seed=7), azurite)
+    report = run_stream(StreamConfig(events=200, seed=7), azurite)
     assert report.ok, report.violations
     assert (report.lost, report.double) == (0, 0)
     assert report.sent > report.logical  # producer retries: new events, the same producer ids

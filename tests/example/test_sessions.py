@@ -9,12 +9,12 @@ from shared.idempotency.testing.azurite import Azurite
 
 
 def test_a_session_per_order_applies_its_versions_in_order(azurite: Azurite) -> None:
-    report = run_sessions(SessionConfig(orders=60, seed=5), azurite)
+    report = run_sessions(SessionConfig(orders=30, seed=5), azurite)
     assert report.ok, report.violations
     assert report.outcomes["stale"] == 0 and report.wrong_final == 0 and report.dead_lettered == 0
-    assert sum(report.faults.values()) > 0 and report.messages > 60 * 5  # producer retries too
+    assert sum(report.faults.values()) > 0 and report.messages > 30 * 5  # producer retries too
 
 
 def test_without_sessions_the_checker_sees_versions_out_of_order(azurite: Azurite) -> None:
-    report = run_sessions(SessionConfig(orders=60, seed=5, sessions=False), azurite)
+    report = run_sessions(SessionConfig(orders=30, seed=5, sessions=False), azurite)
     assert report.outcomes["stale"] > 0 and not report.ok
