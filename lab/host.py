@@ -16,14 +16,12 @@ from importlib.util import find_spec
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any, cast
-from urllib.parse import parse_qsl, urlsplit
 
 import azure.functions as func
 from azure.functions import meta
 from azure.functions._abc import RetryContext, RpcException, TraceContext
 from azure.functions.blob import BlobConverter
 from azure.functions.eventhub import EventHubTriggerConverter
-from azure.functions.http import HttpRequestConverter
 from azure.functions.queue import QueueMessageInConverter
 from azure.functions.timer import TimerRequestConverter
 
@@ -151,34 +149,6 @@ def storage_queue_message(body: bytes | dict[str, Any], *, message_id: str | Non
     message = triggers.StorageQueueMessage(_raw(body), dequeue_count, own)
     invocation = triggers.storage_queue({"name": "msg"}, replace(message, inserted=inserted or message.inserted))
     return cast(func.QueueMessage, _decoded(QueueMessageInConverter.decode, invocation))
-
-
-def http_request(body: bytes | dict[str, Any], *, idempotency_key: str | None = None, method: str = "POST",
-                 url: str = "/api/requests", headers: dict[str, str] | None = None,
-                 route_params: dict[str, str] | None = None) -> func.HttpRequest:  # fmt: skip
-    """An HTTP request as the host passes an HTTP-triggered function one: a JSON body
-    (``Content-Type: application/json``, its ``Content-Length``) with ``Idempotency-Key`` when
-    given; ``headers`` over those (whatever their case: another Content-Type, ``x-functions-key``
-    for the caller's function key); the query string of ``url`` as its params (``?code=`` is a
-    function key too; empty values dropped, as the host does). The host sends header names in
-    lower case and the URL absolute (a path is on ``https://localhost``)."""
-    raw = _raw(body)
-    sent = {"Content-Type": "application/json", **({"Content-Length": str(len(raw))} if raw else {})}
-    if idempotency_key is not None:
-        sent["Idempotency-Key"] = idempotency_key
-    given = {name.lower() for name in headers or {}}
-    sent = {**{name: value for name, value in sent.items() if name.lower() not in given}, **(headers or {})}
-    parts = urlsplit(url)
-    absolute = url if parts.scheme else "https://localhost" + (url if url.startswith("/") else "/" + url)
-    value = {
-        "method": meta.Datum(method, "string"),
-        "url": meta.Datum(absolute, "string"),
-        "headers": {name.lower(): meta.Datum(text, "string") for name, text in sent.items()},
-        "query": {name: meta.Datum(text, "string") for name, text in parse_qsl(parts.query)},
-        "params": {name: meta.Datum(text, "string") for name, text in (route_params or {}).items()},
-        "body": meta.Datum(raw, "bytes"),  # the worker's for no body, too
-    }
-    return cast(func.HttpRequest, HttpRequestConverter.decode(meta.Datum(value, "http"), trigger_metadata={}))
 
 
 ENQUEUED = datetime(2026, 1, 1, tzinfo=UTC)  # when eventhub_batch's event 0 was enqueued, unless told

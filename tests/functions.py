@@ -14,7 +14,6 @@ from lab.host import (
     blob_stream,
     cloudevent,
     eventhub_batch,
-    http_request,
     retry_context,
     storage_queue_message,
     timer_request,
@@ -22,6 +21,7 @@ from lab.host import (
 )
 from shared.idempotency import IdempotentConsumer
 from shared.idempotency.errors import StoreUnavailable
+from shared.idempotency.functions._bindings import http_request
 from shared.idempotency.testing import app_settings, fresh_app, servicebus_message
 from shared.idempotency.testing.broker import PeekLockQueue, QueuedMessage
 

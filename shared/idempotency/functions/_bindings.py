@@ -1,6 +1,6 @@
-"""What a test hands the app's functions, as the host does: ``servicebus_message``, ``cloudevent``
-and ``queue_message`` (the binding objects a Service Bus, an Event Grid and a Storage queue
-trigger pass); and
+"""What a test hands the app's functions, as the host does: ``servicebus_message``, ``cloudevent``,
+``queue_message`` and ``http_request`` (the binding objects a Service Bus, an Event Grid, a Storage
+queue and an HTTP trigger pass); and
 ``app_function``, a function of the app found by its object or its name, with its trigger's type
 (the proof kit, testing/proof.py)."""
 
@@ -11,10 +11,12 @@ import json
 import sys
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
+from urllib.parse import parse_qsl, urlsplit
 
-from azure.functions import CloudEvent
+from azure.functions import CloudEvent, HttpRequest, meta
 from azure.functions.decorators.function_app import FunctionBuilder
+from azure.functions.http import HttpRequestConverter
 from azure.functions.queue import QueueMessage
 from azure.functions.servicebus import ServiceBusMessage
 
@@ -79,3 +81,31 @@ def queue_message(body: bytes | dict[str, Any], message_id: str, *, dequeue_coun
     producer's retry is another message, with another id); a body given as a dict is sent as its JSON."""
     return QueueMessage(id=message_id, body=body if isinstance(body, bytes) else json.dumps(body).encode(),  # type: ignore[no-untyped-call]
                         dequeue_count=dequeue_count, insertion_time=insertion_time)  # fmt: skip
+
+
+def http_request(body: bytes | dict[str, Any], *, idempotency_key: str | None = None, method: str = "POST",
+                 url: str = "/api/requests", headers: dict[str, str] | None = None,
+                 route_params: dict[str, str] | None = None) -> HttpRequest:  # fmt: skip
+    """An HTTP request as the host passes an HTTP-triggered function one: a JSON body
+    (``Content-Type: application/json``, its ``Content-Length``) with ``Idempotency-Key`` when
+    given; ``headers`` over those (whatever their case: another Content-Type, ``x-functions-key``
+    for the caller's function key); the query string of ``url`` as its params (``?code=`` is a
+    function key too; empty values dropped, as the host does). The host sends header names in
+    lower case and the URL absolute (a path is on ``https://localhost``)."""
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    sent = {"Content-Type": "application/json", **({"Content-Length": str(len(raw))} if raw else {})}
+    if idempotency_key is not None:
+        sent["Idempotency-Key"] = idempotency_key
+    given = {name.lower() for name in headers or {}}
+    sent = {**{name: value for name, value in sent.items() if name.lower() not in given}, **(headers or {})}
+    parts = urlsplit(url)
+    absolute = url if parts.scheme else "https://localhost" + (url if url.startswith("/") else "/" + url)
+    value = {
+        "method": meta.Datum(method, "string"),
+        "url": meta.Datum(absolute, "string"),
+        "headers": {name.lower(): meta.Datum(text, "string") for name, text in sent.items()},
+        "query": {name: meta.Datum(text, "string") for name, text in parse_qsl(parts.query)},
+        "params": {name: meta.Datum(text, "string") for name, text in (route_params or {}).items()},
+        "body": meta.Datum(raw, "bytes"),  # the worker's for no body, too
+    }
+    return cast(HttpRequest, HttpRequestConverter.decode(meta.Datum(value, "http"), trigger_metadata={}))

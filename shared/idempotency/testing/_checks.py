@@ -57,24 +57,25 @@ def check(verdict: Verdict, by_seq: dict[int, Message], model: Model, seen: Seen
     markers = {key: [m for place in sorted(where) if (m := store.get(DedupKey(consumer.name, key), place))]
                for key, where in places.items()}  # fmt: skip
     given = {seq: model.message_id(seq, m.message_id) for seq, m in by_seq.items()}  # the ids the consumer saw
-    _check_decisions(verdict, by_seq, given, payloads, ours, markers, seen.crashed_after_commit,
+    prints = {seq: fingerprint(model.fingerprinted(payload)) for seq, payload in payloads.items()}
+    _check_decisions(verdict, by_seq, given, prints, ours, markers, seen.crashed_after_commit,
                      store.dead_letters(consumer.name), violation)  # fmt: skip
     if model.numbered:
         _check_audit(verdict, store, consumer.name, queue, since, violation)
     if invariant is not None and not found:
-        for problem in invariant(_accepted(payloads, ours, markers, by_seq), Stored(store)):
+        for problem in invariant(_accepted(payloads, prints, ours, markers, by_seq), Stored(store)):
             violation(f"invariant: {problem}")
 
 
 def _check_decisions(verdict: Verdict, by_seq: dict[int, Message], given: dict[int, str | None],
-                     payloads: dict[int, Any], reports: list[Report],
+                     payload_of: dict[int, str], reports: list[Report],
                      markers: dict[str, list[Marker]], crashed_after_commit: set[int], dead: list[Any],
                      violation: Callable[[str], None]) -> None:  # fmt: skip
-    """Per key, one final marker, whose payload every copy of it was decided as (once reported,
+    """Per key (``payload_of``: each copy's fingerprint, as its consumer computes it), one final
+    marker, whose payload every copy of it was decided as (once reported,
     the same decision each time); each other payload under the key (a twin) refused and recorded.
     Per invalid message, its dead-letter record with its reason."""
     key_of = {report.seq: report.key for report in reports if report.key is not None}
-    payload_of = {seq: fingerprint(payload) for seq, payload in payloads.items()}
     said: dict[tuple[str, str | None], Counter[str]] = defaultdict(Counter)  # (key, payload): outcomes
     for report in reports:
         if report.key is not None and report.seq in payload_of:
@@ -166,7 +167,7 @@ def _check_audit(verdict: Verdict, store: DedupStore, scope: str, queue: PeekLoc
                   f"{queue.accepted} (1 canary)")  # fmt: skip
 
 
-def _accepted(payloads: dict[int, Any], reports: list[Report], markers: dict[str, list[Marker]],
+def _accepted(payloads: dict[int, Any], prints: dict[int, str], reports: list[Report], markers: dict[str, list[Marker]],
               by_seq: dict[int, Message]) -> list[Accepted]:  # fmt: skip
     """One per decided key: the payload its marker's fingerprint names."""
     key_of = {report.seq: report.key for report in reports if report.key is not None}
@@ -176,7 +177,7 @@ def _accepted(payloads: dict[int, Any], reports: list[Report], markers: dict[str
         if key is None or key in found or not markers.get(key):
             continue
         marker = markers[key][0]
-        if marker.final and fingerprint(payload) == marker.fingerprint:
+        if marker.final and prints[seq] == marker.fingerprint:
             decision = "applied" if marker.state is State.COMPLETED else marker.state.value
             found[key] = Accepted(key, by_seq[seq].message_id, payload, decision)
     return list(found.values())

@@ -1,7 +1,7 @@
 """How the proof kit delivers (``prove``, testing/proof.py), and lab's rigs with it: competing
 receivers settling as the host does (``deliver_until_drained``, ``settle``), what the consumer
 reported per delivery (``Seen``), a store outage, and each trigger's delivery model (``model_of``:
-Service Bus, Event Grid, Storage queues), scaled in time."""
+Service Bus, Event Grid, Storage queues, HTTP with Idempotency-Key), scaled in time."""
 
 from __future__ import annotations
 
@@ -109,6 +109,7 @@ def settle(lock: Lock, queue: PeekLockQueue, deliver: Deliver, plan: FaultPlan, 
     """As the host settles a delivery: returning completes it, raising abandons it (redelivered at
     once), a crash leaves its lock to lapse; ``settled_without_invoke`` completes a share of first
     deliveries without calling the function (Azure/azure-functions-host#11879)."""
+    plan.delivering()
     first = lock.delivery_count == 1  # at a first delivery only: no earlier one can have recorded it
     if first and plan.draw(("settled_without_invoke",), plan.settled_without_invoke) is not None:
         if queue.complete(lock):
@@ -159,10 +160,11 @@ def outage(seconds: float, queue: PeekLockQueue, plan: FaultPlan, azurite: Azuri
 @dataclass(frozen=True)
 class Model:
     """A trigger's delivery, scaled (``scale``: seconds here per second on Azure): its queue, how
-    long a failed delivery waits before it comes again (after its n-th delivery; None: at once),
-    the binding object the function gets, the id the broker gives a copy (the consumer's logs and
-    records name it), what its consumer fingerprints (the payload), whether the broker numbers what
-    it accepts (the audit), and which of a producer's faults it can carry."""
+        long a failed delivery waits before it comes again (after its n-th delivery; None: at once),
+        the binding object the function gets, the id the broker gives a copy (the consumer's logs and
+        records name it), what its consumer fingerprints (the payload), whether the broker numbers what
+        it accepts (the audit), which of a producer's faults it can carry, and whether what the function
+    returned asks for the delivery again (an HTTP answer)."""
 
     queue: PeekLockQueue
     scale: float
@@ -172,6 +174,8 @@ class Model:
     payload: Callable[[Message], Any]
     numbered: bool
     producer: Callable[[Faults], Faults]
+    answered: Callable[[Any], None] = lambda returned: None  # raises when what the function returned is a retry
+    fingerprinted: Callable[[Any], Any] = lambda payload: payload  # what the consumer fingerprints of a payload
 
 
 # Event Grid: a delivery not answered within 30 s is retried; a failed one after 10 s, 30 s, 1 min,
@@ -179,6 +183,10 @@ class Model:
 EVENT_GRID_RETRIES = (10, 30, 60, 300, 600, 1800, 3600)
 # Storage queues: the host dequeues a message for 10 minutes and renews that while the function runs.
 QUEUE_LEASE = 600.0
+# HTTP: a client that waits 30 s for an answer (none comes after a crash, or it was lost: it sends
+# the request again, maybe beside the first), retries after the Retry-After it is told (409 while a
+# copy is in flight, 503), and gives up after 10 tries.
+HTTP_TIMEOUT, HTTP_TRIES = 30.0, 10
 
 
 def model_of(trigger: str, broker: Broker, lock_seconds: float) -> Model:
@@ -227,8 +235,28 @@ def model_of(trigger: str, broker: Broker, lock_seconds: float) -> Model:
 
         return Model(queue, scale, lambda n: visible_after.total_seconds() * scale, dequeued, _service_id, _json,
                      numbered=False, producer=lambda faults: replace(faults, twins=0.0))  # fmt: skip
+    if trigger == "httpTrigger":
+        from ..functions._bindings import http_request
+        from ..functions._http import RETRY_AFTER_SECONDS
+
+        def request(lock: Lock) -> Any:
+            return http_request(lock.message.body, idempotency_key=lock.message.message_id, url="/api/proof")
+
+        retry_after = float(RETRY_AFTER_SECONDS) * scale
+        return Model(
+            PeekLockQueue(HTTP_TIMEOUT * scale, HTTP_TRIES, 0),
+            scale,
+            lambda n: retry_after,
+            request,
+            _producers_id,
+            _json,
+            numbered=False,
+            producer=_one_body_per_key,
+            answered=_client_retries,
+            fingerprinted=lambda payload: {"origin": "anonymous", "payload": payload},
+        )  # the caller's too
     raise ValueError(f"{trigger}: the proof kit models Service Bus (a queue or a subscription, one message at a "
-                     "time), Event Grid and Storage queue triggers")  # fmt: skip
+                     "time), Event Grid, Storage queue and HTTP triggers")  # fmt: skip
 
 
 def _producers_id(seq: int, message_id: str | None) -> str | None:
@@ -246,3 +274,17 @@ def _json(m: Message) -> Any:
 
 def _as_sent(faults: Faults) -> Faults:
     return faults
+
+
+def _one_body_per_key(faults: Faults) -> Faults:
+    """A client's retries: the same JSON body under its Idempotency-Key (no twins, nothing invalid)."""
+    return replace(faults, invalid=0.0, twins=0.0)
+
+
+class RetryAfter(Exception):
+    """An HTTP answer its client sends the request again for."""
+
+
+def _client_retries(response: Any) -> None:
+    if response.status_code >= 500 or (response.status_code == 409 and "Retry-After" in response.headers):
+        raise RetryAfter(f"{response.status_code}: {response.get_body()[:120]!r}")

@@ -9,7 +9,8 @@ does (Service Bus peek-lock: competing receivers, abandon redelivers at once, lo
 are lost while a second receiver takes the message, completions lost after success, max delivery
 count → dead-letter queue, duplicate detection over a window; Event Grid: a 30 s answer, retries
 on its schedule; Storage queues: the host's lease, visible again after visibilityTimeout, the
-poison queue after maxDequeueCount, the service's own id per enqueue: testing/delivery.py), with
+poison queue after maxDequeueCount, the service's own id per enqueue; HTTP: a client's timeout and
+retries after Retry-After, copies beside a slow request: testing/delivery.py), with
 seeded faults (a crash before the handler, before and after the commit, before settlement; store
 requests answered 503, applied with their answer lost; an outage), then checks what is stored:
 every valid message decided exactly once, none lost, nothing left in the broker's dead-letter
@@ -70,8 +71,8 @@ def prove(function: Any, workload: Workload, invariant: Invariant | None = None,
           store: str | DedupStore = "memory", azurite: Azurite | None = None, faults: Faults = DEFAULT_FAULTS,
           seed: int = 1, workers: int = 8, lock_seconds: float = 1.0,
           broker: Broker | None = None) -> Verdict:  # fmt: skip
-    """Run ``function`` (a Service Bus, Event Grid or Storage queue function of the app: its object,
-    or its name) on ``workload`` under its broker's semantics and ``faults``, on ``store`` ("memory",
+    """Run ``function`` (a Service Bus, Event Grid, Storage queue or HTTP function of the app: its
+    object, or its name) on ``workload`` under its broker's semantics and ``faults``, on ``store`` ("memory",
     "table-lean", "table-sdk" — a Table store on ``azurite``, or on one the kit starts — or a
     store of your own), time scaled so that the queue's lock (a Storage queue: the host's lease)
     lasts ``lock_seconds``; then the
@@ -111,7 +112,7 @@ def prove(function: Any, workload: Workload, invariant: Invariant | None = None,
 
         def deliver(lock: Lock) -> None:
             running.lock = lock
-            call(model.binding(lock))
+            model.answered(call(model.binding(lock)))
 
         trouble = outage(faults.outage, queue, plan, server, verdict)
         deliver_until_drained(queue, deliver, plan, workers, seen, model.retry_in)
@@ -132,15 +133,17 @@ def prove(function: Any, workload: Workload, invariant: Invariant | None = None,
 
 def producer_sends(logical: Sequence[Message], faults: Faults, seed: int) -> list[Message]:
     """Every message once; with ``faults.duplicates`` again later (a retry after a lost
-    acknowledgement, its body sometimes re-serialised), with ``faults.twins`` another message's
-    body under its MessageId, and ``faults.invalid`` messages that are not JSON."""
+    acknowledgement, its body sometimes re-serialised; one in four at once, beside the first),
+    with ``faults.twins`` another message's body under its MessageId, and ``faults.invalid``
+    messages that are not JSON."""
     rng = random.Random(f"{seed}/producer")
     plan: list[tuple[float, Message]] = []
     for index, message in enumerate(logical):
         plan.append((index, message))
         position = float(index)
         while rng.random() < faults.duplicates:
-            position += rng.expovariate(1 / 40)  # near enough for detection to drop some, not all
+            # near enough for detection to drop some, not all; one in four at once (racing the first)
+            position += rng.expovariate(1 / 40) if rng.random() < 0.75 else 0.001
             plan.append((position, replace(message, body=rng.choice((message.body, _reserialised(message.body))))))
         if len(logical) > 1 and message.message_id is not None and rng.random() < faults.twins:
             other = logical[(index + 1 + rng.randrange(len(logical) - 1)) % len(logical)]
