@@ -110,6 +110,7 @@ def record(consumer: str, delivery: Delivery, result: Result, duration_ms: float
             "message_id": delivery.message_id,
             "correlation_id": delivery.correlation_id,
             "delivery_count": delivery.delivery_count,
+            "sequence": delivery.sequence,  # the broker's number, where it gives one: what the audit counts by
             "reason": None if result.reason is None else str(result.reason),  # its value, not the enum's repr
             "fingerprint": result.fingerprint,
             "stored_fingerprint": result.stored_fingerprint,

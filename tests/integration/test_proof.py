@@ -184,3 +184,20 @@ def test_an_http_function_is_proven_with_its_clients_retries(azurite: Azurite, s
     assert verdict.ok, verdict
     assert verdict.decided["applied"] == 100 and verdict.deliveries > verdict.sends > 100
     assert verdict.outcomes["duplicate"] > 0 and verdict.faults.total() > 5
+
+
+def batch_items_once(accepted: list[Accepted], stored: Stored) -> list[str]:
+    kept = sorted(str(e.data["itemId"]) for e in stored.store.scan() if e.entity and e.entity.startswith(app.ITEM_OF))
+    applied = sorted(a.key for a in accepted if a.decision == "applied")
+    return [] if kept == applied else [f"{len(kept)} items stored, {len(applied)} messages applied"]
+
+
+@pytest.mark.parametrize("store", ["memory", "table-lean"])
+def test_a_service_bus_batch_function_is_proven_with_its_batches(azurite: Azurite, store: str) -> None:
+    """cardinality="many": a call gets what the queue holds, up to a batch; it completes, is
+    abandoned or lapses as a whole (its committed messages then come back as duplicates)."""
+    messages = [Message(app.item(f"i-{i}", i), f"i-{i}") for i in range(150)]
+    verdict = prove(app.item_batch, messages, batch_items_once, store=store, azurite=azurite, seed=19)
+    assert verdict.ok, verdict
+    assert verdict.decided["applied"] == 150 and verdict.decided["invalid"] > 0
+    assert verdict.outcomes["duplicate"] > 0 and verdict.audit["closes"] is True

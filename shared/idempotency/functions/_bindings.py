@@ -24,7 +24,8 @@ from ._app import declaring
 
 
 def app_function(function: Any) -> tuple[Callable[[Any], Any], str]:
-    """The function to call and its trigger's type: a function object as its module declares it
+    """The function to call and its trigger's type (with `` (batch)`` or `` (sessions)``): a
+    function object as its module declares it
     (``@bp.function_name(...)``), or its name, found in the modules of ``consumers`` (the app's)
     and every module already imported."""
     if isinstance(function, str):
@@ -38,8 +39,10 @@ def app_function(function: Any) -> tuple[Callable[[Any], Any], str]:
     if not _is_function(function):
         raise TypeError(f"{function!r} is not a function of the app (a @bp.function_name(...) decorated function)")
     trigger = function._function.get_trigger()
-    if getattr(trigger, "cardinality", None) not in (None, "one") or getattr(trigger, "is_sessions_enabled", False):
-        return function, f"{trigger.get_binding_name()} (batch or sessions)"
+    if getattr(trigger, "is_sessions_enabled", False):
+        return function, f"{trigger.get_binding_name()} (sessions)"
+    if str(getattr(trigger, "cardinality", None) or "one").lower() == "many":
+        return function, f"{trigger.get_binding_name()} (batch)"
     return function, str(trigger.get_binding_name())
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 
 Deliver = Callable[[Lock], None]
+DeliverMany = Callable[[list[Lock]], None]
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class Seen:
         class Handler(logging.Handler):
             def emit(self, record: logging.LogRecord) -> None:
                 fields = fields_of(record)
-                lock = getattr(seen.running, "lock", None)
+                held = getattr(seen.running, "locks", None) or {}  # a batch's: by sequence number
+                lock = held.get(fields.get("sequence"), getattr(seen.running, "lock", None))
                 if "outcome" not in fields or lock is None:
                     return
                 with seen._mutex:
@@ -84,9 +86,11 @@ class Seen:
 
 
 def deliver_until_drained(queue: PeekLockQueue, deliver: Deliver, plan: FaultPlan, workers: int,
-                          seen: Seen | None = None,
-                          retry_in: Callable[[int], float] | None = None) -> None:  # fmt: skip
-    """``workers`` competing receivers, each settling what it receives, until the queue is empty."""
+                          seen: Seen | None = None, retry_in: Callable[[int], float] | None = None,
+                          batches: tuple[int, DeliverMany] | None = None) -> None:  # fmt: skip
+    """``workers`` competing receivers, each settling what it receives, until the queue is empty;
+    ``batches``: each receives up to that many messages at once and hands them to its function
+    together (a trigger's ``cardinality="many"``)."""
 
     def work() -> None:
         while True:
@@ -95,7 +99,14 @@ def deliver_until_drained(queue: PeekLockQueue, deliver: Deliver, plan: FaultPla
                 if queue.drained():
                     return
                 continue
-            settle(lock, queue, deliver, plan, seen, retry_in)
+            if batches is None:
+                settle(lock, queue, deliver, plan, seen, retry_in)
+                continue
+            size, deliver_many = batches
+            locks = [lock]
+            while len(locks) < size and (more := queue.receive(timeout=0)) is not None:
+                locks.append(more)
+            settle_together(locks, queue, deliver_many, plan, seen, retry_in)
 
     threads = [threading.Thread(target=work, name=f"receiver-{i}") for i in range(workers)]
     for thread in threads:
@@ -109,30 +120,42 @@ def settle(lock: Lock, queue: PeekLockQueue, deliver: Deliver, plan: FaultPlan, 
     """As the host settles a delivery: returning completes it, raising abandons it (redelivered at
     once), a crash leaves its lock to lapse; ``settled_without_invoke`` completes a share of first
     deliveries without calling the function (Azure/azure-functions-host#11879)."""
-    plan.delivering()
     first = lock.delivery_count == 1  # at a first delivery only: no earlier one can have recorded it
     if first and plan.draw(("settled_without_invoke",), plan.settled_without_invoke) is not None:
         if queue.complete(lock):
             plan.vanished.append((lock.message.seq, lock.message.message_id, lock.message.body))
         return
+    settle_together([lock], queue, lambda locks: deliver(locks[0]), plan, seen, retry_in)
+
+
+def settle_together(locks: list[Lock], queue: PeekLockQueue, deliver: DeliverMany, plan: FaultPlan,
+                    seen: Seen | None = None, retry_in: Callable[[int], float] | None = None) -> None:  # fmt: skip
+    """Messages handed to one call, settled as the host settles them: all completed when it
+    returns, all abandoned when it raises, all left to lapse when the process dies."""
+    plan.delivering()
     if seen is not None and plan.draw(("crash_before_handler",)) is not None:
-        queue.crashed(lock)  # the instance died as it received the message
+        for lock in locks:
+            queue.crashed(lock)  # the instance died as it received the messages
         return
     try:
-        deliver(lock)
+        deliver(locks)
     except Crash as crash:
         if seen is not None and str(crash) == "crash_after_commit":
-            seen.crashed_after_commit.add(lock.message.seq)
-        queue.crashed(lock)  # the process died: no settlement, no renewal, the lock lapses
+            seen.crashed_after_commit.update(lock.message.seq for lock in locks)
+        for lock in locks:
+            queue.crashed(lock)  # the process died: no settlement, no renewal, the locks lapse
         return
     except Exception as error:  # noqa: BLE001 - the host abandons on any exception (Event Grid: retries later)
-        queue.abandon(lock, why=str(error)[:200], delay=retry_in(lock.delivery_count) if retry_in else 0.0)
+        for lock in locks:
+            queue.abandon(lock, why=str(error)[:200], delay=retry_in(lock.delivery_count) if retry_in else 0.0)
         return
     if plan.draw(WORKER_FAULTS) is not None:
-        queue.crashed(lock)  # died before acknowledging, or the acknowledgement was lost
+        for lock in locks:
+            queue.crashed(lock)  # died before acknowledging, or the acknowledgement was lost
         return
-    if queue.complete(lock) and seen is not None:
-        seen.completed[lock.message.seq] = seen.last_outcome(lock.message.seq, lock.token)
+    for lock in locks:
+        if queue.complete(lock) and seen is not None:
+            seen.completed[lock.message.seq] = seen.last_outcome(lock.message.seq, lock.token)
 
 
 def outage(seconds: float, queue: PeekLockQueue, plan: FaultPlan, azurite: Azurite | None,
@@ -176,11 +199,16 @@ class Model:
     producer: Callable[[Faults], Faults]
     answered: Callable[[Any], None] = lambda returned: None  # raises when what the function returned is a retry
     fingerprinted: Callable[[Any], Any] = lambda payload: payload  # what the consumer fingerprints of a payload
+    batch: int = 0  # messages handed to one call (cardinality many); 0: one message, not a list
 
 
 # Event Grid: a delivery not answered within 30 s is retried; a failed one after 10 s, 30 s, 1 min,
 # 5 min, 10 min, 30 min, 1 h, … (Event Grid's delivery and retry), up to 30 attempts.
 EVENT_GRID_RETRIES = (10, 30, 60, 300, 600, 1800, 3600)
+# Service Bus batches: the host hands a call up to maxMessageBatchSize messages (1,000), as many as
+# are there; the kit up to 32, so that its faults, drawn far more often than Azure's, still let a
+# batch through within the max delivery count.
+BATCH = 32
 # Storage queues: the host dequeues a message for 10 minutes and renews that while the function runs.
 QUEUE_LEASE = 600.0
 # HTTP: a client that waits 30 s for an answer (none comes after a crash, or it was lost: it sends
@@ -195,7 +223,7 @@ def model_of(trigger: str, broker: Broker, lock_seconds: float) -> Model:
     from ..functions._bindings import cloudevent, queue_message, servicebus_message
 
     scale = lock_seconds / broker.lock_duration.total_seconds()
-    if trigger == "serviceBusTrigger":
+    if trigger in ("serviceBusTrigger", "serviceBusTrigger (batch)"):
         queue = PeekLockQueue(broker.lock_duration.total_seconds() * scale, broker.max_delivery_count,
                               broker.duplicate_window, broker.lock_renewal.total_seconds() * scale)  # fmt: skip
 
@@ -204,7 +232,8 @@ def model_of(trigger: str, broker: Broker, lock_seconds: float) -> Model:
             return servicebus_message(m.body, m.message_id, delivery_count=lock.delivery_count, sequence_number=m.seq,
                                       enqueued_time=m.enqueued_at, properties=m.properties)  # fmt: skip
 
-        return Model(queue, scale, None, message, _producers_id, _json, numbered=True, producer=_as_sent)
+        batch = 0 if trigger == "serviceBusTrigger" else BATCH
+        return Model(queue, scale, None, message, _producers_id, _json, numbered=True, producer=_as_sent, batch=batch)
     if trigger == "eventGridTrigger":
 
         def event(lock: Lock) -> Any:
@@ -256,7 +285,7 @@ def model_of(trigger: str, broker: Broker, lock_seconds: float) -> Model:
             fingerprinted=lambda payload: {"origin": "anonymous", "payload": payload},
         )  # the caller's too
     raise ValueError(f"{trigger}: the proof kit models Service Bus (a queue or a subscription, one message at a "
-                     "time), Event Grid, Storage queue and HTTP triggers")  # fmt: skip
+                     "time or a batch), Event Grid, Storage queue and HTTP triggers")  # fmt: skip
 
 
 def _producers_id(seq: int, message_id: str | None) -> str | None:

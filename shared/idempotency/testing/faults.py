@@ -57,7 +57,7 @@ class FaultPlan:
         self.settled_without_invoke = 0.0
         self.latency = 0.0  # seconds each call of a store without a transport takes (faulty_calls)
         self.vanished: list[tuple[int, str | None, bytes]] = []
-        self._here = threading.local()  # per delivery (``delivering``): whether a call of it applied unanswered
+        self._here = threading.local()  # per delivery (``delivering``): whether a commit of it reached the store
 
     def draw(self, kinds: tuple[str, ...], rate: float | None = None) -> str | None:
         """One of ``kinds`` at the plan's rate (or ``rate``), counted; else None."""
@@ -83,22 +83,24 @@ class FaultPlan:
         fault = self.draw(kinds)
         if fault in ("store_503", "store_timeout"):
             return refused(fault)
-        if fault == "crash_before_commit":  # after an attempt that applied unanswered, it may be after the commit
-            raise Crash("crash_after_commit" if getattr(self._here, "applied_unanswered", False) else fault)
+        if fault == "crash_before_commit":  # after an earlier commit of the delivery (an attempt whose answer was
+            # lost, a batch's first transaction), it is a crash after a commit
+            raise Crash("crash_after_commit" if getattr(self._here, "committed", False) else fault)
         if fault == "lock_expiry":  # the lock is lost mid-call: another worker receives the message meanwhile
             self.lose_lock()
             time.sleep(self.lock_duration * 0.5)
         answer = call()
+        if "crash_before_commit" in kinds:  # a commit
+            self._here.committed = True
         if fault == "response_lost":
-            self._here.applied_unanswered = True
             raise lost()
         if fault == "crash_after_commit":
             raise Crash(fault)
         return answer
 
     def delivering(self) -> None:
-        """A new delivery starts on this thread: none of its calls applied unanswered yet."""
-        self._here.applied_unanswered = False
+        """A new delivery starts on this thread: none of its commits reached the store yet."""
+        self._here.committed = False
 
     def throttled(self) -> bool:
         with self._mutex:

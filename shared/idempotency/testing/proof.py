@@ -96,10 +96,15 @@ def prove(function: Any, workload: Workload, invariant: Invariant | None = None,
     plan = FaultPlan(faults.rate, seed, lock_seconds)
     plan.latency = 0.002  # a store in memory answers as after a round trip: deliveries interleave as on Azure
     running = threading.local()
-    plan.lose_lock = lambda: queue.lose(running.lock) if hasattr(running, "lock") else None
+
+    def lose_locks() -> None:  # a lock_expiry fault: what this thread's delivery holds
+        for lock in getattr(running, "held", []):
+            queue.lose(lock)
+
+    plan.lose_lock = lose_locks
     seen = Seen(running)
     with ExitStack() as stack:
-        server = azurite
+        server = azurite if store in ("table-lean", "table-sdk") else None  # what an outage stops
         if server is None and store in ("table-lean", "table-sdk"):
             data = stack.enter_context(tempfile.TemporaryDirectory(prefix="proof-"))
             server = stack.enter_context(Azurite(location=Path(data)))
@@ -111,15 +116,20 @@ def prove(function: Any, workload: Workload, invariant: Invariant | None = None,
         stack.enter_context(seen.counting())
 
         def deliver(lock: Lock) -> None:
-            running.lock = lock
+            running.lock, running.locks, running.held = lock, None, [lock]
             model.answered(call(model.binding(lock)))
 
+        def deliver_many(locks: list[Lock]) -> None:
+            running.locks, running.held = {lock.message.seq: lock for lock in locks}, locks
+            call([model.binding(lock) for lock in locks])
+
         trouble = outage(faults.outage, queue, plan, server, verdict)
-        deliver_until_drained(queue, deliver, plan, workers, seen, model.retry_in)
+        batches = (model.batch, deliver_many) if model.batch else None
+        deliver_until_drained(queue, deliver, plan, workers, seen, model.retry_in, batches)
         trouble.join()
         if model.numbered:  # a canary closes the audit's window on the sequence numbers
             queue.send(f"{CANARY_PREFIX}{seed}", b"{}", {CANARY_PROPERTY: "proof"})
-            deliver_until_drained(queue, deliver, FaultPlan(0.0, seed, lock_seconds), workers, seen)
+            deliver_until_drained(queue, deliver, FaultPlan(0.0, seed, lock_seconds), workers, seen, None, batches)
         verdict.sends, verdict.dropped_by_detection = len(sends), queue.dropped_by_detection
         verdict.deliveries, verdict.faults = queue.deliveries, plan.injected
         verdict.outcomes = Counter(report.outcome for report in seen.reports)
