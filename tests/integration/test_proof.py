@@ -96,6 +96,12 @@ def test_a_function_is_found_by_its_name_and_a_trigger_not_modelled_is_refused()
     assert prove("proof_stock", proof_app.workload, proof_app.ledger, messages=30, faults=Faults.none()).ok
     with pytest.raises(LookupError, match="no function of the app is named 'nothing_here'"):
         prove("nothing_here", [])
+    for function, trigger in (
+        (app.item_state, "serviceBusTrigger \\(sessions\\)"),
+        (app.item_stream, "eventHubTrigger"),
+    ):
+        with pytest.raises(ValueError, match=f"^{trigger}.*: the proof kit models"):
+            prove(function, [])
 
 
 def test_the_same_seed_sends_the_same_messages() -> None:
