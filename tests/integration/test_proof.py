@@ -138,7 +138,7 @@ def shipments_once(accepted: list[Accepted], stored: Stored) -> list[str]:
     return [] if shipped == decided else [f"{len(shipped)} shipments stored, {len(decided)} events applied"]
 
 
-@pytest.mark.parametrize("store", ["memory", "table-lean"])
+@pytest.mark.parametrize("store", ["memory", pytest.param("table-lean", marks=ON_TABLES)])
 def test_an_event_grid_function_is_proven_with_its_delivery_model(azurite: Azurite, store: str) -> None:
     """Event Grid: no duplicate detection, no sequence numbers, the consumer's payload the event's
     envelope; the producer's duplicates and twins, under the store's faults."""
@@ -157,7 +157,7 @@ def items_once(accepted: list[Accepted], stored: Stored) -> list[str]:
     return [] if kept == applied else [f"{len(kept)} items stored, {len(applied)} messages applied"]
 
 
-@pytest.mark.parametrize("store", ["memory", "table-lean"])
+@pytest.mark.parametrize("store", ["memory", pytest.param("table-lean", marks=ON_TABLES)])
 def test_a_storage_queue_function_is_proven_with_its_delivery_model(azurite: Azurite, store: str) -> None:
     """Storage queues: each enqueue gets the service's own id (a producer's retry too: the consumer
     keys by the body's id), no duplicate detection, no sequence numbers; a message that is not JSON
@@ -180,7 +180,7 @@ def test_a_storage_queue_message_that_keeps_failing_goes_to_the_poison_queue() -
     assert any(v.startswith("left in the broker's dead-letter queue") for v in verdict.violations), verdict
 
 
-@pytest.mark.parametrize("store", ["memory", "table-lean"])
+@pytest.mark.parametrize("store", ["memory", pytest.param("table-lean", marks=ON_TABLES)])
 def test_an_http_function_is_proven_with_its_clients_retries(azurite: Azurite, store: str) -> None:
     """HTTP with Idempotency-Key: a client retries after its timeout (a crash, a lost answer: the
     retry may run beside the first), after Retry-After on 409 (a copy in flight) and 503; each
@@ -198,7 +198,7 @@ def batch_items_once(accepted: list[Accepted], stored: Stored) -> list[str]:
     return [] if kept == applied else [f"{len(kept)} items stored, {len(applied)} messages applied"]
 
 
-@pytest.mark.parametrize("store", ["memory", "table-lean"])
+@pytest.mark.parametrize("store", ["memory", pytest.param("table-lean", marks=ON_TABLES)])
 def test_a_service_bus_batch_function_is_proven_with_its_batches(azurite: Azurite, store: str) -> None:
     """cardinality="many": a call gets what the queue holds, up to a batch; it completes, is
     abandoned or lapses as a whole (its committed messages then come back as duplicates)."""
