@@ -16,6 +16,7 @@ from azure.core.exceptions import HttpResponseError, ResourceExistsError, Resour
 from azure.data.tables import EdmType, TableClient, TableEntity, TableServiceClient, TableTransactionError, UpdateMode
 
 from shared.idempotency.stores._table_batch import TableTransactions, TransactionFailure
+from shared.idempotency.testing import expiry_index
 
 KEYS = ["o'brien", "a b", "é", "x%y+z&(1),=:;@$!*~''", "plain"]
 IF_MATCH = MatchConditions.IfNotModified
@@ -307,7 +308,7 @@ def test_every_write_of_a_lean_store_goes_through_its_transport(table: tuple[Tab
     store.delete_entities("p", ["~outbox|a", "~outbox|gone"])
     for body in (b"small", b"x" * MAX_DEAD_LETTER_BODY):  # one entity; the record and its parts
         store.dead_letter(DeadLetter("c", Reason.INVALID_JSON, "bad", body))
-    store._expiry.flush()
+    expiry_index(store).flush()
     store.purge_expired(utcnow(), 100)
     store.sweep_expired(utcnow(), 100)
     assert sdk_writes == []
