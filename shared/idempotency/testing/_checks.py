@@ -42,7 +42,8 @@ def check(verdict: Verdict, by_seq: dict[int, Message], model: Model, seen: Seen
     scopes = Counter(report.consumer for report in seen.reports if report.consumer)
     consumer = built(scopes.most_common(1)[0][0]) if scopes else None
     if consumer is None:
-        violation("the function reported no outcome: does it call its consumer (on_servicebus, on_eventgrid)?")
+        violation("the function reported no outcome: does it call its consumer (on_servicebus, "
+                  "on_servicebus_batch, on_eventgrid, on_storage_queue, on_http)?")  # fmt: skip
         return
     # Every delivery the host completed was decided: the function did not return on a failure.
     for seq, outcome in sorted(seen.completed.items()):
@@ -68,27 +69,27 @@ def check(verdict: Verdict, by_seq: dict[int, Message], model: Model, seen: Seen
 
 
 def _check_decisions(verdict: Verdict, by_seq: dict[int, Message], given: dict[int, str | None],
-                     payload_of: dict[int, str], reports: list[Report],
+                     prints: dict[int, str], reports: list[Report],
                      markers: dict[str, list[Marker]], crashed_after_commit: set[int], dead: list[Any],
                      violation: Callable[[str], None]) -> None:  # fmt: skip
-    """Per key (``payload_of``: each copy's fingerprint, as its consumer computes it), one final
+    """Per key (``prints``: each copy's fingerprint, as its consumer computes it), one final
     marker, whose payload every copy of it was decided as (once reported,
     the same decision each time); each other payload under the key (a twin) refused and recorded.
     Per invalid message, its dead-letter record with its reason."""
     key_of = {report.seq: report.key for report in reports if report.key is not None}
     said: dict[tuple[str, str | None], Counter[str]] = defaultdict(Counter)  # (key, payload): outcomes
     for report in reports:
-        if report.key is not None and report.seq in payload_of:
-            said[(report.key, payload_of[report.seq])][report.outcome] += 1
+        if report.key is not None and report.seq in prints:
+            said[(report.key, prints[report.seq])][report.outcome] += 1
     under: dict[str, set[str]] = defaultdict(set)  # per key, the payloads sent under it
     keys_of: dict[tuple[str | None, str], set[str]] = defaultdict(set)  # per message sent, its copies' keys
-    for seq in sorted(payload_of):
+    for seq in sorted(prints):
         if seq not in key_of:
             violation(f"never decided: sequence {seq} ({by_seq[seq].message_id}) was completed without a key "
                       "reported")  # fmt: skip
             continue
-        under[key_of[seq]].add(payload_of[seq])
-        keys_of[(by_seq[seq].message_id, payload_of[seq])].add(key_of[seq])
+        under[key_of[seq]].add(prints[seq])
+        keys_of[(by_seq[seq].message_id, prints[seq])].add(key_of[seq])
     for (message_id, _), keys in keys_of.items():  # e.g. keyed by a Storage queue's id: a new one per enqueue
         if len(keys) > 1:
             violation(f"not decided exactly once: message {message_id} was decided under {len(keys)} keys "

@@ -206,11 +206,15 @@ class Model:
 # 5 min, 10 min, 30 min, 1 h, … (Event Grid's delivery and retry), up to 30 attempts.
 EVENT_GRID_RETRIES = (10, 30, 60, 300, 600, 1800, 3600)
 # Service Bus batches: the host hands a call up to maxMessageBatchSize messages (1,000), as many as
-# are there; the kit up to 32, so that its faults, drawn far more often than Azure's, still let a
-# batch through within the max delivery count.
+# are there, and renews no lock of a batch (maxAutoLockRenewalDuration does not apply to batches);
+# the kit up to 32, so that its faults, drawn far more often than Azure's, still let a batch
+# through within the max delivery count.
 BATCH = 32
+# Event Grid: a delivery not answered within 30 s is sent again.
+EVENT_GRID_TIMEOUT = 30.0
 # Storage queues: the host dequeues a message for 10 minutes and renews that while the function runs.
 QUEUE_LEASE = 600.0
+HOST_RENEWS = 24 * 3600.0  # a lease renewed for as long as the function runs (a day: longer than any run)
 # HTTP: a client that waits 30 s for an answer (none comes after a crash, or it was lost: it sends
 # the request again, maybe beside the first), retries after the Retry-After it is told (409 while a
 # copy is in flight, 503), and gives up after 10 tries.
@@ -218,21 +222,23 @@ HTTP_TIMEOUT, HTTP_TRIES = 30.0, 10
 
 
 def model_of(trigger: str, broker: Broker, lock_seconds: float) -> Model:
-    """The model of ``trigger``, its time scaled so that its lock (a Storage queue: the host's
-    lease) lasts ``lock_seconds``."""
+    """The model of ``trigger``, its time scaled so that the time a delivery holds its message
+    before a copy may go to another receiver lasts ``lock_seconds``: Service Bus's lock, a
+    Storage queue's lease (10 minutes), Event Grid's and an HTTP client's timeout (30 s)."""
     from ..functions._bindings import cloudevent, queue_message, servicebus_message
 
     scale = lock_seconds / broker.lock_duration.total_seconds()
     if trigger in ("serviceBusTrigger", "serviceBusTrigger (batch)"):
+        batch = 0 if trigger == "serviceBusTrigger" else BATCH
+        renewal = 0.0 if batch else broker.lock_renewal.total_seconds() * scale
         queue = PeekLockQueue(broker.lock_duration.total_seconds() * scale, broker.max_delivery_count,
-                              broker.duplicate_window, broker.lock_renewal.total_seconds() * scale)  # fmt: skip
+                              broker.duplicate_window, renewal)  # fmt: skip
 
         def message(lock: Lock) -> Any:
             m = lock.message
             return servicebus_message(m.body, m.message_id, delivery_count=lock.delivery_count, sequence_number=m.seq,
                                       enqueued_time=m.enqueued_at, properties=m.properties)  # fmt: skip
 
-        batch = 0 if trigger == "serviceBusTrigger" else BATCH
         return Model(queue, scale, None, message, _producers_id, _json, numbered=True, producer=_as_sent, batch=batch)
     if trigger == "eventGridTrigger":
 
@@ -244,10 +250,10 @@ def model_of(trigger: str, broker: Broker, lock_seconds: float) -> Model:
             return {"type": m.properties.get("type", "proof.event"), "subject": m.properties.get("subject"),
                     "data": json.loads(m.raw)}  # fmt: skip
 
-        queue = PeekLockQueue(30 * scale, 30, 0)  # no lock renewal, no duplicate detection
+        scale = lock_seconds / EVENT_GRID_TIMEOUT
+        queue = PeekLockQueue(EVENT_GRID_TIMEOUT * scale, 30, 0)  # no lock renewal, no duplicate detection
         retry_in = lambda n: EVENT_GRID_RETRIES[min(n, len(EVENT_GRID_RETRIES)) - 1] * scale  # noqa: E731
-        return Model(queue, scale, retry_in, event, _producers_id, envelope, numbered=False,
-                     producer=lambda faults: replace(faults, invalid=0.0))  # fmt: skip  # a CloudEvent is JSON
+        return Model(queue, scale, retry_in, event, _producers_id, envelope, numbered=False, producer=_json_only)
     if trigger == "queueTrigger":
         from ..functions._host import host_setting, timespan
         from ..functions._storage_queue import max_dequeue_count
@@ -255,7 +261,7 @@ def model_of(trigger: str, broker: Broker, lock_seconds: float) -> Model:
         scale = lock_seconds / QUEUE_LEASE
         visible_after = timespan(host_setting("extensions", "queues", "visibilityTimeout")) or timedelta(0)
         # the lease renewed for as long as the function runs; no duplicate detection
-        queue = PeekLockQueue(QUEUE_LEASE * scale, max_dequeue_count(), 0, lock_renewal=24 * 3600 * scale)
+        queue = PeekLockQueue(QUEUE_LEASE * scale, max_dequeue_count(), 0, lock_renewal=HOST_RENEWS * scale)
 
         def dequeued(lock: Lock) -> Any:
             m = lock.message
@@ -263,7 +269,7 @@ def model_of(trigger: str, broker: Broker, lock_seconds: float) -> Model:
                                  insertion_time=m.enqueued_at)  # fmt: skip
 
         return Model(queue, scale, lambda n: visible_after.total_seconds() * scale, dequeued, _service_id, _json,
-                     numbered=False, producer=lambda faults: replace(faults, twins=0.0))  # fmt: skip
+                     numbered=False, producer=_no_twins)  # fmt: skip
     if trigger == "httpTrigger":
         from ..functions._bindings import http_request
         from ..functions._http import RETRY_AFTER_SECONDS
@@ -271,6 +277,7 @@ def model_of(trigger: str, broker: Broker, lock_seconds: float) -> Model:
         def request(lock: Lock) -> Any:
             return http_request(lock.message.body, idempotency_key=lock.message.message_id, url="/api/proof")
 
+        scale = lock_seconds / HTTP_TIMEOUT
         retry_after = float(RETRY_AFTER_SECONDS) * scale
         return Model(
             PeekLockQueue(HTTP_TIMEOUT * scale, HTTP_TRIES, 0),
@@ -303,6 +310,16 @@ def _json(m: Message) -> Any:
 
 def _as_sent(faults: Faults) -> Faults:
     return faults
+
+
+def _json_only(faults: Faults) -> Faults:
+    """Event Grid: a CloudEvent is JSON (nothing invalid is sent)."""
+    return replace(faults, invalid=0.0)
+
+
+def _no_twins(faults: Faults) -> Faults:
+    """A Storage queue: each enqueue gets its own id, so a twin is only another message's copy."""
+    return replace(faults, twins=0.0)
 
 
 def _one_body_per_key(faults: Faults) -> Faults:

@@ -112,6 +112,7 @@ def prove(function: Any, workload: Workload, invariant: Invariant | None = None,
             raise ValueError("an outage restarts Azurite: give one with a location (its data kept), or none")
         used, clean = _stores(store, server, plan)
         stack.enter_context(_scaled_settings(broker, scale))
+        stack.enter_context(_scaled_waits(scale))
         stack.enter_context(using_store(used))
         stack.enter_context(seen.counting())
 
@@ -120,7 +121,7 @@ def prove(function: Any, workload: Workload, invariant: Invariant | None = None,
             model.answered(call(model.binding(lock)))
 
         def deliver_many(locks: list[Lock]) -> None:
-            running.locks, running.held = {lock.message.seq: lock for lock in locks}, locks
+            running.lock, running.locks, running.held = None, {lock.message.seq: lock for lock in locks}, locks
             call([model.binding(lock) for lock in locks])
 
         trouble = outage(faults.outage, queue, plan, server, verdict)
@@ -223,3 +224,20 @@ def _scaled_settings(broker: Broker, scale: float) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextmanager
+def _scaled_waits(scale: float) -> Iterator[None]:
+    """The waits inside an HTTP or Event Grid call for a store failure to clear (constants of the
+    adapters, not settings), scaled as the caller's timeout is."""
+    from ..functions import _cloudevents_http, _eventgrid, _http
+
+    waits = [(_http, "HTTP_WAIT"), (_cloudevents_http, "HTTP_WAIT"), (_eventgrid, "EVENT_GRID_WAIT")]
+    saved = [getattr(module, name) for module, name in waits]
+    for (module, name), wait in zip(waits, saved, strict=True):
+        setattr(module, name, wait * scale)
+    try:
+        yield
+    finally:
+        for (module, name), wait in zip(waits, saved, strict=True):
+            setattr(module, name, wait)
