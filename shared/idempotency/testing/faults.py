@@ -90,7 +90,7 @@ class FaultPlan:
             self.lose_lock()
             time.sleep(self.lock_duration * 0.5)
         answer = call()
-        if "crash_before_commit" in kinds:  # a commit
+        if "crash_before_commit" in kinds and (fault == "response_lost" or _wrote(answer)):
             self._here.committed = True
         if fault == "response_lost":
             raise lost()
@@ -173,6 +173,16 @@ def status_response(request: Any, status: int) -> Any:
         response.read()
         return response
     return RequestsTransportResponse(request, raw)
+
+
+def _wrote(answer: Any) -> bool:
+    """Whether a commit's answer says something was written: an HTTP answer of 2xx (a Table
+    ``$batch`` answers 202 even when its changeset failed: counted as written), a store's
+    ``commit_many`` a new commit among its results."""
+    code = getattr(answer, "status_code", None)
+    if isinstance(code, int):
+        return 200 <= code < 300
+    return any(str(getattr(result, "status", "")) == "new" for result in answer or ())
 
 
 def faulty_calls(store: Any, plan: FaultPlan) -> Any:
