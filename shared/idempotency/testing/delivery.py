@@ -272,25 +272,17 @@ def model_of(trigger: str, broker: Broker, lock_seconds: float) -> Model:
                      numbered=False, producer=_no_twins)  # fmt: skip
     if trigger == "httpTrigger":
         from ..functions._bindings import http_request
-        from ..functions._http import RETRY_AFTER_SECONDS
+        from ..functions._http import RETRY_AFTER_SECONDS, caller_identity
 
         def request(lock: Lock) -> Any:
             return http_request(lock.message.body, idempotency_key=lock.message.message_id, url="/api/proof")
 
+        origin = caller_identity(http_request(b"{}", url="/api/proof"))  # who the client is, to the app
         scale = lock_seconds / HTTP_TIMEOUT
         retry_after = float(RETRY_AFTER_SECONDS) * scale
-        return Model(
-            PeekLockQueue(HTTP_TIMEOUT * scale, HTTP_TRIES, 0),
-            scale,
-            lambda n: retry_after,
-            request,
-            _producers_id,
-            _json,
-            numbered=False,
-            producer=_one_body_per_key,
-            answered=_client_retries,
-            fingerprinted=lambda payload: {"origin": "anonymous", "payload": payload},
-        )  # the caller's too
+        return Model(PeekLockQueue(HTTP_TIMEOUT * scale, HTTP_TRIES, 0), scale, lambda n: retry_after, request,
+                     _producers_id, _json, numbered=False, producer=_one_body_per_key, answered=_client_retries,
+                     fingerprinted=lambda payload: {"origin": origin, "payload": payload})  # fmt: skip
     raise ValueError(f"{trigger}: the proof kit models Service Bus (a queue or a subscription, one message at a "
                      "time or a batch), Event Grid, Storage queue and HTTP triggers")  # fmt: skip
 
